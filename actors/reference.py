@@ -1,0 +1,39 @@
+"""The reference model: a frozen copy of the initial policy that scores trajectories (KL anchor).
+
+Started only when `algo.kl_coef > 0`. Logprobs use the sampling temperature, as the policy's do.
+"""
+from __future__ import annotations
+
+import os
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.forward import batch_logprobs
+
+
+class Reference:
+    """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)]."""
+
+    def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
+                 pad_id: int = 0, num_threads: int = 0):
+        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).to(device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.temperature, self.micro_batch_size, self.precision, self.pad_id = (
+            temperature, micro_batch_size, precision, pad_id)
+
+    def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.micro_batch_size,
+                              self.precision, self.pad_id)
+
+
+@ray.remote
+class ReferenceActor(Reference):
+    """Ray actor over `Reference`."""
+
+    def ready(self) -> bool:
+        return True

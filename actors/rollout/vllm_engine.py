@@ -1,0 +1,75 @@
+"""The only module that imports vLLM: one in-process engine that samples groups and takes new weights.
+
+Sampled-token logprobs are returned with the sampling temperature applied
+(`logprobs_mode="processed_logprobs"`: log_softmax(logits / T), case C03), so the trainer's
+recomputed logprobs are directly comparable. New weights arrive through the worker extension
+`actors.weight_sync.vllm_extension.WeightReceiverExtension`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from orchestrator.rollout.types import PromptRequest, Trajectory
+
+EXTENSION = "actors.weight_sync.vllm_extension.WeightReceiverExtension"
+
+
+def _set_cpu_env(kv_cache_space_gib: int) -> None:
+    """vLLM on CPU: in-process engine, all cores bound, a fixed KV-cache budget (setdefault: users win)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+
+
+class VLLMEngine:
+    """A vLLM `LLM` with token-id prompts in and trajectories out."""
+
+    def __init__(self, model_path: str, rollout_cfg, seed: int = 0):
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            _set_cpu_env(rollout_cfg.kv_cache_space_gib)
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
+            enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
+            seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        )
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.cfg = rollout_cfg
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, requests: Sequence[PromptRequest], n: int, weight_version: int) -> list[Trajectory]:
+        """Sample `n` responses per request; all samples of a request share its group id."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                max_tokens=self.cfg.max_new_tokens, logprobs=0)
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        out = []
+        for req, res in zip(requests, outputs):
+            for c in res.outputs:
+                ids = list(c.token_ids)
+                lps = [d[t].logprob for t, d in zip(ids, c.logprobs)]
+                out.append(Trajectory(group_id=req.group_id, prompt_ids=list(req.prompt_ids), response_ids=ids,
+                                      logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
+                                      answer=req.answer, weight_version=weight_version))
+        return out
+
+    def load_weights(self, named_tensors: list, version: int) -> dict:
+        """Load new weights in place, drop the prefix cache (stale KV must never be reused) and return
+        the engine's own checksums of its resident weights (see orchestrator.sync.checksum)."""
+        self.llm.collective_rpc("load_named_weights", args=(named_tensors, version))
+        self.llm.reset_prefix_cache()
+        return self.weight_checksums()
+
+    def weight_checksums(self) -> dict:
+        """{"version": int, "groups": {group: [sum, sumsq, numel]}} from the first worker."""
+        return self.llm.collective_rpc("weight_checksums")[0]

@@ -1,0 +1,196 @@
+"""The policy trainer: a plain `Trainer` class (torch + transformers) and its Ray actor `TrainerActor`.
+
+One `train_step` takes the whole global batch of trajectories, splits it into mini-batches (one
+optimizer step each) and micro-batches (gradient accumulation), and scales every micro-batch loss by
+one normaliser computed for the whole mini-batch first (`loss_normalizer`, cases C01/C02), so the
+update does not depend on the micro-batch size. AdamW, linear warmup then cosine decay, gradient
+clipping, fp32 or bf16 autocast with fp32 master weights.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.forward import batch_logprobs, collate, forward_logprobs, response_values
+from orchestrator.algo import loss_normalizer, lr_multiplier, policy_loss
+from orchestrator.sync import group_checksums
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+class Trainer:
+    """Owns the policy, its optimizer and LR schedule. All methods run in one process."""
+
+    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: float, max_new_tokens: int,
+                 pad_id: int = 0):
+        self.cfg, self.algo = trainer_cfg, algo_cfg
+        self.temperature, self.max_new_tokens, self.pad_id = temperature, max_new_tokens, pad_id
+        # Ray sets OMP_NUM_THREADS to the actor's (fractional -> 1) CPU count; use the host's cores.
+        torch.set_num_threads(trainer_cfg.num_threads or os.cpu_count() or 1)
+        torch.manual_seed(trainer_cfg.seed)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).to(device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer_cfg.lr,
+                                           betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+        self.step = 0  # optimizer steps taken
+
+    def _lr_lambda(self, step: int) -> float:
+        return lr_multiplier(step, warmup_steps=self.cfg.warmup_steps,
+                             total_steps=self.cfg.total_steps * self.cfg.mini_batches,
+                             min_lr_ratio=self.cfg.min_lr_ratio)
+
+    # ---- training -------------------------------------------------------------------------
+    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
+        """One policy update on a global batch.
+
+        batch: prompt_ids [B][*], response_ids [B][*], rollout_logprobs [B][*] (per response token),
+        advantages [B], optionally ref_logprobs [B][*]. Returns `actor/*` and `timing/*` metrics.
+        Raises FloatingPointError when the loss is not finite (nothing is applied then).
+        """
+        t0 = time.perf_counter()
+        n = len(batch["advantages"])
+        size = n // self.cfg.mini_batches
+        metrics: dict[str, list[float]] = {}
+        for m in range(self.cfg.mini_batches):
+            # sorted by length so each micro-batch pads little; the global normaliser makes order irrelevant
+            idx = sorted(range(m * size, (m + 1) * size),
+                         key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
+            old = None
+            if self.cfg.mini_batches > 1 and self.algo.old_logprobs == "trainer":
+                old = batch_logprobs(self.model, [batch["prompt_ids"][i] for i in idx],
+                                     [batch["response_ids"][i] for i in idx], self.temperature,
+                                     self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
+            for k, v in self._mini_batch_update(batch, idx, old).items():
+                metrics.setdefault(k, []).append(v)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["timing/train_s"] = time.perf_counter() - t0
+        return out
+
+    def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
+        resp_mask = torch.zeros(len(idx), max(len(batch["response_ids"][i]) for i in idx), dtype=torch.bool)
+        for j, i in enumerate(idx):
+            resp_mask[j, : len(batch["response_ids"][i])] = True
+        norm = loss_normalizer(resp_mask, self.algo.loss_agg, max_response_len=self.max_new_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        mbs = self.cfg.micro_batch_size
+        for s in range(0, len(idx), mbs):
+            part = idx[s : s + mbs]
+            per_token = {"rollout": [batch["rollout_logprobs"][i] for i in part]}
+            if old_lp is not None:
+                per_token["old"] = old_lp[s : s + mbs]
+            if batch.get("ref_logprobs") is not None:
+                per_token["ref"] = [batch["ref_logprobs"][i] for i in part]
+            mb = collate([batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part],
+                         per_token, self.pad_id)
+            for k, v in self._micro_batch_backward(mb, batch, part, norm).items():
+                sums[k] = sums.get(k, 0.0) + v
+        tokens = max(sums.pop("actor/tokens"), 1.0)
+        loss = sums.pop("loss")
+        out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
+        out["actor/loss"] = loss  # the mini-batch loss: micro-batch losses add up to it
+        out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite gradient at optimizer step {self.step}; update skipped")
+        out["actor/lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return out
+
+    def _micro_batch_backward(self, mb, batch, part: list[int], norm: float) -> dict[str, float]:
+        logprobs = forward_logprobs(self.model, mb, self.temperature, self.cfg.precision)
+        device = logprobs.device
+        mask = mb.mask.to(device)
+        rollout = mb.values["rollout"].to(device)
+        if self.algo.old_logprobs == "rollout":
+            old = rollout
+        else:
+            old = mb.values["old"].to(device) if "old" in mb.values else logprobs.detach()
+        adv = torch.tensor([batch["advantages"][i] for i in part], dtype=torch.float32, device=device)
+        use_tis = self.algo.old_logprobs == "trainer" and self.algo.tis_cap is not None
+        loss, m = policy_loss(
+            logprobs, old, adv, mask, clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+            loss_agg=self.algo.loss_agg, normalizer=norm, max_response_len=self.max_new_tokens,
+            ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
+            kl_coef=self.algo.kl_coef, kl_estimator=self.algo.kl_estimator,
+            rollout_logprobs=rollout if use_tis else None, tis_cap=self.algo.tis_cap if use_tis else None)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite loss {loss.item()} at optimizer step {self.step}")
+        loss.backward()
+        with torch.no_grad():
+            gap = (logprobs.detach() - rollout)[mask]
+        tokens = float(mask.sum())
+        out = {k: v * tokens for k, v in m.items() if k != "actor/tokens"}
+        out["loss"] = float(loss.detach())
+        out["actor/logprob_gap_abs"] = float(gap.abs().sum())
+        out["actor/rollout_kl_k1"] = float((-gap).sum())
+        out["actor/tokens"] = tokens
+        return out
+
+    # ---- weight export and checkpoints --------------------------------------------------------
+    def weights_for_sync(self, dtype: str) -> tuple[list[tuple[str, torch.Tensor]], dict]:
+        """Named tensors (HF names, engine dtype, CPU, contiguous) and {"groups": checksums, "bytes"}.
+
+        A tied lm_head is left out: engines tie it to the embedding themselves.
+        """
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        named = [(k, v.detach().to("cpu", _DTYPES[dtype]).contiguous())
+                 for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight")]
+        nbytes = sum(t.numel() * t.element_size() for _, t in named)
+        return named, {"groups": group_checksums(named), "bytes": nbytes}
+
+    def save_checkpoint(self, folder: str, extra: dict) -> str:
+        """Write policy (HF safetensors folder), optimizer, scheduler and `extra` state atomically:
+        into a temporary folder first, renamed when complete. Returns the folder."""
+        final = Path(folder)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            self.model.save_pretrained(tmp / "policy", safe_serialization=True)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "step": self.step, "rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+            (tmp / "state.json").write_text(json.dumps(extra, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(final)
+
+    def load_checkpoint(self, folder: str) -> dict:
+        """Restore policy weights, optimizer, scheduler and RNG; return the checkpoint's extra state."""
+        src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", torch_dtype=torch.float32)
+        self.model.load_state_dict(src.state_dict())
+        state = torch.load(Path(folder) / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        torch.set_rng_state(state["rng"])
+        return json.loads((Path(folder) / "state.json").read_text())
+
+    def save_tokenizer_files(self, model_path: str, folder: str) -> None:
+        """Copy the tokenizer files next to the checkpoint's policy so the folder loads standalone."""
+        for f in Path(model_path).iterdir():
+            if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
+                shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+
+@ray.remote
+class TrainerActor(Trainer):
+    """Ray actor over `Trainer`; call `weights_for_sync` with num_returns=2 (tensors, metadata)."""
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,52 @@
+"""Command line: `rl-orch run <config.yaml> [key=value ...]` (also `python -m orchestrator ...`).
+
+Any config key can be overridden as an OmegaConf dotlist (`rollout.n=8 algo.kl_coef=0.01`); an unknown
+key or a bad value fails at once with the key path and the allowed values.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from orchestrator.config import ConfigError, load_config
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from orchestrator.controller import GRPOController
+
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+    finally:
+        controller.shutdown()
+    print(f"final checkpoint: {result.checkpoint}")
+    print(f"metrics log:      {result.metrics}")
+    print(f"plot:             {result.plot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rl-orch", description="RL post-training (GRPO) on Ray + vLLM")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a GRPO job from a YAML config")
+    run.add_argument("config", help="YAML config file, e.g. configs/grpo_arith_cpu.yaml")
+    run.add_argument("overrides", nargs="*", help="key.path=value overrides")
+    run.set_defaults(func=_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in ("run", "-h", "--help"):
+        argv = ["run", *argv]  # `python -m orchestrator cfg.yaml ...` is `rl-orch run cfg.yaml ...`
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

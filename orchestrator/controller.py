@@ -1,0 +1,210 @@
+"""The GRPO controller: one step as a short sequence of named, timed phases over Ray actors.
+
+    sample prompts -> generate (a group of n per prompt) -> reward -> reference logprobs
+    -> advantages -> policy update (micro-batches) -> weight sync (verified) -> log, checkpoint
+
+`GRPOController(cfg).run()` is the whole job; `python -m orchestrator <config.yaml> [key=value ...]`
+calls it. Actors are created by `orchestrator.job.start_actors`; this module reads top to bottom.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import ray
+import torch
+
+from orchestrator.algo import compute_advantages
+from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
+from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
+from orchestrator.job import Actors, start_actors
+from orchestrator.metrics import ConsoleProgress, JsonlLogger, plot_run, read_jsonl
+from orchestrator.models import resolve_model_path
+from orchestrator.rollout import PromptRequest, Trajectory
+from orchestrator.sync import WeightMismatchError, compare_checksums
+
+
+@dataclass
+class RunResult:
+    """Where a finished run left its outputs."""
+
+    checkpoint: str
+    metrics: str
+    plot: str
+    rows: list
+
+
+class PhaseTimer:
+    """Wall seconds per named phase of one step: `timing/<phase>_s`."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"timing/{name}_s"] = self.times.get(f"timing/{name}_s", 0.0) + time.perf_counter() - t0
+
+
+class GRPOController:
+    """Drives one GRPO run. Construct, then `run()`."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.out_dir = Path(cfg.run.output_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        self.resume_from = find_checkpoint(cfg.checkpoint.resume, cfg.checkpoint.dir)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        examples = load_examples(cfg.data)
+        self.loader = StatefulLoader(examples, cfg.rollout.prompts_per_step, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.logger = JsonlLogger(self.out_dir / "metrics.jsonl")
+        self.start_step, self.version = 0, 0
+        self.actors: Optional[Actors] = None
+
+    # ---- the run --------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.actors = start_actors(self.cfg, self.model_path, self.resume_from, self.pad_id)
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
+        last_ckpt = None
+        total = self.cfg.trainer.total_steps
+        with ConsoleProgress(total, self.start_step, enabled=self.cfg.run.progress) as console:
+            for step in range(self.start_step + 1, total + 1):
+                row, ckpt = self.step(step)
+                last_ckpt = ckpt or last_ckpt
+                self.logger.log(row)
+                console.step(row)
+        if last_ckpt is None:  # e.g. resumed at the final step: nothing new to save
+            last_ckpt = str(self.resume_from) if self.resume_from else self._checkpoint(self.start_step)
+        rows = read_jsonl(self.logger.path) if self.logger.path.exists() else []
+        plot = plot_run(rows, self.out_dir / "reward_and_phases.png", title=self.cfg.run.name)
+        return RunResult(checkpoint=last_ckpt, metrics=str(self.logger.path), plot=str(plot), rows=rows)
+
+    def step(self, step: int) -> tuple[dict, Optional[str]]:
+        """One GRPO step; returns the metrics row and the checkpoint folder if one was written."""
+        timer, row = PhaseTimer(), {"step": step}
+        t0 = time.perf_counter()
+        with timer.phase("sample"):
+            requests = self.sample_prompts(step)
+        with timer.phase("generate"):
+            trajs = self.generate(requests, row)
+        with timer.phase("reward"):
+            rewards = self.score(trajs, row)
+        with timer.phase("reference"):
+            ref = self.reference_logprobs(trajs)
+        with timer.phase("advantages"):
+            advantages = self.advantages(trajs, rewards, row)
+        with timer.phase("train"):
+            row.update(self.train(trajs, advantages, ref))
+        with timer.phase("weight_sync"):
+            self.sync_weights(step, row)
+        ckpt = None
+        with timer.phase("checkpoint"):
+            every = self.cfg.checkpoint.every_steps
+            if step == self.cfg.trainer.total_steps or (every and step % every == 0):
+                ckpt = self._checkpoint(step)
+        row.update(timer.times)
+        row["timing/step_s"] = time.perf_counter() - t0
+        return row, ckpt
+
+    # ---- phases ---------------------------------------------------------------------------------
+    def sample_prompts(self, step: int) -> list[PromptRequest]:
+        """The step's prompts, rendered with the chat template; group ids unique over the run."""
+        d = self.cfg.data
+        out = []
+        for i, ex in enumerate(self.loader.next_batch()):
+            ids = render_prompt_ids(self.tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
+            out.append(PromptRequest(group_id=step * self.cfg.rollout.prompts_per_step + i, prompt_ids=ids,
+                                     answer=ex.answer))
+        return out
+
+    def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
+        """Whole groups per worker: request i goes to worker i mod R (all its n samples with it)."""
+        workers = self.actors.rollout
+        shards = [requests[i :: len(workers)] for i in range(len(workers))]
+        results = ray.get([w.generate.remote(s) for w, s in zip(workers, shards) if s])
+        trajs = [t for ts, _ in results for t in ts]
+        stale = [t.weight_version for t in trajs if t.weight_version != self.version]
+        if stale:
+            raise WeightMismatchError(f"rollout returned samples of weight version {stale[0]}, expected {self.version}")
+        tokens = sum(m["rollout/tokens"] for _, m in results)
+        lengths = [len(t.response_ids) for t in trajs]
+        row["rollout/tokens"] = tokens
+        row["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for _, m in results)
+        row["rollout/response_len_mean"] = sum(lengths) / len(lengths)
+        row["rollout/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / len(trajs)
+        return trajs
+
+    def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+        result = ray.get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
+                                                         [t.group_id for t in trajs]))
+        row.update(result.metrics)
+        row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
+        return result.rewards
+
+    def reference_logprobs(self, trajs: list[Trajectory]) -> Optional[list[list[float]]]:
+        if self.actors.reference is None:
+            return None
+        return ray.get(self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs],
+                                                             [t.response_ids for t in trajs]))
+
+    def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[float]:
+        """Per-trajectory advantages from group ids (never from prompt content, case C04)."""
+        gids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
+        r = torch.tensor(rewards, dtype=torch.float32)
+        adv = compute_advantages(r, gids, self.cfg.algo.estimator, self.cfg.algo.adv_eps)
+        _, inverse = torch.unique(gids, return_inverse=True)
+        groups = inverse.max().item() + 1
+        mixed = sum(bool(r[inverse == g].max() > r[inverse == g].min()) for g in range(groups))
+        row["rollout/groups_mixed_frac"] = mixed / groups
+        row["actor/advantage_abs_mean"] = float(adv.abs().mean())
+        return adv.tolist()
+
+    def train(self, trajs: list[Trajectory], advantages: list[float], ref) -> dict:
+        batch = {"prompt_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
+                 "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref}
+        return ray.get(self.actors.trainer.train_step.remote(batch))
+
+    def sync_weights(self, step: int, row: dict) -> None:
+        """Trainer -> every engine through the object store; then every engine's version and checksums
+        must equal the trainer's, or the step stops with an error naming the tensor group."""
+        version = step
+        named_ref, meta_ref = self.actors.trainer.weights_for_sync.options(num_returns=2).remote(self.cfg.rollout.dtype)
+        meta = ray.get(meta_ref)
+        reports = ray.get([w.load_weights.remote(named_ref, version) for w in self.actors.rollout])
+        for i, rep in enumerate(reports):
+            if rep["version"] != version:
+                raise WeightMismatchError(f"rollout worker {i} reports weight version {rep['version']}, expected {version}")
+            compare_checksums(meta["groups"], rep["groups"], where=f"rollout worker {i}")
+        self.version = version
+        row["sync/bytes"] = meta["bytes"]
+        row["sync/version"] = version
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def _checkpoint(self, step: int) -> str:
+        folder = step_folder(self.cfg.checkpoint.dir, step)
+        extra = {"step": step, "weight_version": self.version, "loader": self.loader.state_dict()}
+        path = ray.get(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
+        ray.get(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
+        prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
+        return path
+
+    def _restore(self, folder: Path) -> None:
+        state = ray.get(self.actors.trainer.load_checkpoint.remote(str(folder)))
+        self.loader.load_state_dict(state["loader"])
+        self.start_step = self.version = state["step"]
+        ray.get([w.set_version.remote(self.version) for w in self.actors.rollout])
+
+    def shutdown(self) -> None:
+        if self.actors is not None:
+            self.actors.shutdown()

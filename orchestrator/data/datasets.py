@@ -1,0 +1,72 @@
+"""Prompt datasets for real users: JSONL or parquet files with `prompt` and `answer` fields.
+
+`load_examples(cfg.data)` returns the examples of the configured source (the built-in arithmetic task
+or a file). A bad row fails at load time, naming the file, the row number and the problem, before
+any actor starts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.data.tasks import Example, arithmetic_examples
+
+
+class DatasetError(ValueError):
+    """A dataset file or row is invalid; the message names the file and the row."""
+
+
+def _check_row(row: object, where: str) -> Example:
+    if not isinstance(row, dict):
+        raise DatasetError(f"{where}: expected an object with 'prompt' and 'answer', got {type(row).__name__}")
+    for key in ("prompt", "answer"):
+        if key not in row or row[key] is None:
+            raise DatasetError(f"{where}: missing field {key!r} (fields present: {sorted(row)})")
+    if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+        raise DatasetError(f"{where}: 'prompt' must be a non-empty string")
+    return Example(prompt=row["prompt"], answer=str(row["answer"]))
+
+
+def read_jsonl(path: Path) -> list[Example]:
+    """Read a JSONL file; raises DatasetError naming the line of a malformed or incomplete row."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            out.append(_check_row(row, f"{path}:{i}"))
+    return out
+
+
+def read_parquet(path: Path) -> list[Example]:
+    """Read a parquet file (pyarrow); raises DatasetError naming the row of an incomplete row."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path).to_pylist()
+    return [_check_row(row, f"{path} row {i}") for i, row in enumerate(rows)]
+
+
+def load_examples(data_cfg) -> list[Example]:
+    """The examples of `data.source`: "arith" (built-in) or a .jsonl / .parquet path.
+
+    Raises DatasetError for a missing file, an unknown extension, an empty dataset or a bad row.
+    """
+    if data_cfg.source == "arith":
+        return arithmetic_examples(data_cfg.arith_size, list(data_cfg.arith_ops), data_cfg.arith_min,
+                                   data_cfg.arith_max, data_cfg.seed, data_cfg.prompt_suffix)
+    path = Path(data_cfg.source).expanduser()
+    if not path.is_file():
+        raise DatasetError(f"data.source={data_cfg.source!r}: no such file (or use 'arith')")
+    readers = {".jsonl": read_jsonl, ".json": read_jsonl, ".parquet": read_parquet}
+    if path.suffix not in readers:
+        raise DatasetError(f"data.source={data_cfg.source!r}: unknown extension; use one of {sorted(readers)}")
+    examples = readers[path.suffix](path)
+    if not examples:
+        raise DatasetError(f"data.source={data_cfg.source!r} holds no rows")
+    if data_cfg.prompt_suffix:
+        examples = [Example(e.prompt + " " + data_cfg.prompt_suffix, e.answer) for e in examples]
+    return examples

@@ -1,0 +1,57 @@
+"""Console progress: a progress bar over steps and a per-step table row (rich)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+COLUMNS = [  # (header, metric key, format)
+    ("step", "step", "{:d}"),
+    ("reward", "reward/mean", "{:.3f}"),
+    ("acc", "reward/accuracy_mean", "{:.3f}"),
+    ("KL", "actor/rollout_kl_k1", "{:+.4f}"),
+    ("clip", "actor/clip_frac", "{:.3f}"),
+    ("resp len", "rollout/response_len_mean", "{:.1f}"),
+    ("gen s", "timing/generate_s", "{:.1f}"),
+    ("reward s", "timing/reward_s", "{:.1f}"),
+    ("ref s", "timing/reference_s", "{:.1f}"),
+    ("train s", "timing/train_s", "{:.1f}"),
+    ("sync s", "timing/weight_sync_s", "{:.1f}"),
+    ("step s", "timing/step_s", "{:.1f}"),
+]
+
+
+class ConsoleProgress:
+    """Prints a header once, one table row per step, and keeps a progress bar at the bottom."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
+        self.console = Console(stderr=False, highlight=False)
+        self.enabled = enabled
+        self.progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=True,
+                                 disable=not enabled)
+        self.task = self.progress.add_task("steps", total=total_steps, completed=start_step)
+        self._header = False
+
+    def __enter__(self) -> "ConsoleProgress":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    @staticmethod
+    def format_row(row: dict) -> str:
+        cells = []
+        for header, key, fmt in COLUMNS:
+            v = row.get(key)
+            text = "-" if v is None else fmt.format(int(v) if fmt == "{:d}" else float(v))
+            cells.append(text.rjust(max(len(header), 7)))
+        return " ".join(cells)
+
+    def step(self, row: dict) -> None:
+        if self.enabled:
+            if not self._header:
+                self.console.print(" ".join(h.rjust(max(len(h), 7)) for h, _, _ in COLUMNS), style="bold")
+                self._header = True
+            self.console.print(self.format_row(row))
+        self.progress.advance(self.task)

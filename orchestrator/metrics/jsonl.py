@@ -1,0 +1,25 @@
+"""Metrics log: one JSON object per step, appended and flushed (a crash loses at most the open step)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+
+class JsonlLogger:
+    """Appends `{"step": k, "<phase>/<name>": value, ...}` rows to `path`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def log(self, row: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(clean, sort_keys=True) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All rows of a metrics log."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,27 @@
+"""Rewards for RL post-training: built-in verifiable reward functions and the process-pool scorer.
+
+`RewardScorer` scores completions group by group with weighted reward functions under a hard
+per-call timeout; `actors/reward.py` wraps it as the `RewardActor` Ray actor.
+"""
+
+from orchestrator.reward.functions import (
+    BUILTIN_REWARDS,
+    RewardFn,
+    accuracy,
+    boxed_format,
+    extract_final_answer,
+    resolve_reward_fn,
+)
+from orchestrator.reward.scorer import RewardResult, RewardScorer, check_reward_values
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardFn",
+    "RewardResult",
+    "RewardScorer",
+    "accuracy",
+    "boxed_format",
+    "check_reward_values",
+    "extract_final_answer",
+    "resolve_reward_fn",
+]

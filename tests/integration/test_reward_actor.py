@@ -1,0 +1,56 @@
+"""Integration tests of RewardActor on a local Ray cluster (CPU): case C06 inside a Ray actor.
+
+Run: .venv/bin/python -m pytest tests/integration/test_reward_actor.py -q
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from actors.reward import RewardActor
+from orchestrator.reward import RewardResult
+
+HANG = "tests.unit.reward_helpers:hang_on_marker"
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_c06a_boxed_scores_one_in_actor(ray_local: None) -> None:
+    actor = RewardActor.remote([("accuracy", 1.0), ("boxed_format", 0.5)], timeout_s=5.0)
+    ref = actor.score.remote(["so \\boxed{4}", "it is 5"], ["4", "4"], [0, 0])
+    result = ray.get(ref, timeout=120)
+    assert isinstance(result, RewardResult)
+    assert result.per_function["accuracy"] == [1.0, 0.0]
+    assert result.rewards == pytest.approx([1.5, 0.0], abs=1e-5)
+    ray.get(actor.close.remote(), timeout=60)
+
+
+def test_c06b_timeout_inside_actor(ray_local: None) -> None:
+    timeout_s = 2.0
+    actor = RewardActor.remote([(HANG, 1.0)], timeout_s=timeout_s, num_workers=2)
+    ray.get(actor.score.remote(["warm"], [""], [0]), timeout=120)  # actor and workers started
+    start = time.perf_counter()
+    ref = actor.score.remote(["HANG", "a", "HANG", "b"], [""] * 4, [0, 1, 0, 2])
+    result = ray.get(ref, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert result.rewards == [0.0, 1.0, 0.0, 1.0]
+    assert result.metrics["reward/timeouts"] == 1.0
+    assert elapsed < timeout_s + 5.0
+    ray.get(actor.close.remote(), timeout=60)
+
+
+def test_c05_wrong_length_raises_through_actor(ray_local: None) -> None:
+    name = "tests.unit.reward_helpers:one_value"
+    actor = RewardActor.remote([(name, 1.0)], timeout_s=5.0)
+    with pytest.raises(ValueError, match="returned 1 values for a group of 3") as info:
+        ray.get(actor.score.remote(["a", "b", "c"], ["x"] * 3, [0, 0, 0]), timeout=120)
+    assert name in str(info.value)

@@ -1,0 +1,59 @@
+"""Reward functions used by the reward tests, importable by dotted path from worker processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def hang(completions: list[str], answers: list[str]) -> list[float]:
+    """Never returns (case C06(b))."""
+    while True:
+        time.sleep(1)
+
+
+def hang_on_marker(completions: list[str], answers: list[str]) -> list[float]:
+    """Hangs for a group whose first completion is "HANG", else scores 1.0 per completion."""
+    if completions and completions[0] == "HANG":
+        hang(completions, answers)
+    return [1.0] * len(completions)
+
+
+def one_value(completions: list[str], answers: list[str]) -> list[float]:
+    """Returns a single value whatever the group size (case C05)."""
+    return [1.0]
+
+
+def raise_on_marker(completions: list[str], answers: list[str]) -> list[float]:
+    """Raises for a group whose first completion is "BOOM", else scores 0.5 per completion."""
+    if completions and completions[0] == "BOOM":
+        raise RuntimeError("reward helper exploded")
+    return [0.5] * len(completions)
+
+
+def returns_nan(completions: list[str], answers: list[str]) -> list[float]:
+    """Returns NaN for every completion."""
+    return [float("nan")] * len(completions)
+
+
+def returns_strings(completions: list[str], answers: list[str]) -> list[str]:
+    """Returns strings instead of floats."""
+    return ["1.0"] * len(completions)
+
+
+def length(completions: list[str], answers: list[str]) -> list[float]:
+    """The length of each completion, to check that values land at their samples' positions."""
+    return [float(len(c)) for c in completions]
+
+
+def crash(completions: list[str], answers: list[str]) -> list[float]:
+    """Kills its worker process."""
+    os._exit(3)
+
+
+def raise_timeout(completions: list[str], answers: list[str]) -> list[float]:
+    """Raises its own TimeoutError (an error of the function, not a scorer timeout)."""
+    raise TimeoutError("upstream service timed out")
+
+
+NOT_CALLABLE = 3

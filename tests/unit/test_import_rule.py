@@ -1,0 +1,17 @@
+"""The import rule of DESIGN.md: pure modules import neither Ray, vLLM nor `actors`."""
+import subprocess
+import sys
+
+import pytest
+
+PURE = ["orchestrator.algo", "orchestrator.config", "orchestrator.sync", "orchestrator.data",
+        "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint"]
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_no_ray_vllm_or_actors(module):
+    code = (f"import sys, {module}\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'actors')]\n"
+            "print(','.join(sorted(bad)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"{module} pulls in {out}"
