@@ -32,7 +32,8 @@ def collate(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence
             per_token: Optional[dict[str, Sequence[Sequence[float]]]] = None, pad_id: int = 0) -> MicroBatch:
     """Right-pad prompt+response sequences into a MicroBatch.
 
-    Raises ValueError when a response is empty or a per-token list's length differs from its response.
+    Raises ValueError when a prompt or a response is empty or a per-token list's length differs from its
+    response.
     """
     per_token = per_token or {}
     b = len(prompt_ids)
@@ -47,6 +48,8 @@ def collate(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
         if len(r) == 0:
             raise ValueError(f"collate: sample {i} has an empty response")
+        if len(p) == 0:  # the first response token needs a context token to be scored
+            raise ValueError(f"collate: sample {i} has an empty prompt")
         input_ids[i, : lengths[i]] = torch.tensor(list(p) + list(r), dtype=torch.long)
         attention_mask[i, : lengths[i]] = 1
         start = len(p) - 1
@@ -66,15 +69,33 @@ def autocast_context(precision: str):
     return contextlib.nullcontext()
 
 
+# logits = lm_head(final hidden state), nothing else: safe to project only the response positions
+FAST_PATH_ARCHS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                             "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"})
+
+
 def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str = "fp32") -> torch.Tensor:
     """Logprobs [b, L-1] float32 of each next token under `model`, with the sampling temperature
-    applied (log_softmax(logits / T), case C03); position ids from the attention mask (case C10)."""
+    applied (log_softmax(logits / T), case C03); position ids from the attention mask (case C10).
+
+    Only positions in `mb.mask` are scored (0 elsewhere). For architectures whose logits are a plain
+    linear map of the last hidden state (`FAST_PATH_ARCHS`), the output projection runs on response
+    positions alone, which saves its cost and the [b, L, V] logits on prompt tokens; every other
+    model (logit scaling or soft-capping: Gemma, Granite, Cohere, ...) goes through its own forward.
+    """
     device = next(model.parameters()).device
-    position_ids = position_ids_from_attention_mask(mb.attention_mask)
+    position_ids = position_ids_from_attention_mask(mb.attention_mask).to(device)
+    ids, attn, mask = mb.input_ids.to(device), mb.attention_mask.to(device), mb.mask.to(device)
+    targets = mb.targets.to(device)
     with autocast_context(precision):
-        logits = model(input_ids=mb.input_ids.to(device), attention_mask=mb.attention_mask.to(device),
-                       position_ids=position_ids.to(device), use_cache=False).logits
-    return token_logprobs(logits[:, :-1], mb.targets.to(device), temperature)
+        if type(model).__name__ not in FAST_PATH_ARCHS:
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False).logits
+            return token_logprobs(logits[:, :-1], targets, temperature).masked_fill(~mask, 0.0)
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position_ids,
+                                     use_cache=False).last_hidden_state
+        logits = model.get_output_embeddings()(hidden[:, :-1][mask])  # [N, V] response positions only
+    lp = token_logprobs(logits[None], targets[mask][None], temperature)[0]
+    return torch.zeros(mask.shape, dtype=lp.dtype, device=device).masked_scatter(mask, lp)
 
 
 def response_values(t: torch.Tensor, mb: MicroBatch) -> list[list[float]]:

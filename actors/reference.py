@@ -20,7 +20,7 @@ class Reference:
                  pad_id: int = 0, num_threads: int = 0):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.temperature, self.micro_batch_size, self.precision, self.pad_id = (

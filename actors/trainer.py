@@ -38,7 +38,7 @@ class Trainer:
         torch.set_num_threads(trainer_cfg.num_threads or os.cpu_count() or 1)
         torch.manual_seed(trainer_cfg.seed)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32).to(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer_cfg.lr,
                                            betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
@@ -140,6 +140,14 @@ class Trainer:
         out["actor/tokens"] = tokens
         return out
 
+    def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
+        return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.cfg.micro_batch_size,
+                              self.cfg.precision, self.pad_id)
+
+    def get_step(self) -> int:
+        return self.step
+
     # ---- weight export and checkpoints --------------------------------------------------------
     def weights_for_sync(self, dtype: str) -> tuple[list[tuple[str, torch.Tensor]], dict]:
         """Named tensors (HF names, engine dtype, CPU, contiguous) and {"groups": checksums, "bytes"}.
@@ -150,7 +158,8 @@ class Trainer:
         named = [(k, v.detach().to("cpu", _DTYPES[dtype]).contiguous())
                  for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight")]
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
-        return named, {"groups": group_checksums(named), "bytes": nbytes}
+        expected = named + [("lm_head.weight", t) for k, t in named if tied and k == "model.embed_tokens.weight"]
+        return named, {"groups": group_checksums(expected), "bytes": nbytes}
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
         """Write policy (HF safetensors folder), optimizer, scheduler and `extra` state atomically:
@@ -172,7 +181,7 @@ class Trainer:
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore policy weights, optimizer, scheduler and RNG; return the checkpoint's extra state."""
-        src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", torch_dtype=torch.float32)
+        src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
         self.model.load_state_dict(src.state_dict())
         state = torch.load(Path(folder) / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])

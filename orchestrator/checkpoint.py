@@ -7,11 +7,13 @@ name and renames it when complete, so a crash never leaves a half-written `step_
 """
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
 REQUIRED = ("policy/config.json", "trainer_state.pt", "state.json")
+_STEP_NAME = re.compile(r"step_(\d+)")
 
 
 def step_folder(root: str | Path, step: int) -> Path:
@@ -23,11 +25,15 @@ def is_complete(folder: Path) -> bool:
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
-    """Complete checkpoints under `root`, oldest first."""
+    """Complete checkpoints `step_<digits>` under `root`, oldest first (by step number, so step_1000000
+    follows step_999999). Other names (a user's `step_000010.bak`, the trainer's temporary folders) are
+    ignored: never chosen as "latest", never pruned."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and is_complete(p))
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_NAME.fullmatch(p.name)) and p.is_dir() and is_complete(p)]
+    return [p for _, p in sorted(found)]
 
 
 def find_checkpoint(resume: Optional[str], root: str | Path) -> Optional[Path]:

@@ -66,9 +66,9 @@ def prepare_default_model(root: Path) -> Path:
           f"into {target} (once) ...", file=sys.stderr, flush=True)
     kwargs = dict(gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, torch_dtype=torch.float32, **kwargs)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
-    plain = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(loaded.state_dict())
     plain.generation_config = loaded.generation_config
     target.parent.mkdir(parents=True, exist_ok=True)

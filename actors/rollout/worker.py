@@ -32,6 +32,10 @@ class RolloutWorker:
         """Declare the version of the weights the engine was started from (resume)."""
         self.version = version
 
+    def checksums(self) -> dict:
+        """The engine's weight version and tensor-group checksums."""
+        return self.engine.weight_checksums()
+
     def load_weights(self, named_tensors: list, version: int) -> dict:
         """Load a new weight version; returns the engine's checksums ({"version", "groups", ...})."""
         checks = self.engine.load_weights(named_tensors, version)

@@ -29,7 +29,25 @@ class WeightReceiverExtension:
         device = next(self.model_runner.get_model().parameters()).device
         self._loaded_checksums = group_checksums(named_tensors)
         self.reload_weights(weights_iterator=((n, t.to(device)) for n, t in named_tensors))
+        self._retie_output_embeddings()
         self.weight_version = version
+
+    def _retie_output_embeddings(self) -> None:
+        """vLLM's layerwise reload unties tied embeddings and puts the output head's old kernel back
+        (its `Failed to load weights` warning): tie the head to the new embedding again and redo its
+        post-processing (the CPU backend packs the head's weight for its GEMM)."""
+        model = self.model_runner.get_model()
+        if not getattr(self.model_runner.model_config.hf_config, "tie_word_embeddings", False):
+            return
+        head = getattr(model, "lm_head", None)
+        embeds = [m for m in model.modules() if type(m).__name__ == "VocabParallelEmbedding"]
+        if head is None or len(embeds) != 1 or not hasattr(head, "weight"):
+            return
+        embed = embeds[0]
+        head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
 
     def weight_checksums(self) -> dict:
         """{"version", "groups": {group: [sum, sumsq, numel]}, "packed_groups": [...]}.
@@ -38,7 +56,8 @@ class WeightReceiverExtension:
         (numel 0) report the checksums of the values loaded into them for this version, or are
         left out before the first sync (nothing was loaded through us yet).
         """
-        params = list(self.model_runner.get_model().named_parameters())
+        # remove_duplicate=False: a tied output head is listed (and checked) under its own name too
+        params = list(self.model_runner.get_model().named_parameters(remove_duplicate=False))
         packed = {checksum_group(n) for n, p in params if p.numel() == 0}
         groups = group_checksums((n, p) for n, p in params if checksum_group(n) not in packed)
         for g in packed:

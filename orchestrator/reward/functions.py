@@ -17,10 +17,15 @@ Try it: ``python -c "from orchestrator.reward.functions import accuracy; print(a
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from typing import Callable
 
 from math_verify import parse, verify
+
+# math-verify warns once per process that its own (signal-based) timeouts are off: we turned them
+# off on purpose, because the scorer enforces a hard timeout in worker processes instead.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 RewardFn = Callable[[list[str], list[str]], list[float]]
 

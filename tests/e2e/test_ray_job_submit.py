@@ -1,0 +1,58 @@
+"""The default job (SmolLM2-135M-Instruct, arithmetic GRPO) for two steps through `ray job submit`
+against a local head started with `ray start --head`, as the README shows."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+DASHBOARD = "http://127.0.0.1:8265"
+
+
+def _wait_for_dashboard(timeout_s: float = 120.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{DASHBOARD}/api/version", timeout=5)
+            return
+        except OSError:
+            time.sleep(2)
+    raise TimeoutError(f"the Ray dashboard at {DASHBOARD} did not come up in {timeout_s:g}s")
+
+
+@pytest.fixture
+def ray_head():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    subprocess.run([RAY, "start", "--head", "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                    "--dashboard-port=8265", "--disable-usage-stats"], check=True, env=env, capture_output=True)
+    try:
+        _wait_for_dashboard()
+        yield env
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True)
+
+
+def test_default_job_through_ray_job_submit(ray_head, tmp_path):
+    out = tmp_path / "run"
+    cmd = [RAY, "job", "submit", "--address", DASHBOARD, "--working-dir", str(REPO), "--",
+           sys.executable, "-m", "orchestrator", "configs/grpo_arith_cpu.yaml", "trainer.total_steps=2",
+           f"run.output_dir={out}", f"checkpoint.dir={out}/ckpt", "run.progress=false"]
+    proc = subprocess.run(cmd, env=ray_head, capture_output=True, text=True, timeout=1200)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail
+    assert "succeeded" in proc.stdout, tail
+    assert "final checkpoint:" in proc.stdout, tail
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward/mean"] <= 1.0 and r["rollout/tokens"] > 0 for r in rows)
+    ckpt = out / "ckpt" / "step_000002" / "policy"
+    assert (ckpt / "config.json").is_file() and any(ckpt.glob("*.safetensors"))

@@ -1,0 +1,216 @@
+"""Unit tests of orchestrator.config: loading, overrides, and validation errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf.errors import ReadonlyConfigError
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.config.schema import CHOICES
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_YAML = REPO / "configs" / "grpo_arith_cpu.yaml"
+
+
+def _load(*overrides: str):
+    return load_config(CPU_YAML, list(overrides))
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load_config()
+    assert cfg.run.name == "grpo_arith"
+    assert cfg.rollout.n == 8
+    assert cfg.rollout.prompts_per_step == 4
+    assert cfg.algo.estimator == "grpo"
+    assert cfg.algo.tis_cap == 2.0
+    assert list(cfg.trainer.betas) == [0.9, 0.99]
+    assert [dict(f) for f in cfg.reward.functions] == [{"name": "accuracy", "weight": 1.0}]
+    # interpolations are resolved
+    assert cfg.run.output_dir == "runs/grpo_arith"
+    assert cfg.checkpoint.dir == "runs/grpo_arith/checkpoints"
+
+
+def test_cpu_yaml_loads_and_matches_the_file() -> None:
+    raw = yaml.safe_load(CPU_YAML.read_text())
+    cfg = _load()
+    # every key the file sets comes through with the file's value
+    for section, values in raw.items():
+        for key, value in values.items():
+            got = getattr(getattr(cfg, section), key)
+            if key == "functions":
+                assert [dict(f) for f in got] == value
+            elif isinstance(value, list):
+                assert list(got) == value
+            else:
+                assert got == value, f"{section}.{key}"
+    # keys the file does not set keep the schema defaults; interpolation follows run.name
+    assert cfg.run.name == "grpo_arith_cpu"
+    assert cfg.run.output_dir == "runs/grpo_arith_cpu"
+    assert cfg.checkpoint.dir == "runs/grpo_arith_cpu/checkpoints"
+    assert cfg.algo.clip_high == 0.28
+    assert cfg.trainer.mini_batches == 1
+
+
+def test_dotlist_overrides() -> None:
+    cfg = _load("rollout.n=16", "algo.kl_coef=0.01", "run.name=abc", "algo.tis_cap=null")
+    assert cfg.rollout.n == 16 and isinstance(cfg.rollout.n, int)
+    assert cfg.algo.kl_coef == pytest.approx(0.01) and isinstance(cfg.algo.kl_coef, float)
+    assert cfg.checkpoint.dir == "runs/abc/checkpoints"
+    assert cfg.algo.tis_cap is None
+    # overrides win over the file, the file over the defaults
+    assert _load("trainer.lr=3e-6").trainer.lr == pytest.approx(3e-6)
+    assert _load("rollout.n=8").rollout.n == 8
+
+
+def test_reward_functions_override() -> None:
+    cfg = _load("reward.functions=[{name: accuracy, weight: 1.0}, {name: boxed_format, weight: 0.5}]")
+    assert [(f.name, f.weight) for f in cfg.reward.functions] == [("accuracy", 1.0), ("boxed_format", 0.5)]
+    # an item that leaves out a field gets the schema default
+    cfg = _load("reward.functions=[{name: boxed_format}]")
+    assert cfg.reward.functions[0].weight == 1.0
+
+
+@pytest.mark.parametrize("override, path", [
+    ("rollout.nn=3", "rollout.nn"),
+    ("nosuch=1", "nosuch"),
+    ("trainer.optim.lr=1", "trainer.optim"),
+])
+def test_unknown_key_names_the_key_path(override: str, path: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(override)
+    assert f"'{path}'" in str(e.value)
+    assert "unknown config key" in str(e.value)
+
+
+def test_unknown_key_in_the_yaml_file(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("rollout:\n  n: 4\n  temprature: 0.7\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout\.temprature'"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("override, path", [
+    ("rollout.n=abc", "rollout.n"),
+    ("trainer.lr=fast", "trainer.lr"),
+    ("data.arith_max=nine", "data.arith_max"),
+])
+def test_wrong_type_names_the_key(override: str, path: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(override)
+    assert f"'{path}'" in str(e.value)
+    assert "invalid value" in str(e.value)
+
+
+def test_wrong_type_in_the_yaml_file(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("trainer:\n  total_steps: many\n")
+    with pytest.raises(ConfigError, match=r"'trainer\.total_steps'"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("key, bad", [
+    ("algo.estimator", "ppo"),
+    ("algo.loss_agg", "sum"),
+    ("trainer.precision", "fp16"),
+    ("algo.kl_estimator", "k4"),
+    ("placement.strategy", "RANDOM"),
+])
+def test_bad_choice_lists_allowed_values(key: str, bad: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(f"{key}={bad}")
+    msg = str(e.value)
+    assert msg.startswith(f"{key}='{bad}'")
+    for allowed in CHOICES[key]:
+        assert repr(allowed) in msg
+
+
+def test_allowed_values_are_the_documented_ones() -> None:
+    assert CHOICES["algo.estimator"] == ("grpo", "rloo", "dr_grpo")
+    assert CHOICES["algo.loss_agg"] == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert CHOICES["trainer.precision"] == ("fp32", "bf16-autocast")
+    # every allowed value is accepted
+    for key, allowed in CHOICES.items():
+        for value in allowed:
+            assert str(_get(_load(f"{key}={value}"), key)) == value
+
+
+def _get(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("trainer.lr=-1", "trainer.lr=-1.0 must be > 0"),
+    ("trainer.lr=0", "trainer.lr=0.0 must be > 0"),
+    ("rollout.n=1", "rollout.n=1 must be >= 2"),
+    ("rollout.n=0", "rollout.n=0 must be > 0"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5 must be in (0, 1]"),
+    ("rollout.top_p=0", "rollout.top_p=0.0 must be in (0, 1]"),
+    ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
+    ("algo.kl_coef=-0.1", "algo.kl_coef=-0.1 must be >= 0"),
+    ("trainer.min_lr_ratio=1.5", "trainer.min_lr_ratio=1.5 must be in [0, 1]"),
+    ("algo.tis_cap=0.5", "algo.tis_cap=0.5 must be >= 1 or null"),
+    ("trainer.betas=[0.9]", "trainer.betas=[0.9] must have 2 values"),
+    ("reward.functions=[]", "reward.functions is empty"),
+])
+def test_range_checks(override: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _load(override)
+    assert fragment in str(e.value)
+
+
+def test_mini_batches_must_divide_the_global_batch() -> None:
+    # the CPU config has n=8, prompts_per_step=4: a global batch of 32
+    with pytest.raises(ConfigError) as e:
+        _load("trainer.mini_batches=3")
+    assert "trainer.mini_batches=3 must divide the global batch" in str(e.value)
+    assert "= 32" in str(e.value)
+    with pytest.raises(ConfigError, match="= 30"):
+        _load("rollout.n=6", "rollout.prompts_per_step=5", "trainer.mini_batches=4")
+    assert _load("trainer.mini_batches=4").trainer.mini_batches == 4
+    assert _load("rollout.n=6", "rollout.prompts_per_step=5", "trainer.mini_batches=3").trainer.mini_batches == 3
+
+
+def test_reward_function_items_are_validated() -> None:
+    with pytest.raises(ConfigError) as e:
+        _load("reward.functions=[{name: accuracy, weight: 1.0}, {name: boxed_format, wieght: 0.5}]")
+    msg = str(e.value)
+    assert msg.startswith("reward.functions[1]:")
+    assert "'wieght'" in msg and "unknown config key" in msg
+    with pytest.raises(ConfigError) as e:
+        _load("reward.functions=[{name: accuracy, weight: heavy}]")
+    assert str(e.value).startswith("reward.functions[0]:")
+    assert "'weight'" in str(e.value)
+
+
+def test_result_is_read_only() -> None:
+    cfg = _load()
+    with pytest.raises(ReadonlyConfigError):
+        cfg.rollout.n = 3
+    with pytest.raises(ReadonlyConfigError):
+        cfg.reward.functions[0].weight = 2.0
+    with pytest.raises(ReadonlyConfigError):
+        cfg.reward.functions.append({"name": "x", "weight": 1.0})
+    assert cfg.rollout.n == 8
+    assert len(cfg.reward.functions) == 1
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as e:
+        load_config(missing)
+    assert str(missing) in str(e.value)
+    assert "does not exist" in str(e.value)
+
+
+def test_override_without_equals_sign() -> None:
+    with pytest.raises(ConfigError, match=r"'trainer\.lr' is not of the form key\.path=value"):
+        _load("trainer.lr")
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
