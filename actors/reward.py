@@ -10,8 +10,11 @@ controller can call it remotely::
 
 from __future__ import annotations
 
+from typing import Optional
+
 import ray
 
+from orchestrator.reward.model import RewardModelScorer
 from orchestrator.reward.scorer import RewardResult, RewardScorer, StartMethod
 
 
@@ -32,14 +35,35 @@ class RewardActor:
         timeout_s: float = 10.0,
         num_workers: int = 2,
         mp_start_method: StartMethod = "forkserver",
+        reward_model: Optional[dict] = None,
     ) -> None:
         self._scorer = RewardScorer(functions, timeout_s, num_workers, mp_start_method)
+        self._model = None
+        self._model_weight = 0.0
+        if reward_model:  # {"path", "weight", "batch_size"}
+            self._model = RewardModelScorer(reward_model["path"], batch_size=reward_model.get("batch_size", 8))
+            self._model_weight = float(reward_model.get("weight", 1.0))
 
     def score(
-        self, completions: list[str], answers: list[str], group_ids: list[int]
+        self, completions: list[str], answers: list[str], group_ids: list[int],
+        prompts: Optional[list[str]] = None,
     ) -> RewardResult:
-        """Score a batch; see `RewardScorer.score` (ValueError on bad reward output)."""
-        return self._scorer.score(completions, answers, group_ids)
+        """Score a batch; see `RewardScorer.score` (ValueError on bad reward output).
+
+        With a reward model configured, `prompts` (B texts) are required and
+        `reward_model_weight * score` is added to every reward (`reward/model_mean` in the metrics).
+        """
+        result = self._scorer.score(completions, answers, group_ids)
+        if self._model is None:
+            return result
+        if prompts is None:
+            raise ValueError("the reward model needs the prompt texts; pass prompts=[...]")
+        scores = self._model.score(prompts, completions)
+        result.per_function["reward_model"] = scores
+        result.rewards = [r + self._model_weight * s for r, s in zip(result.rewards, scores)]
+        result.metrics["reward/model_mean"] = sum(scores) / max(len(scores), 1)
+        result.metrics["reward/mean"] = sum(result.rewards) / max(len(result.rewards), 1)
+        return result
 
     def close(self) -> None:
         """Stop the scorer's worker processes."""

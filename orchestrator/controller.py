@@ -125,7 +125,7 @@ class GRPOController:
         for i, ex in enumerate(self.loader.next_batch()):
             ids = render_prompt_ids(self.tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
             out.append(PromptRequest(group_id=step * self.cfg.rollout.prompts_per_step + i, prompt_ids=ids,
-                                     answer=ex.answer))
+                                     answer=ex.answer, prompt=ex.prompt))
         return out
 
     def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
@@ -146,8 +146,9 @@ class GRPOController:
         return trajs
 
     def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+        prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None  # a reward model reads them
         result = ray.get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
-                                                         [t.group_id for t in trajs]))
+                                                         [t.group_id for t in trajs], prompts))
         row.update(result.metrics)
         row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
         return result.rewards

@@ -77,7 +77,10 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
         reference = ReferenceActor.options(**opts("reference")).remote(
             str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads)
     functions = [(f.name, f.weight) for f in cfg.reward.functions]
-    reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers)
+    rm = cfg.reward.model_path
+    rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
+    reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
+                                                          reward_model=rm_spec)
     actors = Actors(trainer, rollout, reward, reference, pg, [trainer, *rollout, reward] + ([reference] if reference else []))
     ray.get([a.ready.remote() for a in [trainer, *rollout] + ([reference] if reference else [])])
     return actors

@@ -60,7 +60,7 @@ class VLLMEngine:
                 lps = [d[t].logprob for t, d in zip(ids, c.logprobs)]
                 out.append(Trajectory(group_id=req.group_id, prompt_ids=list(req.prompt_ids), response_ids=ids,
                                       logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
-                                      answer=req.answer, weight_version=weight_version))
+                                      answer=req.answer, prompt=req.prompt, weight_version=weight_version))
         return out
 
     def load_weights(self, named_tensors: list, version: int) -> dict:

@@ -70,6 +70,10 @@ class RewardConfig:
     functions: list = field(default_factory=lambda: [RewardFunctionConfig()])
     timeout_s: float = 10.0  # hard per-group limit; a timeout scores 0 and is counted
     num_workers: int = 2  # scorer processes
+    # Optional learned reward: a local HF sequence-classification folder; its score is added with weight.
+    model_path: Optional[str] = None
+    model_weight: float = 1.0
+    model_batch_size: int = 8
 
 
 @dataclass

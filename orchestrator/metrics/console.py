@@ -8,7 +8,8 @@ COLUMNS = [  # (header, metric key, format)
     ("step", "step", "{:d}"),
     ("reward", "reward/mean", "{:.3f}"),
     ("acc", "reward/accuracy_mean", "{:.3f}"),
-    ("KL", "actor/rollout_kl_k1", "{:+.4f}"),
+    ("KL ref", "actor/kl", "{:.4f}"),  # policy vs reference (when algo.kl_coef > 0)
+    ("KL roll", "actor/rollout_kl_k1", "{:+.4f}"),  # rollout engine vs trainer, k1 estimate
     ("clip", "actor/clip_frac", "{:.3f}"),
     ("resp len", "rollout/response_len_mean", "{:.1f}"),
     ("gen s", "timing/generate_s", "{:.1f}"),
@@ -25,6 +26,8 @@ class ConsoleProgress:
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
         self.console = Console(stderr=False, highlight=False)
+        if not self.console.is_terminal:  # logs and `ray job submit`: one unwrapped line per step
+            self.console = Console(stderr=False, highlight=False, width=200)
         self.enabled = enabled
         self.progress = Progress(TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("eta"), TimeRemainingColumn(), console=self.console, transient=True,

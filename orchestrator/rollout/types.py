@@ -21,6 +21,7 @@ class Trajectory:
     finish_reason: str
     text: str = ""
     answer: str = ""
+    prompt: str = ""  # the prompt's text before the chat template (for reward models and logs)
     weight_version: int = -1
     extra: dict = field(default_factory=dict)
 
@@ -32,3 +33,4 @@ class PromptRequest:
     group_id: int
     prompt_ids: list[int]
     answer: str
+    prompt: str = ""

@@ -63,11 +63,13 @@ def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_mo
     assert state["step"] == 2 and state["loader"]["position"] > 0
 
 
-def test_corrupted_transfer_is_caught(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=1")
+def test_corrupted_transfer_is_caught_with_kl_and_reference(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=1", "algo.kl_coef=0.05", "algo.kl_estimator=k3")
     controller = GRPOController(cfg)
     try:
-        controller.run()
+        result = controller.run()
+        assert controller.actors.reference is not None
+        assert result.rows[0]["timing/reference_s"] > 0 and "actor/kl" in result.rows[0]
         trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
         named, meta = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
         bad = [(n, t.clone()) for n, t in named]
@@ -80,14 +82,15 @@ def test_corrupted_transfer_is_caught(ray_local, tiny_model, tmp_path):
         controller.shutdown()
 
 
-def test_resume_continues_from_latest_checkpoint(ray_local, tiny_model, tmp_path):
-    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.every_steps=1"))
+def test_resume_continues_from_latest_checkpoint_with_two_engines(ray_local, tiny_model, tmp_path):
+    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.every_steps=1", "rollout.num_workers=2"))
     try:
         first.run()
         saved_loader = first.loader.state_dict()
     finally:
         first.shutdown()
-    second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "checkpoint.resume=latest"))
+    second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "checkpoint.resume=latest",
+                                 "rollout.num_workers=2"))
     try:
         result = second.run()
         assert ray.get(second.actors.trainer.get_step.remote()) == 3

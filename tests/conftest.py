@@ -1,0 +1,13 @@
+"""Test-suite wide: `gpu`-marked tests are skipped where CUDA is not available."""
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
