@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def _wait_for_dashboard(timeout_s: float = 120.0) -> None:
         try:
             urllib.request.urlopen(f"{DASHBOARD}/api/version", timeout=5)
             return
+        except urllib.error.HTTPError:  # 401 without a token: the dashboard is up and guarded
+            return
         except OSError:
             time.sleep(2)
     raise TimeoutError(f"the Ray dashboard at {DASHBOARD} did not come up in {timeout_s:g}s")
@@ -31,7 +34,8 @@ def _wait_for_dashboard(timeout_s: float = 120.0) -> None:
 
 @pytest.fixture
 def ray_head():
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Ray's token authentication, as the README shows: the head makes a token, the clients send it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}
     subprocess.run([RAY, "start", "--head", "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                     "--dashboard-port=8265", "--disable-usage-stats"], check=True, env=env, capture_output=True)
     try:
