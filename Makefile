@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: demo test test-unit test-integration test-e2e bench install model clean
+.PHONY: demo test test-unit test-integration test-e2e install model clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -65,6 +65,9 @@ class RewardActor:
         result.metrics["reward/mean"] = sum(result.rewards) / max(len(result.rewards), 1)
         return result
 
+    def ready(self) -> bool:
+        return True
+
     def close(self) -> None:
         """Stop the scorer's worker processes."""
         self._scorer.close()

@@ -61,16 +61,18 @@ class Trainer:
         t0 = time.perf_counter()
         n = len(batch["advantages"])
         size = n // self.cfg.mini_batches
+        old_all = None
+        if self.cfg.mini_batches > 1 and self.algo.old_logprobs == "trainer":
+            # the policy that sampled (= the weights before this step's first update): computed once,
+            # so later mini-batches' ratios measure how far the earlier updates moved the policy
+            old_all = batch_logprobs(self.model, batch["prompt_ids"], batch["response_ids"], self.temperature,
+                                     self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
         metrics: dict[str, list[float]] = {}
         for m in range(self.cfg.mini_batches):
             # sorted by length so each micro-batch pads little; the global normaliser makes order irrelevant
             idx = sorted(range(m * size, (m + 1) * size),
                          key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
-            old = None
-            if self.cfg.mini_batches > 1 and self.algo.old_logprobs == "trainer":
-                old = batch_logprobs(self.model, [batch["prompt_ids"][i] for i in idx],
-                                     [batch["response_ids"][i] for i in idx], self.temperature,
-                                     self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
+            old = [old_all[i] for i in idx] if old_all is not None else None
             for k, v in self._mini_batch_update(batch, idx, old).items():
                 metrics.setdefault(k, []).append(v)
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
@@ -100,10 +102,12 @@ class Trainer:
         loss = sums.pop("loss")
         out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
         out["actor/loss"] = loss  # the mini-batch loss: micro-batch losses add up to it
-        out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")  # 0 = no clipping
+        out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
             self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient at optimizer step {self.step}; update skipped")
+            raise FloatingPointError(f"non-finite gradient at optimizer step {self.step}: the run stops before "
+                                     "applying it; resume from the last checkpoint (checkpoint.resume=latest)")
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from orchestrator.config import ConfigError, load_config
+from orchestrator.data import DatasetError
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -18,10 +19,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from orchestrator.controller import GRPOController
+    from orchestrator.placement import PlacementError
 
-    controller = GRPOController(cfg)
+    try:
+        controller = GRPOController(cfg)
+    except (DatasetError, FileNotFoundError, ValueError) as e:  # bad input found before any actor starts
+        print(f"input error: {e}", file=sys.stderr)
+        return 2
     try:
         result = controller.run()
+    except PlacementError as e:
+        print(f"placement error: {e}", file=sys.stderr)
+        return 2
     finally:
         controller.shutdown()
     print(f"final checkpoint: {result.checkpoint}")

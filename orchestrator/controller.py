@@ -66,16 +66,29 @@ class GRPOController:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         examples = load_examples(cfg.data)
-        self.loader = StatefulLoader(examples, cfg.rollout.prompts_per_step, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        # render every prompt once, now: an over-long row fails before any actor starts, naming the row
+        self.prompt_ids = [self._render(i, ex) for i, ex in enumerate(examples)]
+        self.loader = StatefulLoader(list(range(len(examples))), cfg.rollout.prompts_per_step, seed=cfg.data.seed,
+                                     shuffle=cfg.data.shuffle)
+        self.examples = examples
         self.logger = JsonlLogger(self.out_dir / "metrics.jsonl")
         self.start_step, self.version = 0, 0
         self.actors: Optional[Actors] = None
 
+    def _render(self, i: int, ex) -> list[int]:
+        d = self.cfg.data
+        try:
+            return render_prompt_ids(self.tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
+        except ValueError as e:
+            raise ValueError(f"data.source={d.source!r} row {i}: {e}") from None
+
     # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are."""
         self.actors = start_actors(self.cfg, self.model_path, self.resume_from, self.pad_id)
         if self.resume_from is not None:
             self._restore(self.resume_from)
+        self.logger.keep_steps_up_to(self.start_step)  # a fresh run starts a fresh log; a resume drops rows past it
         last_ckpt = None
         total = self.cfg.trainer.total_steps
         with ConsoleProgress(total, self.start_step, enabled=self.cfg.run.progress) as console:
@@ -120,11 +133,10 @@ class GRPOController:
     # ---- phases ---------------------------------------------------------------------------------
     def sample_prompts(self, step: int) -> list[PromptRequest]:
         """The step's prompts, rendered with the chat template; group ids unique over the run."""
-        d = self.cfg.data
         out = []
-        for i, ex in enumerate(self.loader.next_batch()):
-            ids = render_prompt_ids(self.tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
-            out.append(PromptRequest(group_id=step * self.cfg.rollout.prompts_per_step + i, prompt_ids=ids,
+        for i, k in enumerate(self.loader.next_batch()):
+            ex = self.examples[k]
+            out.append(PromptRequest(group_id=step * self.cfg.rollout.prompts_per_step + i, prompt_ids=self.prompt_ids[k],
                                      answer=ex.answer, prompt=ex.prompt))
         return out
 
@@ -150,6 +162,10 @@ class GRPOController:
         result = ray.get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
                                                          [t.group_id for t in trajs], prompts))
         row.update(result.metrics)
+        calls = len(self.cfg.reward.functions) * len({t.group_id for t in trajs})
+        if result.metrics.get("reward/errors", 0) >= calls:
+            raise RuntimeError(f"every reward function call of step {row['step']} raised ({calls} calls): the rewards "
+                               "would all be 0; see the RewardActor's log above for the tracebacks")
         row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
         return result.rewards
 
@@ -203,8 +219,8 @@ class GRPOController:
     def _restore(self, folder: Path) -> None:
         state = ray.get(self.actors.trainer.load_checkpoint.remote(str(folder)))
         self.loader.load_state_dict(state["loader"])
-        self.start_step = self.version = state["step"]
-        ray.get([w.set_version.remote(self.version) for w in self.actors.rollout])
+        self.start_step = state["step"]
+        self.sync_weights(self.start_step, {})  # verified: engines hold the checkpoint's weights
 
     def shutdown(self) -> None:
         if self.actors is not None:

@@ -25,8 +25,8 @@ def connect_ray(cfg) -> None:
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
+    else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
+        ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": _QUIET_ENV})
 
 
@@ -67,6 +67,7 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
         i = plan.roles[role][k]
         return {**bundle_options(pg, i, plan.bundles[i]), "runtime_env": {"env_vars": _QUIET_ENV}}
 
+    # on resume the engines start from the checkpoint's policy; the controller then syncs and verifies
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     temp, max_new = cfg.rollout.temperature, cfg.rollout.max_new_tokens
     trainer = TrainerActor.options(**opts("trainer")).remote(str(model_path), cfg.trainer, cfg.algo, temp, max_new, pad_id)
@@ -82,5 +83,5 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec)
     actors = Actors(trainer, rollout, reward, reference, pg, [trainer, *rollout, reward] + ([reference] if reference else []))
-    ray.get([a.ready.remote() for a in [trainer, *rollout] + ([reference] if reference else [])])
+    ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
     return actors

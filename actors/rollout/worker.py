@@ -28,10 +28,6 @@ class RolloutWorker:
         tokens = sum(len(t.response_ids) for t in trajs)
         return trajs, {"rollout/tokens": tokens, "rollout/generate_s": dt, "rollout/tokens_per_s": tokens / max(dt, 1e-9)}
 
-    def set_version(self, version: int) -> None:
-        """Declare the version of the weights the engine was started from (resume)."""
-        self.version = version
-
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""
         return self.engine.weight_checksums()

@@ -7,9 +7,11 @@ value of the wrong type, a choice outside its allowed values, a number out of ra
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -32,17 +34,23 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
-        layers.append(OmegaConf.load(p))
+        try:
+            layers.append(OmegaConf.load(p))
+        except (yaml.YAMLError, OmegaConfBaseException) as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     for item in overrides:
-        if "=" not in item:
+        if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
     try:
         layers.append(OmegaConf.from_dotlist(list(overrides)))
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
+        raise ConfigError(f"cannot parse the overrides {list(overrides)}: {str(e).splitlines()[0]}") from None
+    try:
         merged = OmegaConf.merge(base, *layers)
         _coerce_reward_functions(merged)
         OmegaConf.resolve(merged)
-    except OmegaConfBaseException as e:
-        raise ConfigError(_describe(e)) from None
+    except (OmegaConfBaseException, TypeError, ValueError) as e:
+        raise ConfigError(_describe(e) if isinstance(e, OmegaConfBaseException) else str(e)) from None
     validate(merged)
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
@@ -52,6 +60,8 @@ def _coerce_reward_functions(cfg) -> None:
     """`reward.functions` is a list of {name, weight}; check each item against the schema."""
     typed = []
     for i, item in enumerate(cfg.reward.functions):
+        if isinstance(item, str):  # `functions: [accuracy]` is short for [{name: accuracy, weight: 1.0}]
+            item = {"name": item}
         try:
             typed.append(OmegaConf.merge(OmegaConf.structured(RewardFunctionConfig), item))
         except OmegaConfBaseException as e:
@@ -88,10 +98,25 @@ def validate(cfg) -> None:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
     non_negative = ["algo.kl_coef", "algo.clip_low", "algo.clip_high", "trainer.warmup_steps",
-                    "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay"]
+                    "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay", "algo.adv_eps",
+                    "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
+                    "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens"]
     for key in non_negative:
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} must be >= 0")
+        value = _get(cfg, key)
+        if not (value >= 0 and math.isfinite(value)):  # also rejects NaN and inf
+            raise ConfigError(f"{key}={value!r} must be a finite number >= 0")
+    for key in ("reward.model_weight",):
+        if not math.isfinite(_get(cfg, key)):
+            raise ConfigError(f"{key}={_get(cfg, key)!r} must be finite")
+    if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization!r} must be in (0, 1]")
+    optimizer_steps = cfg.trainer.total_steps * cfg.trainer.mini_batches
+    if cfg.trainer.warmup_steps > optimizer_steps:
+        raise ConfigError(f"trainer.warmup_steps={cfg.trainer.warmup_steps} exceeds the run's optimizer steps "
+                          f"(trainer.total_steps * trainer.mini_batches = {optimizer_steps})")
+    if cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
+        raise ConfigError(f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) + rollout.max_new_tokens "
+                          f"({cfg.rollout.max_new_tokens}) exceed rollout.max_model_len ({cfg.rollout.max_model_len})")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
     if not 0 <= cfg.trainer.min_lr_ratio <= 1:
@@ -106,5 +131,22 @@ def validate(cfg) -> None:
                           f"rollout.n * rollout.prompts_per_step = {batch}")
     if not cfg.reward.functions:
         raise ConfigError("reward.functions is empty; give at least one {name, weight}")
+    _check_reward_functions(cfg)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"trainer.betas={list(cfg.trainer.betas)} must have 2 values")
+
+
+def _check_reward_functions(cfg) -> None:
+    """Resolve every reward function now (a typo fails here, not after the first rollout)."""
+    from orchestrator.reward.functions import resolve_reward_fn
+
+    names = [f.name for f in cfg.reward.functions]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"reward.functions has duplicate names: {names}")
+    for i, f in enumerate(cfg.reward.functions):
+        if not math.isfinite(f.weight):
+            raise ConfigError(f"reward.functions[{i}].weight={f.weight!r} must be finite")
+        try:
+            resolve_reward_fn(f.name)
+        except ValueError as e:
+            raise ConfigError(f"reward.functions[{i}].name: {e}") from None

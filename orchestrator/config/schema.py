@@ -95,11 +95,12 @@ class AlgoConfig:
 class TrainerConfig:
     total_steps: int = 20
     lr: float = 1e-5
+    # linear warmup over this many optimizer steps (the first update uses lr 0, then lr/warmup, ...)
     warmup_steps: int = 2
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     betas: list = field(default_factory=lambda: [0.9, 0.99])
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
     micro_batch_size: int = 8  # sequences per micro-batch; the global batch is accumulated
     mini_batches: int = 1  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
     precision: str = "bf16-autocast"  # fp32 | bf16-autocast (fp32 master weights)

@@ -12,6 +12,8 @@ COLUMNS = [  # (header, metric key, format)
     ("KL roll", "actor/rollout_kl_k1", "{:+.4f}"),  # rollout engine vs trainer, k1 estimate
     ("clip", "actor/clip_frac", "{:.3f}"),
     ("resp len", "rollout/response_len_mean", "{:.1f}"),
+    ("rw err", "reward/errors", "{:.0f}"),  # reward calls that raised (0 each) ...
+    ("rw t/o", "reward/timeouts", "{:.0f}"),  # ... or timed out
     ("gen s", "timing/generate_s", "{:.1f}"),
     ("reward s", "timing/reward_s", "{:.1f}"),
     ("ref s", "timing/reference_s", "{:.1f}"),

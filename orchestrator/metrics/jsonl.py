@@ -13,6 +13,14 @@ class JsonlLogger:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
+    def keep_steps_up_to(self, step: int) -> None:
+        """Drop rows with a step > `step` (0: start an empty log), e.g. the rows a resume redoes."""
+        if not self.path.exists():
+            return
+        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+
     def log(self, row: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a", encoding="utf-8") as f:

@@ -151,7 +151,7 @@ def _get(cfg, dotted: str):
     ("rollout.top_p=1.5", "rollout.top_p=1.5 must be in (0, 1]"),
     ("rollout.top_p=0", "rollout.top_p=0.0 must be in (0, 1]"),
     ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
-    ("algo.kl_coef=-0.1", "algo.kl_coef=-0.1 must be >= 0"),
+    ("algo.kl_coef=-0.1", "algo.kl_coef=-0.1 must be a finite number >= 0"),
     ("trainer.min_lr_ratio=1.5", "trainer.min_lr_ratio=1.5 must be in [0, 1]"),
     ("algo.tis_cap=0.5", "algo.tis_cap=0.5 must be >= 1 or null"),
     ("trainer.betas=[0.9]", "trainer.betas=[0.9] must have 2 values"),
@@ -214,3 +214,33 @@ def test_override_without_equals_sign() -> None:
 
 def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("algo.kl_coef=nan", "algo.kl_coef=nan must be a finite number"),
+    ("trainer.grad_clip=nan", "trainer.grad_clip=nan must be a finite number"),
+    ("trainer.warmup_steps=100", "trainer.warmup_steps=100 exceeds the run's optimizer steps"),
+    ("rollout.max_model_len=10", "exceed rollout.max_model_len (10)"),
+    ("rollout.gpu_memory_utilization=5", "rollout.gpu_memory_utilization=5.0 must be in (0, 1]"),
+    ("placement.trainer_per_worker=-1", "placement.trainer_per_worker=-1.0 must be a finite number >= 0"),
+    ("reward.functions=[{name: acuracy}]", "reward.functions[0].name"),
+    ("reward.functions=[accuracy, accuracy]", "duplicate names"),
+    ("data.arith_ops=[%]", "cannot parse the overrides"),
+    ("=x", "not of the form key.path=value"),
+])
+def test_more_bad_values_fail_before_any_work(override, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_config(CPU_YAML, [override])
+    assert fragment in str(info.value)
+
+
+def test_reward_function_given_by_name_only():
+    cfg = load_config(CPU_YAML, ["reward.functions=[accuracy, boxed_format]"])
+    assert [(f.name, f.weight) for f in cfg.reward.functions] == [("accuracy", 1.0), ("boxed_format", 1.0)]
+
+
+def test_broken_yaml_file_is_a_config_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: {n: 4\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
