@@ -131,6 +131,15 @@ class GRPOController:
         return row, ckpt
 
     # ---- phases ---------------------------------------------------------------------------------
+    def _get(self, refs):
+        """ray.get with `run.phase_timeout_s`: a hung actor stops the run with an error, never a hang."""
+        timeout = self.cfg.run.phase_timeout_s
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"an actor call did not return within run.phase_timeout_s={timeout:g}s "
+                               "(see the per-step phase times for the phase that hung)") from None
+
     def sample_prompts(self, step: int) -> list[PromptRequest]:
         """The step's prompts, rendered with the chat template; group ids unique over the run."""
         out = []
@@ -144,7 +153,7 @@ class GRPOController:
         """Whole groups per worker: request i goes to worker i mod R (all its n samples with it)."""
         workers = self.actors.rollout
         shards = [requests[i :: len(workers)] for i in range(len(workers))]
-        results = ray.get([w.generate.remote(s) for w, s in zip(workers, shards) if s])
+        results = self._get([w.generate.remote(s) for w, s in zip(workers, shards) if s])
         trajs = [t for ts, _ in results for t in ts]
         stale = [t.weight_version for t in trajs if t.weight_version != self.version]
         if stale:
@@ -159,7 +168,7 @@ class GRPOController:
 
     def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
         prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None  # a reward model reads them
-        result = ray.get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
+        result = self._get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
                                                          [t.group_id for t in trajs], prompts))
         row.update(result.metrics)
         calls = len(self.cfg.reward.functions) * len({t.group_id for t in trajs})
@@ -172,7 +181,7 @@ class GRPOController:
     def reference_logprobs(self, trajs: list[Trajectory]) -> Optional[list[list[float]]]:
         if self.actors.reference is None:
             return None
-        return ray.get(self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs],
+        return self._get(self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs],
                                                              [t.response_ids for t in trajs]))
 
     def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[float]:
@@ -190,15 +199,15 @@ class GRPOController:
     def train(self, trajs: list[Trajectory], advantages: list[float], ref) -> dict:
         batch = {"prompt_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
                  "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref}
-        return ray.get(self.actors.trainer.train_step.remote(batch))
+        return self._get(self.actors.trainer.train_step.remote(batch))
 
     def sync_weights(self, step: int, row: dict) -> None:
         """Trainer -> every engine through the object store; then every engine's version and checksums
         must equal the trainer's, or the step stops with an error naming the tensor group."""
         version = step
         named_ref, meta_ref = self.actors.trainer.weights_for_sync.options(num_returns=2).remote(self.cfg.rollout.dtype)
-        meta = ray.get(meta_ref)
-        reports = ray.get([w.load_weights.remote(named_ref, version) for w in self.actors.rollout])
+        meta = self._get(meta_ref)
+        reports = self._get([w.load_weights.remote(named_ref, version) for w in self.actors.rollout])
         for i, rep in enumerate(reports):
             if rep["version"] != version:
                 raise WeightMismatchError(f"rollout worker {i} reports weight version {rep['version']}, expected {version}")
@@ -211,13 +220,13 @@ class GRPOController:
     def _checkpoint(self, step: int) -> str:
         folder = step_folder(self.cfg.checkpoint.dir, step)
         extra = {"step": step, "weight_version": self.version, "loader": self.loader.state_dict()}
-        path = ray.get(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
-        ray.get(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
+        path = self._get(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
+        self._get(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
         return path
 
     def _restore(self, folder: Path) -> None:
-        state = ray.get(self.actors.trainer.load_checkpoint.remote(str(folder)))
+        state = self._get(self.actors.trainer.load_checkpoint.remote(str(folder)))
         self.loader.load_state_dict(state["loader"])
         self.start_step = state["step"]
         self.sync_weights(self.start_step, {})  # verified: engines hold the checkpoint's weights

@@ -93,7 +93,7 @@ def validate(cfg) -> None:
     positive = ["rollout.n", "rollout.prompts_per_step", "rollout.num_workers", "rollout.max_new_tokens",
                 "trainer.total_steps", "trainer.micro_batch_size", "trainer.mini_batches",
                 "reward.timeout_s", "reward.num_workers", "placement.timeout_s", "trainer.lr",
-                "rollout.temperature", "rollout.max_model_len"]
+                "rollout.temperature", "rollout.max_model_len", "run.phase_timeout_s"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")

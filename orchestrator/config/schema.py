@@ -138,6 +138,8 @@ class RunConfig:
     ray_address: str = ""
     num_cpus: int = 0  # local Ray only; 0 = all cores
     progress: bool = True  # progress bar and per-step table on the console
+    # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
+    phase_timeout_s: float = 3600.0
 
 
 @dataclass

@@ -108,3 +108,13 @@ def test_missing_resources_fail_placement_naming_them(ray_local, tiny_model, tmp
     with pytest.raises(PlacementError, match="fake_gpu"):
         controller.run()
     controller.shutdown()
+
+
+def test_a_hung_phase_stops_the_run_with_a_timeout_error(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "run.phase_timeout_s=0.01")
+    controller = GRPOController(cfg)
+    try:
+        with pytest.raises(TimeoutError, match="run.phase_timeout_s=0.01"):
+            controller.run()
+    finally:
+        controller.shutdown()
