@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 STAMP := $(VENV)/.installed-$(EXTRA)
 
-.PHONY: demo test test-unit test-integration test-e2e install model clean
+.PHONY: demo test test-unit test-integration test-e2e install model system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,11 @@ model: $(STAMP)
 demo: model
 	$(BIN)/python -m orchestrator configs/grpo_arith_cpu.yaml $(ARGS)
 
-test: model
+# Debian packages the deployment tests use (Slurm, munge, Prometheus); installs only what is missing
+system-deps:
+	./scripts/install_system_deps.sh
+
+test: model system-deps
 	$(BIN)/python -m pytest tests -v --timeout=900 -m "not gpu" $(ARGS)
 
 test-unit: $(STAMP)

@@ -93,14 +93,17 @@ def validate(cfg) -> None:
     positive = ["rollout.n", "rollout.prompts_per_step", "rollout.num_workers", "rollout.max_new_tokens",
                 "trainer.total_steps", "trainer.micro_batch_size", "trainer.mini_batches",
                 "reward.timeout_s", "reward.num_workers", "placement.timeout_s", "trainer.lr",
-                "rollout.temperature", "rollout.max_model_len", "run.phase_timeout_s"]
+                "rollout.temperature", "rollout.max_model_len", "run.phase_timeout_s",
+                "weight_sync.bucket_mb", "weight_sync.timeout_s", "weight_sync.disk.shard_mb",
+                "weight_sync.fabric.fs_write_gbps", "weight_sync.fabric.fs_read_gbps"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
     non_negative = ["algo.kl_coef", "algo.clip_low", "algo.clip_high", "trainer.warmup_steps",
                     "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay", "algo.adv_eps",
                     "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
-                    "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens"]
+                    "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens",
+                    "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port"]
     for key in non_negative:
         value = _get(cfg, key)
         if not (value >= 0 and math.isfinite(value)):  # also rejects NaN and inf
@@ -117,6 +120,13 @@ def validate(cfg) -> None:
     if cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
         raise ConfigError(f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) + rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}) exceed rollout.max_model_len ({cfg.rollout.max_model_len})")
+    if not 0 < cfg.weight_sync.delta.max_changed_fraction <= 1:
+        raise ConfigError(f"weight_sync.delta.max_changed_fraction={cfg.weight_sync.delta.max_changed_fraction!r} "
+                          "must be in (0, 1]")
+    if not 1 <= cfg.weight_sync.delta.zstd_level <= 22:
+        raise ConfigError(f"weight_sync.delta.zstd_level={cfg.weight_sync.delta.zstd_level!r} must be in [1, 22]")
+    if not 0 <= cfg.metrics.prometheus_port <= 65535:
+        raise ConfigError(f"metrics.prometheus_port={cfg.metrics.prometheus_port!r} must be in [0, 65535]")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
     if not 0 <= cfg.trainer.min_lr_ratio <= 1:

@@ -143,6 +143,51 @@ class RunConfig:
 
 
 @dataclass
+class SyncFabricConfig:
+    """What the cost model (`weight_sync.strategy: auto`, `rl-orch plan sync`) assumes about the cluster.
+    Bandwidths in GB/s (10^9 bytes per second, one direction)."""
+    intra_node: str = "loopback"  # nvlink | pcie4 | pcie5 | loopback: trainer <-> engines on one node
+    inter_node: str = "eth25"  # ib200 | ib400 | eth25 | eth100 | loopback: across nodes
+    engine_nodes: int = 0  # nodes that hold rollout engines apart from the trainer's node; 0 = same node
+    fs_write_gbps: float = 1.0  # the shared filesystem (weight_sync.disk.path): write rate from the trainer
+    fs_read_gbps: float = 2.0  # its aggregate read rate over all engines
+
+
+@dataclass
+class DiskSyncConfig:
+    # Shared by the trainer and every engine (NFS, a PVC). Versions live in v<version>/, written under a
+    # temporary name and renamed when complete; older versions are removed once every engine loaded.
+    path: str = "${run.output_dir}/weight_sync"
+    shard_mb: int = 2048
+
+
+@dataclass
+class DeltaSyncConfig:
+    # A full sync instead when more than this fraction of the elements changed since the engines' version.
+    max_changed_fraction: float = 0.5
+    zstd_level: int = 3
+    full_every: int = 0  # also a full sync every N versions (0 = never forced)
+
+
+@dataclass
+class WeightSyncConfig:
+    strategy: str = "object_store"  # nccl | disk | delta | object_store | auto (cheapest by the cost model)
+    bucket_mb: int = 256  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
+    timeout_s: float = 600.0  # one sync (all buckets, all engines); past it the run stops with an error
+    verify: bool = True  # every engine reports its version and per-group checksums after each sync
+    disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
+    delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
+    fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)
+
+
+@dataclass
+class MetricsConfig:
+    # Prometheus /metrics served by the controller; 0 = off. Bound to `host` (loopback unless set).
+    prometheus_port: int = 0
+    prometheus_host: str = "127.0.0.1"
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -153,6 +198,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -163,4 +210,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "trainer.precision": ("fp32", "bf16-autocast"),
     "rollout.dtype": ("bfloat16", "float32", "float16"),
     "placement.strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    "weight_sync.strategy": ("nccl", "disk", "delta", "object_store", "auto"),
+    "weight_sync.fabric.intra_node": ("nvlink", "pcie4", "pcie5", "loopback"),
+    "weight_sync.fabric.inter_node": ("ib200", "ib400", "eth25", "eth100", "loopback"),
 }
