@@ -8,6 +8,7 @@ clipping, fp32 or bf16 autocast with fp32 master weights.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender
 from actors.forward import batch_logprobs, collate, forward_logprobs, response_values
 from orchestrator.algo import loss_normalizer, lr_multiplier, policy_loss
 from orchestrator.sync import group_checksums
@@ -44,6 +46,7 @@ class Trainer:
                                            betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.step = 0  # optimizer steps taken
+        self._senders: dict = {}
 
     def _lr_lambda(self, step: int) -> float:
         return lr_multiplier(step, warmup_steps=self.cfg.warmup_steps,
@@ -153,17 +156,55 @@ class Trainer:
         return self.step
 
     # ---- weight export and checkpoints --------------------------------------------------------
-    def weights_for_sync(self, dtype: str) -> tuple[list[tuple[str, torch.Tensor]], dict]:
-        """Named tensors (HF names, engine dtype, CPU, contiguous) and {"groups": checksums, "bytes"}.
+    def weights_for_sync(self, dtype: str, device: str = "cpu") -> tuple[list[tuple[str, torch.Tensor]], dict]:
+        """Named tensors (HF names, engine dtype, on `device`, contiguous) and {"groups": checksums, "bytes"}.
 
-        A tied lm_head is left out: engines tie it to the embedding themselves.
+        A tied lm_head is left out: engines tie it to the embedding themselves. Tensors may alias the
+        live parameters (same dtype and device): copy before the next optimizer step if kept.
         """
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        named = [(k, v.detach().to("cpu", _DTYPES[dtype]).contiguous())
+        named = [(k, v.detach().to(device, _DTYPES[dtype]).contiguous())
                  for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight")]
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         expected = named + [("lm_head.weight", t) for k, t in named if tied and k == "model.embed_tokens.weight"]
         return named, {"groups": group_checksums(expected), "bytes": nbytes}
+
+    def sync_size(self, dtype: str) -> tuple[int, int]:
+        """(elements, bytes) one full weight sync moves in `dtype` (a tied head is not sent)."""
+        tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
+        numel = sum(v.numel() for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight"))
+        return numel, numel * torch.empty((), dtype=_DTYPES[dtype]).element_size()
+
+    # ---- weight sync senders (actors/weight_sync/sender.py), one per strategy, made on first use --
+    def _sender(self, kind: str, dtype: str, **kw):
+        if kind not in self._senders:
+            weights_fn = functools.partial(_weights_on, self, dtype)
+            make = {"disk": DiskSender, "collective": CollectiveSender, "delta": DeltaSender}[kind]
+            self._senders[kind] = make(weights_fn, **kw)
+        return self._senders[kind]
+
+    def sync_disk_write(self, root: str, version: int, shard_mb: int, dtype: str) -> dict:
+        return self._sender("disk", dtype, root=root, shard_mb=shard_mb).write(version)
+
+    def sync_disk_prune(self, root: str, keep_version: int) -> list[str]:
+        return DiskSender(None, root, 1).prune(keep_version)
+
+    def sync_collective_layout(self, dtype: str, bucket_mb: float) -> list:
+        return self._sender("collective", dtype, bucket_mb=bucket_mb).layout()
+
+    def sync_collective_backend(self) -> str:
+        return self._senders["collective"].backend
+
+    def sync_collective_join(self, world_size: int, group: str, timeout_s: float) -> None:
+        self._senders["collective"].join(world_size, group, timeout_s)
+
+    def sync_broadcast(self, version: int) -> dict:
+        return self._senders["collective"].broadcast(version)
+
+    def sync_delta_encode(self, version: int, dtype: str, level: int, max_changed_fraction: float,
+                          force_full: bool = False):
+        """(DeltaPayload or None, stats): see `DeltaSender.encode`; call with num_returns=2."""
+        return self._sender("delta", dtype, level=level).encode(version, max_changed_fraction, force_full)
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
         """Write policy (HF safetensors folder), optimizer, scheduler and `extra` state atomically:
@@ -199,6 +240,10 @@ class Trainer:
         for f in Path(model_path).iterdir():
             if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+
+def _weights_on(trainer: Trainer, dtype: str, device: str):
+    return trainer.weights_for_sync(dtype, device)
 
 
 @ray.remote

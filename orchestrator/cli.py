@@ -1,4 +1,5 @@
-"""Command line: `rl-orch run <config.yaml> [key=value ...]` (also `python -m orchestrator ...`).
+"""Command line: `rl-orch run <config.yaml> [key=value ...]` (also `python -m orchestrator ...`) and
+`rl-orch plan sync ...` (predictions before a run; see orchestrator/plan_cli.py).
 
 Any config key can be overridden as an OmegaConf dotlist (`rollout.n=8 algo.kl_coef=0.01`); an unknown
 key or a bad value fails at once with the key path and the allowed values.
@@ -10,6 +11,7 @@ import sys
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.data import DatasetError
+from orchestrator.plan_cli import add_plan_parser
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -46,14 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="YAML config file, e.g. configs/grpo_arith_cpu.yaml")
     run.add_argument("overrides", nargs="*", help="key.path=value overrides")
     run.set_defaults(func=_run)
+    add_plan_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in ("run", "-h", "--help"):
+    if argv and argv[0] not in ("run", "plan", "-h", "--help"):
         argv = ["run", *argv]  # `python -m orchestrator cfg.yaml ...` is `rl-orch run cfg.yaml ...`
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: usage error (2) or --help (0); returned so main() stays callable
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     return args.func(args)
 
 

@@ -22,9 +22,11 @@ from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_fol
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.job import Actors, start_actors
 from orchestrator.metrics import ConsoleProgress, JsonlLogger, plot_run, read_jsonl
+from orchestrator.metrics.prometheus import exporter_for
 from orchestrator.models import resolve_model_path
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError, compare_checksums
+from orchestrator.sync import WeightMismatchError
+from orchestrator.syncer import WeightSyncer, choose_for_config, make_syncer
 
 
 @dataclass
@@ -74,6 +76,7 @@ class GRPOController:
         self.logger = JsonlLogger(self.out_dir / "metrics.jsonl")
         self.start_step, self.version = 0, 0
         self.actors: Optional[Actors] = None
+        self.syncer: Optional[WeightSyncer] = None
 
     def _render(self, i: int, ex) -> list[int]:
         d = self.cfg.data
@@ -86,16 +89,19 @@ class GRPOController:
     def run(self) -> RunResult:
         """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are."""
         self.actors = start_actors(self.cfg, self.model_path, self.resume_from, self.pad_id)
+        self.syncer = self._make_syncer()
         if self.resume_from is not None:
             self._restore(self.resume_from)
         self.logger.keep_steps_up_to(self.start_step)  # a fresh run starts a fresh log; a resume drops rows past it
         last_ckpt = None
         total = self.cfg.trainer.total_steps
-        with ConsoleProgress(total, self.start_step, enabled=self.cfg.run.progress) as console:
+        exporter = exporter_for(self.cfg.metrics, self.cfg.run.name)  # /metrics when metrics.prometheus_port > 0
+        with exporter, ConsoleProgress(total, self.start_step, enabled=self.cfg.run.progress) as console:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
                 last_ckpt = ckpt or last_ckpt
                 self.logger.log(row)
+                exporter.observe(row)
                 console.step(row)
         if last_ckpt is None:  # e.g. resumed at the final step: nothing new to save
             last_ckpt = str(self.resume_from) if self.resume_from else self._checkpoint(self.start_step)
@@ -201,20 +207,20 @@ class GRPOController:
                  "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref}
         return self._get(self.actors.trainer.train_step.remote(batch))
 
+    def _make_syncer(self) -> WeightSyncer:
+        """The weight-sync strategy of `weight_sync.strategy`; `auto` asks the cost model (orchestrator.sync)."""
+        strategy = self.cfg.weight_sync.strategy
+        if strategy == "auto":
+            numel, nbytes = self._get(self.actors.trainer.sync_size.remote(self.cfg.rollout.dtype))
+            strategy, table = choose_for_config(self.cfg, numel, nbytes)
+            print(f"weight_sync.strategy=auto -> {strategy}\n{table}", flush=True)
+        return make_syncer(self.cfg, self.actors.trainer, self.actors.rollout, strategy)
+
     def sync_weights(self, step: int, row: dict) -> None:
-        """Trainer -> every engine through the object store; then every engine's version and checksums
+        """Trainer -> every engine by `weight_sync.strategy`; then every engine's version and checksums
         must equal the trainer's, or the step stops with an error naming the tensor group."""
-        version = step
-        named_ref, meta_ref = self.actors.trainer.weights_for_sync.options(num_returns=2).remote(self.cfg.rollout.dtype)
-        meta = self._get(meta_ref)
-        reports = self._get([w.load_weights.remote(named_ref, version) for w in self.actors.rollout])
-        for i, rep in enumerate(reports):
-            if rep["version"] != version:
-                raise WeightMismatchError(f"rollout worker {i} reports weight version {rep['version']}, expected {version}")
-            compare_checksums(meta["groups"], rep["groups"], where=f"rollout worker {i}")
-        self.version = version
-        row["sync/bytes"] = meta["bytes"]
-        row["sync/version"] = version
+        row.update(self.syncer.sync(step))
+        self.version = step
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> str:

@@ -63,12 +63,17 @@ class VLLMEngine:
                                       answer=req.answer, prompt=req.prompt, weight_version=weight_version))
         return out
 
-    def load_weights(self, named_tensors: list, version: int) -> dict:
-        """Load new weights in place, drop the prefix cache (stale KV must never be reused) and return
-        the engine's own checksums of its resident weights (see orchestrator.sync.checksum)."""
-        self.llm.collective_rpc("load_named_weights", args=(named_tensors, version))
+    def update_weights(self, method: str, *args) -> dict:
+        """Run one of the worker extension's load methods (`load_named_weights`, `load_weights_from_disk`,
+        `receive_broadcast`, `load_delta`), drop the prefix cache (stale KV must never be reused) and
+        return the engine's own checksums of its resident weights (see orchestrator.sync.checksum)."""
+        self.llm.collective_rpc(method, args=args)
         self.llm.reset_prefix_cache()
         return self.weight_checksums()
+
+    def extension_call(self, method: str, *args) -> Any:
+        """Any other worker-extension method (group setup, debugging hooks); the first worker's result."""
+        return self.llm.collective_rpc(method, args=args)[0]
 
     def weight_checksums(self) -> dict:
         """{"version": int, "groups": {group: [sum, sumsq, numel]}} from the first worker."""

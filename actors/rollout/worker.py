@@ -32,10 +32,34 @@ class RolloutWorker:
         """The engine's weight version and tensor-group checksums."""
         return self.engine.weight_checksums()
 
+    # ---- weight sync: each returns the engine's checksums {"version", "groups", ...} -------------
     def load_weights(self, named_tensors: list, version: int) -> dict:
-        """Load a new weight version; returns the engine's checksums ({"version", "groups", ...})."""
-        checks = self.engine.load_weights(named_tensors, version)
-        self.version = version
+        """Object store: load a list of (HF name, tensor)."""
+        return self._update("load_named_weights", named_tensors, version)
+
+    def load_weights_from_disk(self, folder: str, version: int) -> dict:
+        """Disk: load the safetensors version written by the trainer into `folder`."""
+        return self._update("load_weights_from_disk", folder, version)
+
+    def receive_broadcast(self, version: int) -> dict:
+        """Collective: receive the trainer's bucketed broadcast (after `join_weight_group`)."""
+        return self._update("receive_broadcast", version)
+
+    def load_delta(self, payload, version: int) -> dict:
+        """Delta: apply an XOR delta against the version this engine holds."""
+        return self._update("load_delta", payload, version)
+
+    def join_weight_group(self, backend: str, world_size: int, rank: int, group: str, timeout_s: float,
+                          layout: list, bucket_mb: float) -> None:
+        self.engine.extension_call("join_weight_group", backend, world_size, rank, group, timeout_s, layout, bucket_mb)
+
+    def extension_call(self, method: str, *args):
+        """Other worker-extension methods: keep_shadow, record_digests, loaded_digests, inject_fault_next_load."""
+        return self.engine.extension_call(method, *args)
+
+    def _update(self, method: str, *args) -> dict:
+        checks = self.engine.update_weights(method, *args)
+        self.version = checks["version"]
         return checks
 
 

@@ -13,24 +13,99 @@ logprobs with the trainer's after a sync, which covers the packed path end to en
 """
 from __future__ import annotations
 
+import hashlib
+from typing import Iterable, Optional
+
 import torch
 
-from orchestrator.sync import checksum_group, group_checksums
+from actors.weight_sync import collective
+from actors.weight_sync.receiver import broadcast_stream, disk_stream
+from orchestrator.sync.checksum import add_checksum, checksum_group, group_checksums
+from orchestrator.sync.delta import DeltaPayload, apply_delta
 
 
 class WeightReceiverExtension:
-    """Methods run inside each vLLM worker process (or in-process on CPU)."""
+    """Methods run inside each vLLM worker process (or in-process on CPU).
+
+    Every load path ends in `_load`: it streams (name, tensor) pairs into `reload_weights`, records the
+    group checksums of what was loaded, and sets the weight version only after the load completed. With
+    the delta strategy the worker also keeps a host copy of the last loaded weights (`_shadow`, one
+    weight set in the sync dtype) to apply the next XOR delta to.
+    """
 
     weight_version: int = 0
     _loaded_checksums: dict = {}
+    _shadow: Optional[dict] = None
+    _keep_shadow: bool = False
+    _digests: Optional[dict] = None
+    _fault_next_load: bool = False
+    _sync_group: Optional[tuple] = None  # (group name, layout, bucket_mb)
+    _shadow_version: Optional[int] = None
 
+    # ---- load paths (one per strategy) ------------------------------------------------------
     def load_named_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load HF-named tensors (fused names are handled by the model's own loader)."""
+        """Object store: HF-named tensors (fused names are handled by the model's own loader)."""
+        self._load(named_tensors, version)
+
+    def load_weights_from_disk(self, folder: str, version: int) -> None:
+        """Disk: the safetensors shards of `version` in `folder` (see `DiskSender`)."""
+        self._load(disk_stream(folder, version), version)
+
+    def join_weight_group(self, backend: str, world_size: int, rank: int, group: str, timeout_s: float,
+                          layout: list, bucket_mb: float) -> None:
+        """Collective: join the trainer's group as `rank` and remember the agreed layout."""
+        collective.join_group(backend, world_size, rank, group, timeout_s)
+        self._sync_group = (group, layout, bucket_mb)
+
+    def receive_broadcast(self, version: int) -> None:
+        """Collective: receive one bucketed broadcast and load it while it streams in."""
+        if self._sync_group is None:
+            raise RuntimeError("receive_broadcast before join_weight_group: this engine is not in the sync group")
+        group, layout, bucket_mb = self._sync_group
+        device = "cuda" if torch.cuda.is_available() and collective.default_backend() == "nccl" else "cpu"
+        self._load(broadcast_stream(layout, bucket_mb, version, group, device), version)
+
+    def load_delta(self, payload: DeltaPayload, version: int) -> None:
+        """Delta: apply an XOR delta to the host copy of the last version, then load the result.
+        Raises ValueError when this worker does not hold the delta's base version."""
+        if self._shadow is None or self._shadow_version != payload.base_version:
+            have = None if self._shadow is None else self._shadow_version
+            raise ValueError(f"delta {payload.base_version}->{payload.version} needs base version "
+                             f"{payload.base_version}; this engine holds {have}")
+        self._load(list(apply_delta(self._shadow, payload).items()), version)
+
+    def keep_shadow(self, on: bool) -> None:
+        """Keep (or drop) the host copy of the last loaded weights that deltas apply to."""
+        self._keep_shadow = on
+        if not on:
+            self._shadow = None
+
+    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         device = next(self.model_runner.get_model().parameters()).device
-        self._loaded_checksums = group_checksums(named_tensors)
-        self.reload_weights(weights_iterator=((n, t.to(device)) for n, t in named_tensors))
+        checks: dict = {}
+        shadow: Optional[dict] = {} if self._keep_shadow else None
+        digests: Optional[dict] = {} if self._digests is not None else None
+
+        def tap():
+            for i, (name, t) in enumerate(stream):
+                if self._fault_next_load and i == 0:
+                    t = t.clone()
+                    t.view(-1)[0] += 1.0  # fault injection (tests): one corrupted value in the first bucket
+                add_checksum(checks, name, t)
+                if shadow is not None:
+                    shadow[name] = t.detach().to("cpu", copy=True)
+                if digests is not None:
+                    digests[name] = _digest(t)
+                yield name, t.to(device)
+
+        self.reload_weights(weights_iterator=tap())
         self._retie_output_embeddings()
-        self.weight_version = version
+        self._fault_next_load = False
+        self._loaded_checksums, self.weight_version = checks, version
+        if shadow is not None:
+            self._shadow, self._shadow_version = shadow, version
+        if digests is not None:
+            self._digests = digests
 
     def _retie_output_embeddings(self) -> None:
         """vLLM's layerwise reload unties tied embeddings and puts the output head's old kernel back
@@ -63,4 +138,24 @@ class WeightReceiverExtension:
         for g in packed:
             if g in self._loaded_checksums:
                 groups[g] = self._loaded_checksums[g]
-        return {"version": self.weight_version, "groups": groups, "packed_groups": sorted(packed)}
+        return {"version": self.weight_version, "groups": groups, "packed_groups": sorted(packed),
+                "shadow_version": self._shadow_version if self._shadow is not None else None}
+
+    # ---- test and debugging hooks -------------------------------------------------------------
+    def record_digests(self, on: bool = True) -> None:
+        """Keep a SHA-256 of every tensor loaded from now on (bit-exactness checks; costs a hash pass)."""
+        self._digests = {} if on else None
+
+    def loaded_digests(self) -> dict:
+        """{name: sha256 hex} of the tensors of the last load (after `record_digests`)."""
+        return dict(self._digests or {})
+
+    def inject_fault_next_load(self) -> None:
+        """Corrupt one value of the next load (tests: verification must catch it)."""
+        self._fault_next_load = True
+
+
+def _digest(t: torch.Tensor) -> str:
+    """SHA-256 of a tensor's raw bytes (dtype and shape not included)."""
+    x = t.detach().to("cpu").contiguous().reshape(-1)
+    return hashlib.sha256(x.view(torch.uint8).numpy().tobytes()).hexdigest()

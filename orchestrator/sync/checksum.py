@@ -29,12 +29,17 @@ def group_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[s
     """{group: [sum, sum of squares, numel]} over the tensors' values in float64."""
     out: dict[str, list[float]] = {}
     for name, t in named_tensors:
-        x = t.detach().to(torch.float64)
-        acc = out.setdefault(checksum_group(name), [0.0, 0.0, 0.0])
-        acc[0] += float(x.sum())
-        acc[1] += float((x * x).sum())
-        acc[2] += float(x.numel())
+        add_checksum(out, name, t)
     return out
+
+
+def add_checksum(out: dict[str, list[float]], name: str, t: torch.Tensor) -> None:
+    """Add one tensor to running group checksums `out` (for tensors that stream past once)."""
+    x = t.detach().to(torch.float64)
+    acc = out.setdefault(checksum_group(name), [0.0, 0.0, 0.0])
+    acc[0] += float(x.sum())
+    acc[1] += float((x * x).sum())
+    acc[2] += float(x.numel())
 
 
 def compare_checksums(expected: dict[str, list[float]], actual: dict[str, list[float]], *,

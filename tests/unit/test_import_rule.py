@@ -5,7 +5,7 @@ import sys
 import pytest
 
 PURE = ["orchestrator.algo", "orchestrator.config", "orchestrator.sync", "orchestrator.data",
-        "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint"]
+        "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint", "orchestrator.memory"]
 
 
 @pytest.mark.parametrize("module", PURE)

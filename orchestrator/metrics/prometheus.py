@@ -1,0 +1,263 @@
+"""Prometheus /metrics for a run: each step's metrics row (the JSONL row) mapped onto gauges, counters
+and histograms, served by the controller process.
+
+    exporter = PrometheusExporter("127.0.0.1", 9400, run_name="grpo_arith")  # port 0: any free port
+    exporter.observe(row)         # after every step: {"step": 3, "timing/generate_s": 17.9, ...}
+    exporter.count_error("sync")  # a step that failed, by kind
+    exporter.close()
+    # curl http://127.0.0.1:9400/metrics
+
+The controller gets one from `exporter_for(cfg.metrics, cfg.run.name)` (a no-op exporter when
+`metrics.prometheus_port` is 0) and uses it as a context manager: an exception leaving the `with`
+block is counted by kind (`error_kind`) and re-raised, and the server stops. Every series carries the
+label `run`; names are `rl_orch_<component>_<name>_<unit>` (DESIGN.md). Row keys that no table below
+names are ignored; a key missing from a row leaves its metric as it was. The Grafana dashboard
+(deploy/grafana/) and the alerts (deploy/prometheus/) read these names.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from orchestrator.sync import WeightMismatchError
+
+# 0.01 s .. 1 h: from the fastest phase (advantages, sampling) to a long generation or checkpoint
+PHASE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 1800, 3600)
+
+# row key -> gauge name: set to the row's value (NaN included: the raw loss stays visible)
+ROW_GAUGES = {
+    "step": "rl_orch_trainer_step",
+    "rollout/tokens_per_s": "rl_orch_rollout_tokens_per_second",
+    "actor/tokens_per_s": "rl_orch_trainer_tokens_per_second",
+    "train/tokens_per_s": "rl_orch_trainer_tokens_per_second",
+    "rollout/response_len_mean": "rl_orch_rollout_response_length_tokens",
+    "rollout/truncated_frac": "rl_orch_rollout_truncated_ratio",
+    "rollout/prefix_cache_hit_rate": "rl_orch_rollout_prefix_cache_hit_ratio",
+    "rollout/staleness": "rl_orch_rollout_staleness_steps",
+    "rollout/queue_depth": "rl_orch_rollout_queue_depth",
+    "reward/mean": "rl_orch_reward_mean",
+    "reward/std": "rl_orch_reward_std",
+    "reward/accuracy_mean": "rl_orch_reward_accuracy_mean",
+    "actor/kl": "rl_orch_actor_kl",
+    "actor/rollout_kl_k1": "rl_orch_actor_rollout_kl",
+    "actor/clip_frac": "rl_orch_actor_clipped_ratio",
+    "actor/loss": "rl_orch_actor_loss",
+    "actor/grad_norm": "rl_orch_actor_grad_norm",
+    "actor/lr": "rl_orch_actor_learning_rate",
+    "timing/weight_sync_s": "rl_orch_sync_seconds",
+    "sync/seconds": "rl_orch_sync_seconds",  # after timing/weight_sync_s: the sync's own timer wins
+    "sync/bytes": "rl_orch_sync_bytes",
+    "sync/version": "rl_orch_sync_weight_version",
+}
+
+# row key -> (counter name, fixed labels): incremented by the row's value (a count for this step)
+ROW_COUNTERS = {
+    "rollout/tokens": ("rl_orch_rollout_tokens_total", {}),
+    "reward/errors": ("rl_orch_errors_total", {"kind": "reward"}),
+    "reward/timeouts": ("rl_orch_errors_total", {"kind": "reward_timeout"}),
+    "sync/failures": ("rl_orch_sync_failures_total", {}),
+}
+
+# metric name -> (type, help, labels besides `run`)
+METRICS = {
+    "rl_orch_trainer_step": ("gauge", "Last finished step", ()),
+    "rl_orch_trainer_steps_total": ("counter", "Steps finished by this process", ()),
+    "rl_orch_trainer_last_step_timestamp_seconds": ("gauge", "Unix time the last step finished", ()),
+    "rl_orch_trainer_step_seconds": ("histogram", "Wall seconds of a whole step", ()),
+    "rl_orch_phase_seconds": ("histogram", "Wall seconds of one phase of a step (timing/<phase>_s)", ("phase",)),
+    "rl_orch_rollout_tokens_per_second": ("gauge", "Generated tokens per second, all rollout workers", ()),
+    "rl_orch_trainer_tokens_per_second": ("gauge", "Trained tokens per second", ()),
+    "rl_orch_rollout_tokens_total": ("counter", "Generated tokens", ()),
+    "rl_orch_rollout_response_length_tokens": ("gauge", "Mean response length of the step, tokens", ()),
+    "rl_orch_rollout_truncated_ratio": ("gauge", "Fraction of responses cut at max_tokens", ()),
+    "rl_orch_rollout_prefix_cache_hit_ratio": ("gauge", "vLLM prefix-cache hit rate of the step", ()),
+    "rl_orch_rollout_staleness_steps": ("gauge", "Policy versions between rollout and update", ()),
+    "rl_orch_rollout_queue_depth": ("gauge", "Rollout batches waiting for the trainer", ()),
+    "rl_orch_reward_mean": ("gauge", "Mean reward of the step", ()),
+    "rl_orch_reward_std": ("gauge", "Standard deviation of the step's rewards", ()),
+    "rl_orch_reward_accuracy_mean": ("gauge", "Mean accuracy reward of the step", ()),
+    "rl_orch_actor_kl": ("gauge", "KL between policy and reference", ()),
+    "rl_orch_actor_rollout_kl": ("gauge", "KL between rollout engine and trainer logprobs (k1)", ()),
+    "rl_orch_actor_clipped_ratio": ("gauge", "Fraction of tokens whose ratio was clipped", ()),
+    "rl_orch_actor_loss": ("gauge", "Policy loss of the step (NaN when it was NaN)", ()),
+    "rl_orch_actor_loss_nan": ("gauge", "1 when the step's loss was NaN or infinite, else 0", ()),
+    "rl_orch_actor_grad_norm": ("gauge", "Gradient norm before clipping", ()),
+    "rl_orch_actor_learning_rate": ("gauge", "Learning rate of the step", ()),
+    "rl_orch_sync_seconds": ("gauge", "Wall seconds of the last weight sync", ()),
+    "rl_orch_sync_bytes": ("gauge", "Bytes sent by the last weight sync", ()),
+    "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
+    "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version or checksum mismatch)", ()),
+    "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, sync, timeout, step", ("kind",)),
+    "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
+    "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
+}
+
+ERROR_KINDS = ("reward", "reward_timeout", "sync", "timeout", "step")  # created at 0 so increase() sees the first
+BYTE_UNITS = {"_bytes": 1, "_mib": 2**20, "_mb": 2**20, "_gib": 2**30, "_gb": 2**30}  # MB/GB read as MiB/GiB
+
+
+def error_kind(exc: BaseException) -> str:
+    """The `kind` label of a failed step: "sync" (weight mismatch), "timeout" (an actor call), else "step"."""
+    if isinstance(exc, WeightMismatchError):
+        return "sync"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "step"
+
+
+def _number(value) -> Optional[float]:
+    """The row value as a float; None for what is not a number (None, strings, bools, lists)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _make(kind: str, name: str, doc: str, labels: tuple, registry: CollectorRegistry):
+    if kind == "gauge":
+        return Gauge(name, doc, ("run",) + labels, registry=registry)
+    if kind == "counter":
+        return Counter(name, doc, ("run",) + labels, registry=registry)
+    buckets = PHASE_BUCKETS_S + (float("inf"),)
+    return Histogram(name, doc, ("run",) + labels, registry=registry, buckets=buckets)
+
+
+class _Exporter:
+    """Context-manager behaviour shared by the real and the no-op exporter."""
+
+    def observe(self, row: dict) -> None:
+        raise NotImplementedError
+
+    def count_error(self, kind: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
+                self.count_error(error_kind(exc))
+        finally:
+            self.close()
+        return False  # re-raise
+
+
+class NullExporter(_Exporter):
+    """`metrics.prometheus_port: 0`: nothing served, every call a no-op."""
+
+    port = None
+    url = None
+
+    def observe(self, row: dict) -> None:
+        pass
+
+    def count_error(self, kind: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PrometheusExporter(_Exporter):
+    """Serves `/metrics` from its own registry on `host:port` (port 0: a free one, see `.port`)."""
+
+    def __init__(self, host: str, port: int, run_name: str):
+        self.run_name = run_name
+        self.registry = CollectorRegistry()
+        self.metrics = {name: _make(kind, name, doc, labels, self.registry)
+                        for name, (kind, doc, labels) in METRICS.items()}
+        self._init_series()
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(f"metrics.prometheus_port={port}: cannot serve /metrics on {host}:{port}: {e}") from None
+        self.host, self.port = host, self._server.server_port
+        self.url = f"http://{host}:{self.port}/metrics"
+
+    def _series(self, metric: str, **labels):
+        return self.metrics[metric].labels(run=self.run_name, **labels)
+
+    def _init_series(self) -> None:
+        """Counters and the NaN flag exist at 0 from the start, so that the first increase is visible."""
+        for metric in ("rl_orch_trainer_steps_total", "rl_orch_rollout_tokens_total", "rl_orch_sync_failures_total"):
+            self._series(metric)
+        for kind in ERROR_KINDS:
+            self._series("rl_orch_errors_total", kind=kind)
+        self._series("rl_orch_actor_loss_nan").set(0)
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def observe(self, row: dict) -> None:
+        """Map one step's metrics row onto the metrics. Raises ValueError for a negative or non-finite
+        count (e.g. `reward/errors: -1`), naming the key."""
+        for key, value in row.items():
+            self._observe_key(key, value)
+        if "step" in row:
+            self._series("rl_orch_trainer_steps_total").inc()
+            self._series("rl_orch_trainer_last_step_timestamp_seconds").set_to_current_time()
+        if "actor/loss" in row:  # None: the JSONL log's spelling of NaN / inf
+            loss = _number(row["actor/loss"])
+            self._series("rl_orch_actor_loss_nan").set(0 if loss is not None and math.isfinite(loss) else 1)
+
+    def _observe_key(self, key: str, value) -> None:
+        x = _number(value)
+        if x is None:
+            return
+        if key in ROW_GAUGES:  # a key may feed a gauge and a histogram (timing/weight_sync_s)
+            self._series(ROW_GAUGES[key]).set(x)
+        if key in ROW_COUNTERS:
+            self._count(key, x)
+        if key.startswith("timing/") and key.endswith("_s"):
+            self._observe_phase(key[len("timing/"):-len("_s")], x)
+        elif key.startswith("memory/"):
+            self._observe_memory(key[len("memory/"):], x)
+
+    def _count(self, key: str, x: float) -> None:
+        if not math.isfinite(x) or x < 0:
+            raise ValueError(f"metrics row key {key!r}: a count must be a finite number >= 0, got {x!r}")
+        metric, labels = ROW_COUNTERS[key]
+        if x > 0:
+            self._series(metric, **labels).inc(x)
+
+    def _observe_phase(self, phase: str, seconds: float) -> None:
+        if phase == "step":
+            self._series("rl_orch_trainer_step_seconds").observe(seconds)
+        else:
+            self._series("rl_orch_phase_seconds", phase=phase).observe(seconds)
+
+    def _observe_memory(self, name: str, x: float) -> None:
+        for suffix, scale in BYTE_UNITS.items():
+            if name.endswith(suffix):
+                self._series("rl_orch_memory_bytes", name=name[: -len(suffix)]).set(x * scale)
+                return
+        self._series("rl_orch_memory_value", name=name).set(x)
+
+    # ---- failures and shutdown --------------------------------------------------------------------
+    def count_error(self, kind: str) -> None:
+        """One error of `kind` (`rl_orch_errors_total{kind=...}`); kind "sync" also counts a failed sync."""
+        self._series("rl_orch_errors_total", kind=kind).inc()
+        if kind == "sync":
+            self._series("rl_orch_sync_failures_total").inc()
+
+    def close(self) -> None:
+        """Stop serving (idempotent); the registry stays readable."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self._server = None
+
+
+def exporter_for(metrics_cfg, run_name: str) -> _Exporter:
+    """A serving `PrometheusExporter` when `metrics.prometheus_port > 0` (its URL printed once), else a
+    `NullExporter`. `metrics_cfg` is the config's `metrics` section (MetricsConfig)."""
+    if metrics_cfg.prometheus_port <= 0:
+        return NullExporter()
+    exporter = PrometheusExporter(metrics_cfg.prometheus_host, metrics_cfg.prometheus_port, run_name)
+    print(f"prometheus metrics: {exporter.url}", flush=True)
+    return exporter

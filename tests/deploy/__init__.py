@@ -1,0 +1,1 @@
+"""Deployment tests: Prometheus/Grafana monitoring, Slurm, Helm (need their system binaries)."""
