@@ -29,6 +29,9 @@ class VLLMEngine:
         import torch
 
         on_gpu = torch.cuda.is_available()
+        # The engine core runs in this actor's process, so the worker extension can join the
+        # ray.util.collective weight-sync group (it needs a Ray actor process) and share tensors in place.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if not on_gpu:
             _set_cpu_env(rollout_cfg.kv_cache_space_gib)
         from vllm import LLM

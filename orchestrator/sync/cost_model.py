@@ -65,7 +65,9 @@ class SyncSetup:
     intra_gbps / inter_gbps: link rate inside a node / across nodes (see FABRICS).
     fs_write_gbps: shared-filesystem write rate from the trainer; fs_read_gbps: its aggregate read rate
         over all readers together.
-    memcpy_gbps: host copy rate (device->host copy and copy into or out of Ray's shared-memory store).
+    memcpy_gbps: host copy rate (device->host copy).
+    store_gbps: rate of one put into, or one fetch out of, Ray's shared-memory object store on a node,
+        serialisation included (well below memcpy for many tensors; the benchmark measures it).
     pack_gbps: rate of copying tensors into a flat bucket (GPU: device copy, hundreds of GB/s; CPU/gloo:
         host memcpy, set it to memcpy_gbps).
     load_gbps: rate at which one engine loads a full weight set into its model; engines load in parallel.
@@ -93,6 +95,7 @@ class SyncSetup:
     fs_write_gbps: float = 5.0
     fs_read_gbps: float = 20.0
     memcpy_gbps: float = 10.0
+    store_gbps: float = 5.0
     pack_gbps: float = 500.0
     load_gbps: float = 100.0
     bucket_mb: float = 256.0
@@ -153,7 +156,7 @@ class SyncEstimate:
 
 
 _POSITIVE_FIELDS = ("bytes_per_param", "intra_gbps", "inter_gbps", "fs_write_gbps", "fs_read_gbps",
-                    "memcpy_gbps", "pack_gbps", "load_gbps", "bucket_mb", "encode_gbps", "decode_gbps",
+                    "memcpy_gbps", "store_gbps", "pack_gbps", "load_gbps", "bucket_mb", "encode_gbps", "decode_gbps",
                     "compressed_bytes_per_changed")
 
 
@@ -232,16 +235,16 @@ def _predict_disk(s: SyncSetup) -> SyncEstimate:
 def _object_store_transfer(s: SyncSetup, payload: float) -> tuple[float, float]:
     """(seconds, bytes_moved) to carry `payload` bytes from the trainer to every rank via Ray's store.
 
-    seconds = 2 * op_latency + payload / memcpy + N * payload / inter + payload / memcpy
+    seconds = 2 * op_latency + payload / store + N * payload / inter + payload / store
     put: one copy into the trainer node's shared-memory store. Across nodes: assumed every engine node
     pulls its copy from the owner node (Ray's object manager fetches from a node holding the object; we
     do not count on copies spreading node to node), so the owner's outbound link carries N copies one
     after another. On each node the copy is read out of shared memory by every rank in parallel.
     bytes_moved = payload (put) + N * payload (across nodes) + R * payload (local reads).
     """
-    put_s = payload / _gb(s.memcpy_gbps)
+    put_s = payload / _gb(s.store_gbps)
     across_s = s.engine_nodes * payload / _gb(s.inter_gbps)
-    read_s = payload / _gb(s.memcpy_gbps)
+    read_s = payload / _gb(s.store_gbps)
     moved = payload * (1 + s.engine_nodes + s.receivers)
     return 2 * s.op_latency_s + put_s + across_s + read_s, moved
 
@@ -249,13 +252,13 @@ def _object_store_transfer(s: SyncSetup, payload: float) -> tuple[float, float]:
 def _predict_object_store(s: SyncSetup) -> SyncEstimate:
     """The whole set of named tensors put once into the Ray object store; each engine fetches it.
 
-    transfer = 2 * op_latency + B / memcpy + N * B / inter + B / memcpy;  load = B / load_gbps
+    transfer = 2 * op_latency + B / store + N * B / inter + B / store;  load = B / load_gbps
     (see `_object_store_transfer` for the assumption about Ray's object transfer).
     """
     b = s.weight_bytes
     transfer, moved = _object_store_transfer(s, b)
     load = _load_s(s)
-    notes = (f"2*lat + B/memcpy (put) + N*B/inter (owner-node pulls) + B/memcpy (local read) + B/load; "
+    notes = (f"2*lat + B/store (put) + N*B/inter (owner-node pulls) + B/store (local read) + B/load; "
              f"N={s.engine_nodes}")
     return SyncEstimate("object_store", transfer + load, moved, transfer, load, notes=notes)
 

@@ -22,6 +22,7 @@ from orchestrator.syncer import make_syncer
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
+REWARD_OVERRIDE = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
 
 
 def _cfg(tiny_model: Path, out: Path, *extra: str):
@@ -155,3 +156,17 @@ def test_broadcast_without_receivers_times_out_with_a_clear_error(ray_local, tin
             ray.get(trainer.sync_broadcast.remote(2), timeout=60)  # the engines never call receive
     finally:
         _kill(trainer, *engines)
+
+
+def test_grpo_run_syncs_by_gloo_broadcast(ray_local, tiny_model, tmp_path):
+    from orchestrator.controller import GRPOController
+
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
+        REWARD_OVERRIDE, "weight_sync.strategy=nccl", "weight_sync.bucket_mb=4"])
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+    finally:
+        controller.shutdown()
+    last = result.rows[-1]
+    assert last["sync/version"] == 2 and last["sync/buckets"] >= 2 and last["sync/seconds"] > 0

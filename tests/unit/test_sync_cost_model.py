@@ -7,7 +7,7 @@ from orchestrator.sync.cost_model import (FABRICS, STRATEGIES, SyncSetup, SyncSe
                                           predict_sync, setup_from_fabric)
 
 # B = 1e9 params * 2 bytes = 2e9 bytes in every hand-computed case below.
-BASE = dict(num_params=1e9, bytes_per_param=2, intra_gbps=10.0, inter_gbps=5.0, memcpy_gbps=10.0,
+BASE = dict(num_params=1e9, bytes_per_param=2, intra_gbps=10.0, inter_gbps=5.0, memcpy_gbps=10.0, store_gbps=10.0,
             pack_gbps=100.0, load_gbps=20.0, encode_gbps=10.0, decode_gbps=20.0, op_latency_s=0.01,
             fs_write_gbps=2.0, fs_read_gbps=10.0)
 

@@ -1,0 +1,50 @@
+"""Weight sync on a GPU: the NCCL backend of ray.util.collective (cupy), trainer and one vLLM engine
+on CUDA, bit-exact engine weights after real optimizer steps; plus the GRPO loop with `nccl`.
+
+Marked `gpu`: skipped without CUDA; run on a GPU machine with `pytest -m gpu tests/gpu`.
+"""
+from __future__ import annotations
+
+import pytest
+import ray
+
+from actors.rollout.worker import RolloutWorkerActor
+from actors.trainer import TrainerActor
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.syncer import make_syncer
+from tests.integration.conftest import ray_local, tiny_model, tiny_overrides  # noqa: F401 (fixtures)
+from tests.integration.test_weight_sync import REWARD_OVERRIDE, _assert_bit_exact, _train_once
+
+pytestmark = pytest.mark.gpu
+GPU = ["placement.resource=GPU", "placement.trainer_per_worker=0.5", "placement.rollout_per_worker=0.5",
+       "rollout.dtype=bfloat16", "trainer.precision=bf16-autocast", "rollout.gpu_memory_utilization=0.3",
+       "weight_sync.strategy=nccl", "weight_sync.bucket_mb=8"]
+
+
+def test_nccl_broadcast_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path):  # noqa: F811
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + GPU)
+    trainer = TrainerActor.options(num_gpus=0.5).remote(str(tiny_model), cfg.trainer, cfg.algo, 1.0, 12, 0)
+    engine = RolloutWorkerActor.options(num_gpus=0.5).remote(str(tiny_model), cfg.rollout, 0)
+    ray.get([trainer.ready.remote(), engine.ready.remote(), engine.extension_call.remote("record_digests", True)])
+    try:
+        syncer = make_syncer(cfg, trainer, [engine])
+        assert syncer.backend.lower() == "nccl"
+        for version in (1, 2):
+            if version > 1:
+                _train_once(trainer, version)
+            syncer.sync(version)
+            _assert_bit_exact(trainer, [engine], "bfloat16", ids=(0,))
+    finally:
+        ray.kill(trainer)
+        ray.kill(engine)
+
+
+def test_grpo_loop_with_nccl_sync_on_gpu(ray_local, tiny_model, tmp_path):  # noqa: F811
+    over = tiny_overrides(tiny_model, tmp_path) + GPU + [REWARD_OVERRIDE]
+    controller = GRPOController(load_config("configs/grpo_arith_cpu.yaml", over))
+    try:
+        result = controller.run()
+    finally:
+        controller.shutdown()
+    assert result.rows[-1]["sync/version"] == 2 and result.rows[-1]["sync/buckets"] >= 1
