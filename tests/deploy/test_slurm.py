@@ -1,0 +1,154 @@
+"""The Slurm launcher (deploy/slurm/rl_orch.sbatch) against a real single-node Slurm started in a temp dir
+(tests/deploy/slurm_cluster.py): a short GRPO run on the tiny random model ends COMPLETED with its
+checkpoint, a failing run ends FAILED, and `scancel` of a long run leaves no Ray process behind.
+Needs the Debian packages `slurm-wlm` and `munge` (`make system-deps`); about 5 minutes on 2 cores.
+
+    .venv/bin/python -m pytest tests/deploy/test_slurm.py -v
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.slurm_cluster import free_port
+from tests.integration.conftest import tiny_overrides
+
+REPO = Path(__file__).resolve().parents[2]
+SBATCH = REPO / "deploy" / "slurm" / "rl_orch.sbatch"
+RAY = str(Path(sys.executable).parent / "ray")
+# `ray status` against a stopped cluster fails after ~12 s with these instead of ~45 s
+_FAST_GCS_GIVE_UP = {"RAY_py_gcs_connect_timeout_s": "5", "RAY_gcs_rpc_server_connect_timeout_s": "2"}
+
+
+def _launcher_env(tiny_model: Path, out: Path) -> dict[str, str]:
+    """Settings of one launch: its own ports (not Ray's defaults, which other local clusters may hold), a short
+    Ray temp dir, and a token of its own, which also marks every process of this launch's Ray cluster."""
+    return {"RL_ORCH_PYTHON": sys.executable, "RL_ORCH_WORKDIR": str(REPO),
+            "RL_ORCH_MODEL": str(tiny_model), "RL_ORCH_OUTPUT_DIR": str(out),
+            "RL_ORCH_RAY_PORT": str(free_port()), "RL_ORCH_DASHBOARD_PORT": str(free_port()),
+            "RL_ORCH_RAY_METRICS_PORT": str(free_port()),
+            "RL_ORCH_RAY_START_ARGS": f"--ray-client-server-port={free_port()} "
+                                      f"--dashboard-agent-listen-port={free_port()}",
+            "RL_ORCH_RAY_TMPDIR": f"/tmp/rlslurm_{secrets.token_hex(4)}",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32), "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def _submit(cluster, tiny_model: Path, out: Path, steps: int) -> tuple[int, dict[str, str], Path]:
+    env = _launcher_env(tiny_model, out)
+    # the tiny run, given as script arguments; model and output dir come from RL_ORCH_MODEL / RL_ORCH_OUTPUT_DIR
+    overrides = [o for o in tiny_overrides(tiny_model, out, **{"trainer.total_steps": steps})
+                 if not o.startswith(("model.path=", "run.output_dir=", "checkpoint.dir="))]
+    log = out / "slurm-%j.out"
+    out.mkdir(parents=True)
+    job = cluster.sbatch([f"--output={log}", "--nodes=1", f"--cpus-per-task={cluster.cpus}", "--gpus-per-node=0",
+                          "--time=00:20:00", str(SBATCH), "configs/grpo_arith_cpu.yaml", *overrides],
+                         env=env, cwd=REPO)
+    return job, env, out / f"slurm-{job}.out"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _ray_leftovers(env: dict[str, str]) -> list[str]:
+    """Live (non-zombie) processes of this launch's Ray cluster: those whose environment holds its token,
+    or whose command line names its temp dir (raylet, gcs_server, dashboard, `ray start`)."""
+    token, tmpdir = env["RAY_AUTH_TOKEN"].encode(), env["RL_ORCH_RAY_TMPDIR"].encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            cmdline = (proc / "cmdline").read_bytes()
+            if token in (proc / "environ").read_bytes() or tmpdir in cmdline:
+                found.append(proc.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:160])
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def _assert_ray_gone(env: dict[str, str], timeout_s: float = 60.0) -> None:
+    deadline = time.time() + timeout_s
+    while (left := _ray_leftovers(env)) and time.time() < deadline:
+        time.sleep(2)
+    assert not left, "Ray processes left after the Slurm job ended:\n" + "\n".join(left)
+    status = subprocess.run([RAY, "status", "--address", f"127.0.0.1:{env['RL_ORCH_RAY_PORT']}"],
+                            env={**env, "RAY_AUTH_MODE": "token", **_FAST_GCS_GIVE_UP}, capture_output=True, text=True,
+                            timeout=120)
+    assert status.returncode != 0, f"`ray status` still reaches the cluster:\n{status.stdout[-2000:]}"
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_run_completes_with_checkpoint(slurm_cluster, tiny_model, tmp_path):
+    out = tmp_path / "run"
+    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1)
+    info = slurm_cluster.wait_until_done(job, timeout_s=600)
+    text = _read(log)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-5000:]}"
+    assert f"rl_orch: Ray job rl-orch-{job}: SUCCEEDED" in text, text[-5000:]
+    assert "prom_metrics_service_discovery.json" in text, text[-5000:]
+    ckpt = out / "checkpoints" / "step_000001"
+    assert (ckpt / "state.json").is_file() and (ckpt / "policy" / "config.json").is_file(), text[-5000:]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1]
+    # Prometheus file service discovery written by the head lists every node's --metrics-export-port
+    sd = json.loads((Path(env["RL_ORCH_RAY_TMPDIR"]) / "prom_metrics_service_discovery.json").read_text())
+    targets = [t for group in sd for t in group["targets"]]
+    assert any(t.endswith(f":{env['RL_ORCH_RAY_METRICS_PORT']}") for t in targets), targets
+    _assert_ray_gone(env)
+    shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)  # Ray's logs: kept where a test fails
+
+
+@pytest.mark.timeout(900)
+def test_scancel_stops_the_ray_cluster(slurm_cluster, tiny_model, tmp_path):
+    out = tmp_path / "run"
+    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1000)
+    # the Ray job runs once the launcher has submitted it and the run has logged its first step
+    deadline = time.time() + 600
+    metrics = out / "metrics.jsonl"
+    while not (f"Ray job rl-orch-{job} submitted" in _read(log) and _read(metrics).strip()):
+        assert time.time() < deadline, f"the run did not log a step in time:\n{_read(log)[-5000:]}"
+        assert slurm_cluster.in_queue(job), f"the Slurm job ended early: {slurm_cluster.job(job)}\n{_read(log)[-5000:]}"
+        time.sleep(3)
+    slurm_cluster.scancel(job)
+    info = slurm_cluster.wait_until_done(job, timeout_s=120, poll_s=1)
+    assert info["JobState"] == "CANCELLED", f"{info}\n{_read(log)[-5000:]}"
+    # the launcher's trap ran to its end (stopped the Ray job and Ray) before Slurm's KillWait ran out
+    assert "received a stop signal" in _read(log) and "rl_orch: exit status 143" in _read(log), _read(log)[-5000:]
+    _assert_ray_gone(env)
+    shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)
+
+
+@pytest.mark.timeout(600)
+def test_failed_run_fails_the_slurm_job(slurm_cluster, tiny_model, tmp_path):
+    """A run that fails (here: a config error, found at once) makes the Slurm job FAILED with exit code 1."""
+    out = tmp_path / "run"
+    out.mkdir()
+    env = _launcher_env(tiny_model, out)
+    job = slurm_cluster.sbatch([f"--output={out}/slurm-%j.out", f"--cpus-per-task={slurm_cluster.cpus}",
+                                "--gpus-per-node=0", str(SBATCH), "configs/grpo_arith_cpu.yaml", "rollout.nn=3"],
+                               env=env, cwd=REPO)
+    info = slurm_cluster.wait_until_done(job, timeout_s=400)
+    text = _read(out / f"slurm-{job}.out")
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", f"{info}\n{text[-5000:]}"
+    assert "unknown config key 'rollout.nn'" in text and f"Ray job rl-orch-{job}: FAILED" in text, text[-5000:]
+    _assert_ray_gone(env)
+    shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)
+
+def test_missing_binary_names_the_debian_package(monkeypatch):
+    import tests.deploy.slurm_cluster as sc
+
+    monkeypatch.setattr(sc.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(sc.SlurmSetupError, match=r"`munged` not found: install the Debian package munge"):
+        sc.find_binary("munged")
+    with pytest.raises(sc.SlurmSetupError, match=r"slurm-wlm \(slurmctld\)"):
+        sc.find_binary("slurmctld")
