@@ -73,8 +73,9 @@ def meta_of(named) -> dict:
 class Sender:
     """The trainer's role: holds the weights, runs the strategies' senders."""
 
-    def __init__(self, named):
-        self.named = [(n, t.clone()) for n, t in named]
+    def __init__(self, label: str, num_params: float):
+        torch.set_num_threads(os.cpu_count() or 1)
+        self.named = default_model_weights() if label == "135M" else synthetic_weights(num_params)
         fn = lambda device: (self.named, meta_of(self.named))  # noqa: E731
         self.fn = fn
         self.collective = None
@@ -107,6 +108,9 @@ class Sender:
     def get_named(self):
         return self.named
 
+    def layout(self):
+        return tensor_specs(self.named), sum(t.numel() for _, t in self.named), self.named[0][1].dtype
+
     def put_flat(self):
         flat = torch.cat([t.reshape(-1) for _, t in self.named])
         t0 = time.perf_counter()
@@ -115,7 +119,7 @@ class Sender:
 
     def delta(self, version, perturb_lr: float):
         sender = DeltaSender(self.fn)
-        sender.base, sender.base_version = {n: t.clone() for n, t in self.named}, version - 1
+        sender.base, sender.base_version = {n: t.clone() for n, t in self.named}, version - 1  # one extra set
         g = torch.Generator().manual_seed(version)
         for _, t in self.named:  # an Adam-like step: every element moves by ~lr in a random direction
             t.add_((torch.randint(0, 2, t.shape, generator=g, dtype=t.dtype) * 2 - 1) * perturb_lr)
@@ -190,19 +194,19 @@ def raw_object_store(sender, receiver) -> float:
     return put_s + get_s
 
 
-def transport(label: str, named, repeats: int, bucket_mb: float, tmp: Path, rates: dict) -> list[dict]:
-    """Part 1 for one weight set: returns result rows."""
-    nbytes = meta_of(named)["bytes"]
-    numel = sum(t.numel() for _, t in named)
-    sender, receiver = Sender.remote(named), Receiver.remote()
+def transport(label: str, num_params: float, repeats: int, bucket_mb: float, tmp: Path, rates: dict) -> list[dict]:
+    """Part 1 for one weight set (built inside the sender actor): returns result rows."""
+    sender, receiver = Sender.remote(label, num_params), Receiver.remote()
+    specs, numel, dtype = ray.get(sender.layout.remote())
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
     group = f"bench_{label}_{os.getpid()}"
-    ray.get([sender.join.remote(group, bucket_mb), receiver.join.remote(group, tensor_specs(named), bucket_mb)])
+    ray.get([sender.join.remote(group, bucket_mb), receiver.join.remote(group, specs, bucket_mb)])
     rows, version = [], [0]
 
     def both(a, b):
         return max(ray.get([a, b]))
 
-    raw_bcast = median_of(lambda: both(sender.flat_broadcast.remote(group), receiver.flat_broadcast.remote(numel, named[0][1].dtype)), repeats)
+    raw_bcast = median_of(lambda: both(sender.flat_broadcast.remote(group), receiver.flat_broadcast.remote(numel, dtype)), repeats)
 
     def bcast():
         version[0] += 1
@@ -356,9 +360,9 @@ def main() -> None:
     # calibration of the delta's cost-model rates from this real step (used for the predictions below)
     rates = {"encode_gbps": d["full_bytes"] / d["encode_s"] / GB, "decode_gbps": d["full_bytes"] / d["decode_s"] / GB,
              "bytes_per_changed": d["delta_bytes"] / max(d["changed_fraction"] * d["full_bytes"] / 2, 1)}
-    rows = transport("135M", default_model_weights(), args.repeats, args.bucket_mb, tmp, rates)
+    rows = transport("135M", 0, args.repeats, args.bucket_mb, tmp, rates)
     if args.synthetic_params > 0:
-        rows += transport("synthetic", synthetic_weights(args.synthetic_params), args.repeats, args.bucket_mb, tmp, rates)
+        rows += transport("synthetic", args.synthetic_params, args.repeats, args.bucket_mb, tmp, rates)
     print("\n## Part 1: transports (sender actor -> receiver actor, no engine load), median of", args.repeats)
     print(f"{'set':<10} {'strategy':<13} {'GB':>6} {'seconds':>8} {'GB/s':>6}  {'raw limit':<22} {'raw s':>6} "
           f"{'ratio':>6} {'predicted s':>11} {'pred/meas':>9}")

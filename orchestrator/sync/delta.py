@@ -14,6 +14,7 @@ dtypes (a mismatch raises ValueError naming the tensor).
 """
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 
 import torch
@@ -56,46 +57,53 @@ def _check_pair(name: str, a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"tensor {name!r}: base is {tuple(a.shape)} {a.dtype}, new is {tuple(b.shape)} {b.dtype}")
 
 
-def xor_bits(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], int, int]:
-    """Per-tensor XOR of bit patterns (integer tensors), the changed element count and the total count."""
+def _check_names(base: dict, new: dict) -> None:
     if base.keys() != new.keys():
         raise ValueError(f"delta needs the same tensors on both sides; only in base: {sorted(base.keys() - new.keys())[:3]}, "
                          f"only in new: {sorted(new.keys() - base.keys())[:3]}")
-    out, changed, numel = [], 0, 0
+
+
+def encode_delta(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], base_version: int, version: int,
+                 level: int = 3, threads: int = -1) -> DeltaPayload:
+    """XOR `new` against `base` tensor by tensor and compress with zstd `level` (`threads` -1 = all
+    cores) into one frame; peak extra memory is one tensor's XOR, not the whole set."""
+    _check_names(base, new)
+    compressor = zstandard.ZstdCompressor(level=level, threads=threads).compressobj()
+    chunks, changed, numel, raw = [], 0, 0, 0
     for name, t in new.items():
         _check_pair(name, base[name], t)
         x = torch.bitwise_xor(_bits(base[name]), _bits(t))
         changed += int(torch.count_nonzero(x))
         numel += x.numel()
-        out.append(x)
-    return out, changed, numel
-
-
-def encode_delta(base: dict[str, torch.Tensor], new: dict[str, torch.Tensor], base_version: int, version: int,
-                 level: int = 3, threads: int = -1) -> DeltaPayload:
-    """XOR `new` against `base` and compress with zstd `level` (`threads` -1 = all cores)."""
-    xors, changed, numel = xor_bits(base, new)
-    raw = torch.cat([x.view(torch.uint8) for x in xors]) if xors else torch.empty(0, dtype=torch.uint8)
-    data = zstandard.ZstdCompressor(level=level, threads=threads).compress(raw.numpy().data)
-    return DeltaPayload(base_version, version, list(new.keys()), data, changed, numel, raw.numel())
+        raw += x.numel() * x.element_size()
+        chunks.append(compressor.compress(x.view(torch.uint8).numpy().data))
+    chunks.append(compressor.flush())
+    return DeltaPayload(base_version, version, list(new.keys()), b"".join(chunks), changed, numel, raw)
 
 
 def apply_delta(base: dict[str, torch.Tensor], payload: DeltaPayload) -> dict[str, torch.Tensor]:
-    """`base XOR delta`: the new tensors, bit for bit. Raises ValueError when `base` does not hold the
-    payload's tensors or the decompressed size disagrees (a corrupt or foreign payload)."""
+    """`base XOR delta`: the new tensors, bit for bit, decompressed tensor by tensor. Raises ValueError
+    when `base` does not hold the payload's tensors or the sizes disagree (a corrupt or foreign payload)."""
     missing = [n for n in payload.names if n not in base]
     if missing:
         raise ValueError(f"delta {payload.base_version}->{payload.version} names tensors the receiver lacks: {missing[:3]}")
-    raw = zstandard.ZstdDecompressor().decompress(payload.data, max_output_size=payload.raw_bytes)
-    if len(raw) != payload.raw_bytes:
-        raise ValueError(f"delta {payload.base_version}->{payload.version}: {len(raw)} bytes after decompression, "
-                         f"expected {payload.raw_bytes}")
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-    out, pos = {}, 0
+    reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(payload.data))
+    out = {}
     for name in payload.names:
         b = base[name]
         size = b.numel() * b.element_size()
-        x = flat[pos : pos + size].view(_INT_VIEW[b.element_size()])
+        buf = bytearray(size)
+        got = reader.readinto(buf) if size else 0
+        while 0 < got < size:  # readinto may return less than asked: keep filling
+            n = reader.readinto(memoryview(buf)[got:])
+            if n == 0:
+                break
+            got += n
+        if got != size:
+            raise ValueError(f"delta {payload.base_version}->{payload.version}: tensor {name!r} needs {size} bytes, "
+                             f"the payload holds {got}: corrupt or for another model")
+        x = torch.frombuffer(buf, dtype=_INT_VIEW[b.element_size()]) if size else torch.empty(0, dtype=_INT_VIEW[b.element_size()])
         out[name] = torch.bitwise_xor(_bits(b), x).view(b.dtype).view(b.shape)
-        pos += size
+    if reader.read(1):
+        raise ValueError(f"delta {payload.base_version}->{payload.version}: bytes left after the last tensor")
     return out
