@@ -30,8 +30,13 @@ _OPTION_OF = {"num_params": "--params", "bytes_per_param": "--dtype", "num_engin
 
 def _add_sync_parser(plan_sub: argparse._SubParsersAction) -> None:
     p = plan_sub.add_parser("sync", help="predicted weight-sync time per strategy",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                             description="Predicted weight-sync time per strategy; * marks the auto choice. "
-                                        "Rates in GB/s (1e9 B/s).")
+                                        "Rates in GB/s (gigaBYTES per second, 1e9 B/s). A run's "
+                                        "`weight_sync.strategy: auto` uses the same model with its own config: "
+                                        "--intra/--inter/--engine-nodes/--fs-*-gbps are "
+                                        "weight_sync.fabric.{intra_node,inter_node,engine_nodes,fs_write_gbps,"
+                                        "fs_read_gbps} (whose defaults describe one CPU host, not a GPU cluster).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help=f"preset ({', '.join(PRESETS)}), a config.json or a model folder")
     what.add_argument("--params", help="parameter count, e.g. 70e9")

@@ -46,6 +46,7 @@ class WeightSyncer:
         t0 = time.perf_counter()
         meta, reports, metrics = self._transfer(version, ids)
         self._verify(version, meta, dict(zip(ids, reports)))
+        self._after_verified(version)
         seconds = time.perf_counter() - t0
         moved = metrics.get("sync/bytes", meta["bytes"])
         metrics.update({"sync/seconds": seconds, "sync/version": version, "sync/bytes_full": meta["bytes"],
@@ -54,6 +55,9 @@ class WeightSyncer:
 
     def _transfer(self, version: int, ids: list[int]) -> tuple[dict, list[dict], dict]:
         raise NotImplementedError
+
+    def _after_verified(self, version: int) -> None:
+        """Clean-up once the engines were verified (nothing by default)."""
 
     def _verify(self, version: int, meta: dict, reports: dict[int, dict]) -> None:
         for i, rep in reports.items():
@@ -87,15 +91,12 @@ class DiskSync(WeightSyncer):
                          "the trainer's write")
         reports = self._get([self.engines[i].load_weights_from_disk.remote(meta["folder"], version) for i in ids],
                             "engine reads")
-        if all(v == version for v in self._versions_after(ids, reports, version)):
-            self._get(self.trainer.sync_disk_prune.remote(root, version), "pruning old versions")
         return meta, reports, {"sync/write_s": meta["write_s"]}
 
-    def _versions_after(self, ids, reports, version):
-        after = list(self.engine_versions)
-        for i, r in zip(ids, reports):
-            after[i] = r["version"]
-        return after
+    def _after_verified(self, version: int) -> None:
+        """Older versions are removed once every engine was verified on this one."""
+        if all(v == version for v in self.engine_versions):
+            self._get(self.trainer.sync_disk_prune.remote(self.ws.disk.path, version), "pruning old versions")
 
 
 class CollectiveSync(WeightSyncer):

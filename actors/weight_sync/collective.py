@@ -109,5 +109,12 @@ def join_group(backend: str, world_size: int, rank: int, group_name: str, timeou
 
 
 def broadcast(tensor: torch.Tensor, group_name: str, src_rank: int = 0) -> None:
-    """In-place broadcast of `tensor` from `src_rank` over the group."""
+    """In-place broadcast of `tensor` from `src_rank` over the group; returns when it is complete.
+
+    Ray's NCCL group runs the op on its own CUDA stream, ordered after the default stream but not
+    before later work on it: synchronising here keeps the sender from repacking a buffer still being
+    sent and the receiver from reading a bucket still arriving.
+    """
     col.broadcast(tensor, src_rank=src_rank, group_name=group_name)
+    if tensor.is_cuda:
+        torch.cuda.synchronize(tensor.device)

@@ -55,6 +55,8 @@ def _attention_params(cfg: dict[str, Any], source: str) -> int:
             hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
         kv = hidden * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v_dim)
         return q + kv + heads * v_dim * hidden
+    if heads == 0:
+        raise ModelConfigError(f"{source}: key 'num_attention_heads' must be >= 1 (got 0)")
     kv_heads = _get(cfg, "num_key_value_heads", source, heads)
     head_dim = _get(cfg, "head_dim", source, hidden // heads)
     q_out, kv_out = heads * head_dim, kv_heads * head_dim

@@ -192,8 +192,10 @@ class PrometheusExporter(_Exporter):
 
     # ---- one step ---------------------------------------------------------------------------------
     def observe(self, row: dict) -> None:
-        """Map one step's metrics row onto the metrics. Raises ValueError for a negative or non-finite
-        count (e.g. `reward/errors: -1`), naming the key."""
+        """Map one step's metrics row onto the metrics. Raises ValueError, naming the key and before any
+        metric changes, for a `step` that is not a whole number >= 0, a count that is negative or not
+        finite (e.g. `reward/errors: -1`), or a phase time that is negative or not finite."""
+        _check_row(row)
         for key, value in row.items():
             self._observe_key(key, value)
         if "step" in row:
@@ -217,8 +219,6 @@ class PrometheusExporter(_Exporter):
             self._observe_memory(key[len("memory/"):], x)
 
     def _count(self, key: str, x: float) -> None:
-        if not math.isfinite(x) or x < 0:
-            raise ValueError(f"metrics row key {key!r}: a count must be a finite number >= 0, got {x!r}")
         metric, labels = ROW_COUNTERS[key]
         if x > 0:
             self._series(metric, **labels).inc(x)
@@ -251,6 +251,24 @@ class PrometheusExporter(_Exporter):
         self._server.server_close()
         self._thread.join(timeout=5)
         self._server = None
+
+
+def _check_row(row: dict) -> None:
+    """Reject a row that would corrupt a counter or a histogram (nothing is applied then)."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a metrics row must be a dict, got {type(row).__name__}")
+    step = row.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"metrics row key 'step': must be a whole number >= 0, got {step!r}")
+    for key, value in row.items():
+        timed = key.startswith("timing/") and key.endswith("_s")
+        if key in ROW_COUNTERS or timed:
+            x = _number(value)
+            if value is not None and x is None:
+                raise ValueError(f"metrics row key {key!r}: must be a number, got {value!r}")
+            if x is not None and (not math.isfinite(x) or x < 0):
+                what = "a count" if key in ROW_COUNTERS else "a phase time"
+                raise ValueError(f"metrics row key {key!r}: {what} must be a finite number >= 0, got {x!r}")
 
 
 def exporter_for(metrics_cfg, run_name: str) -> _Exporter:

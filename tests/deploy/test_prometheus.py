@@ -180,6 +180,20 @@ def test_errors_are_counted_by_kind(exporter):
         exporter.observe({"reward/errors": -1})
 
 
+@pytest.mark.parametrize("row, key", [({"step": "abc"}, "step"), ({"step": True}, "step"), ({"step": -1}, "step"),
+                                      ({"step": 3, "timing/generate_s": float("nan")}, "timing/generate_s"),
+                                      ({"step": 3, "timing/generate_s": -5.0}, "timing/generate_s"),
+                                      ({"step": 3, "reward/errors": "2"}, "reward/errors"),
+                                      ({"step": 3, "actor/loss": 5.0, "reward/errors": -1}, "reward/errors")])
+def test_a_bad_row_is_refused_whole_naming_the_key(exporter, row, key):
+    exporter.observe({"step": 1, "actor/loss": 0.5})
+    with pytest.raises(ValueError, match=key):
+        exporter.observe(row)
+    s = _registry_samples(exporter)
+    assert _value(s, "rl_orch_trainer_step") == 1 and _value(s, "rl_orch_trainer_steps_total") == 1
+    assert _value(s, "rl_orch_actor_loss") == 0.5  # nothing of the refused row was applied
+
+
 @pytest.mark.parametrize("exc, kind", [(WeightMismatchError("checksum"), "sync"), (TimeoutError("hung"), "timeout"),
                                        (RuntimeError("boom"), "step")])
 def test_with_block_counts_the_error_by_kind_reraises_and_stops_serving(exc, kind):
