@@ -39,7 +39,7 @@ class WeightReceiverExtension:
     _keep_shadow: bool = False
     _digests: Optional[dict] = None
     _fault_next_load: bool = False
-    _sync_group: Optional[tuple] = None  # (group name, layout, bucket_mb)
+    _sync_group: Optional[tuple] = None  # (group name, layout, bucket_mb, device of the buckets)
     _shadow_version: Optional[int] = None
 
     # ---- load paths (one per strategy) ------------------------------------------------------
@@ -55,14 +55,13 @@ class WeightReceiverExtension:
                           layout: list, bucket_mb: float) -> None:
         """Collective: join the trainer's group as `rank` and remember the agreed layout."""
         collective.join_group(backend, world_size, rank, group, timeout_s)
-        self._sync_group = (group, layout, bucket_mb)
+        self._sync_group = (group, layout, bucket_mb, "cuda" if backend.lower() == "nccl" else "cpu")
 
     def receive_broadcast(self, version: int) -> None:
         """Collective: receive one bucketed broadcast and load it while it streams in."""
         if self._sync_group is None:
             raise RuntimeError("receive_broadcast before join_weight_group: this engine is not in the sync group")
-        group, layout, bucket_mb = self._sync_group
-        device = "cuda" if torch.cuda.is_available() and collective.default_backend() == "nccl" else "cpu"
+        group, layout, bucket_mb, device = self._sync_group
         self._load(broadcast_stream(layout, bucket_mb, version, group, device), version)
 
     def load_delta(self, payload: DeltaPayload, version: int) -> None:
