@@ -92,6 +92,17 @@ class AlgoConfig:
 
 
 @dataclass
+class LoraConfig:
+    # Low-rank adapters (peft): rank 0 = off (full fine-tuning). Only adapter weights train; weight
+    # sync sends merged weights W + (alpha / rank) * B @ A under the base model's names.
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"])
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 20
     lr: float = 1e-5
@@ -106,6 +117,19 @@ class TrainerConfig:
     precision: str = "bf16-autocast"  # fp32 | bf16-autocast (fp32 master weights)
     num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
     seed: int = 0
+    # D trainer ranks in one torch.distributed group, the policy sharded with FSDP2 (fully_shard)
+    # across them; NCCL on GPUs, gloo on CPU. 1 = a single unsharded trainer.
+    num_workers: int = 1
+    gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    # Sequence packing: the micro-batches of a mini-batch are rows of at most `micro_batch_tokens`
+    # tokens, filled first-fit decreasing; position ids restart per sequence and no token attends across
+    # a boundary (case C11). micro_batch_size is then unused by the update.
+    packing: bool = False
+    micro_batch_tokens: int = 4096
+    # Mixture-of-experts policies: weight of the router load-balancing loss (Switch Transformer,
+    # Fedus et al. 2021, eq. 4), over real tokens only (case C12). Ignored for dense models.
+    router_aux_loss_coef: float = 0.001
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -188,6 +212,16 @@ class MetricsConfig:
 
 
 @dataclass
+class MemoryConfig:
+    # Pre-flight VRAM plan (orchestrator/memory, `rl-orch plan memory`): before any actor starts, the
+    # run estimates every role's bytes per device and refuses to start when one does not fit.
+    preflight: bool = True
+    force: bool = False  # start even when the plan says it does not fit (`rl-orch run --force`)
+    # memory of one device in GiB; 0 = the local GPU's, or on a CPU-only machine the host's RAM
+    device_gib: float = 0.0
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -200,6 +234,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
