@@ -21,6 +21,7 @@ from orchestrator.algo import compute_advantages
 from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.job import Actors, start_actors
+from orchestrator.memory.preflight import preflight
 from orchestrator.metrics import ConsoleProgress, JsonlLogger, plot_run, read_jsonl
 from orchestrator.metrics.prometheus import exporter_for
 from orchestrator.models import resolve_model_path
@@ -87,7 +88,10 @@ class GRPOController:
 
     # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are."""
+        """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are.
+        Raises MemoryPlanError (with the plan's table) before any actor starts when the run won't fit."""
+        if self.cfg.memory.preflight:  # memory.force: a warning instead of the error
+            preflight(self.cfg, self.model_path, max(map(len, self.prompt_ids), default=0))
         self.actors = start_actors(self.cfg, self.model_path, self.resume_from, self.pad_id)
         self.syncer = self._make_syncer()
         if self.resume_from is not None:
@@ -168,6 +172,13 @@ class GRPOController:
         lengths = [len(t.response_ids) for t in trajs]
         row["rollout/tokens"] = tokens
         row["rollout/tokens_per_s"] = sum(m["rollout/tokens_per_s"] for _, m in results)
+        for k in ("rollout/prefill_tokens_requested", "rollout/prefill_tokens_computed"):
+            row[k] = sum(m[k] for _, m in results)
+        requested = row["rollout/prefill_tokens_requested"]
+        # vLLM's prefix-cache hit rate over this step's prompt tokens (the n samples of a group share one prompt)
+        row["rollout/prefix_cache_hit_rate"] = sum(m["rollout/prefix_cache_hits"] for _, m in results) / requested if requested else 0.0
+        for k, (_, m) in enumerate(results):  # per-worker throughput: imbalance shows up here
+            row[f"rollout/worker{k}_tokens_per_s"] = m["rollout/tokens_per_s"]
         row["rollout/response_len_mean"] = sum(lengths) / len(lengths)
         row["rollout/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / len(trajs)
         return trajs

@@ -40,6 +40,7 @@ class VLLMEngine:
             model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
             enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
             seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+            disable_log_stats=False,  # vLLM's counters feed `cache_counters` (prefix-cache hits, prefill)
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
@@ -64,6 +65,18 @@ class VLLMEngine:
                 out.append(Trajectory(group_id=req.group_id, prompt_ids=list(req.prompt_ids), response_ids=ids,
                                       logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
                                       answer=req.answer, prompt=req.prompt, weight_version=weight_version))
+        return out
+
+    def cache_counters(self) -> dict[str, float]:
+        """vLLM's own cumulative counters of this engine, in tokens: `prefix_cache_queries` (prompt tokens
+        looked up in the prefix cache = prefill tokens requested), `prefix_cache_hits` (of those, found
+        cached: not recomputed), `generation_tokens`. Take differences between two calls for a step."""
+        wanted = {"vllm:prefix_cache_queries": "prefix_cache_queries", "vllm:prefix_cache_hits": "prefix_cache_hits",
+                  "vllm:generation_tokens": "generation_tokens"}
+        out = {v: 0.0 for v in wanted.values()}
+        for m in self.llm.get_metrics():
+            if m.name in wanted:
+                out[wanted[m.name]] += float(m.value)
         return out
 
     def update_weights(self, method: str, *args) -> dict:

@@ -22,11 +22,17 @@ class RolloutWorker:
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
+        before = self.engine.cache_counters()
         t0 = time.perf_counter()
         trajs = self.engine.generate(requests, self.n, self.version)
         dt = time.perf_counter() - t0
+        after = self.engine.cache_counters()
         tokens = sum(len(t.response_ids) for t in trajs)
-        return trajs, {"rollout/tokens": tokens, "rollout/generate_s": dt, "rollout/tokens_per_s": tokens / max(dt, 1e-9)}
+        requested = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+        hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+        return trajs, {"rollout/tokens": tokens, "rollout/generate_s": dt, "rollout/tokens_per_s": tokens / max(dt, 1e-9),
+                       "rollout/prefill_tokens_requested": requested, "rollout/prefill_tokens_computed": requested - hits,
+                       "rollout/prefix_cache_hits": hits}
 
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""

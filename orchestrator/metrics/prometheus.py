@@ -55,6 +55,8 @@ ROW_GAUGES = {
 # row key -> (counter name, fixed labels): incremented by the row's value (a count for this step)
 ROW_COUNTERS = {
     "rollout/tokens": ("rl_orch_rollout_tokens_total", {}),
+    "rollout/prefill_tokens_requested": ("rl_orch_rollout_prefill_tokens_total", {"kind": "requested"}),
+    "rollout/prefill_tokens_computed": ("rl_orch_rollout_prefill_tokens_total", {"kind": "computed"}),
     "reward/errors": ("rl_orch_errors_total", {"kind": "reward"}),
     "reward/timeouts": ("rl_orch_errors_total", {"kind": "reward_timeout"}),
     "sync/failures": ("rl_orch_sync_failures_total", {}),
@@ -70,6 +72,8 @@ METRICS = {
     "rl_orch_rollout_tokens_per_second": ("gauge", "Generated tokens per second, all rollout workers", ()),
     "rl_orch_trainer_tokens_per_second": ("gauge", "Trained tokens per second", ()),
     "rl_orch_rollout_tokens_total": ("counter", "Generated tokens", ()),
+    "rl_orch_rollout_prefill_tokens_total": ("counter", "Prompt tokens sent to vLLM (requested) and prefilled "
+                                             "(computed: not found in the prefix cache)", ("kind",)),
     "rl_orch_rollout_response_length_tokens": ("gauge", "Mean response length of the step, tokens", ()),
     "rl_orch_rollout_truncated_ratio": ("gauge", "Fraction of responses cut at max_tokens", ()),
     "rl_orch_rollout_prefix_cache_hit_ratio": ("gauge", "vLLM prefix-cache hit rate of the step", ()),

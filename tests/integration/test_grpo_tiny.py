@@ -53,6 +53,13 @@ def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_mo
                 "actor/grad_norm", "rollout/response_len_mean"):
         assert all(key in r for r in rows), key
     assert rows[-1]["sync/version"] == 2
+    for r in rows:  # vLLM's own prefix-cache counters: every prompt token of every sample is looked up
+        n_prompt = 2 * 4 * len(controller.prompt_ids[0])  # prompts_per_step x n x tokens (equal-length prompts)
+        assert abs(r["rollout/prefill_tokens_requested"] - n_prompt) <= 2 * 4 * 2
+        assert 0 <= r["rollout/prefill_tokens_computed"] <= r["rollout/prefill_tokens_requested"]
+        hit = 1 - r["rollout/prefill_tokens_computed"] / r["rollout/prefill_tokens_requested"]
+        assert r["rollout/prefix_cache_hit_rate"] == pytest.approx(hit)
+        assert r["rollout/worker0_tokens_per_s"] > 0
     from transformers import AutoModelForCausalLM
 
     trained = AutoModelForCausalLM.from_pretrained(f"{result.checkpoint}/policy", dtype=torch.float32).state_dict()
