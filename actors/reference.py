@@ -5,6 +5,7 @@ Started only when `algo.kl_coef > 0`. Logprobs use the sampling temperature, as 
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import ray
 import torch
@@ -14,10 +15,11 @@ from actors.forward import batch_logprobs
 
 
 class Reference:
-    """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)]."""
+    """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)], in padded
+    micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens."""
 
     def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
-                 pad_id: int = 0, num_threads: int = 0):
+                 pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None):
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
@@ -25,10 +27,11 @@ class Reference:
             p.requires_grad_(False)
         self.temperature, self.micro_batch_size, self.precision, self.pad_id = (
             temperature, micro_batch_size, precision, pad_id)
+        self.micro_batch_tokens = micro_batch_tokens
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.micro_batch_size,
-                              self.precision, self.pad_id)
+                              self.precision, self.pad_id, micro_batch_tokens=self.micro_batch_tokens)
 
 
 @ray.remote

@@ -3,8 +3,11 @@
 One `train_step` takes the whole global batch of trajectories, splits it into mini-batches (one
 optimizer step each) and micro-batches (gradient accumulation), and scales every micro-batch loss by
 one normaliser computed for the whole mini-batch first (`loss_normalizer`, cases C01/C02), so the
-update does not depend on the micro-batch size. AdamW, linear warmup then cosine decay, gradient
-clipping, fp32 or bf16 autocast with fp32 master weights.
+update does not depend on the micro-batch size, nor on packing (`trainer.packing`: micro-batches are
+rows of `micro_batch_tokens` tokens, first-fit decreasing, case C11). AdamW, linear warmup then cosine decay, gradient
+clipping, fp32 or bf16 autocast with fp32 master weights. Optional gradient checkpointing, LoRA
+adapters (actors/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
+the router load-balancing loss over real tokens (actors/moe_loss.py, case C12).
 """
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ from transformers import AutoModelForCausalLM
 
 from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender
 from actors.forward import batch_logprobs, collate, forward_logprobs, response_values
+from actors.forward import collate_packed, per_sequence, split_micro_batches
+from actors.forward import LOSS_MASK, apply_loss_mask
+from actors import lora
+from actors.moe_loss import RouterAux
 from orchestrator.algo import loss_normalizer, lr_multiplier, policy_loss
 from orchestrator.sync import group_checksums
 
@@ -41,8 +48,15 @@ class Trainer:
         torch.manual_seed(trainer_cfg.seed)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        if trainer_cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # LoRA layers injected in place (self.model stays the HF class); None = full fine-tuning
+        self.peft = lora.apply_lora(self.model, trainer_cfg.lora)
+        self._moe = RouterAux.for_model(self.model, trainer_cfg.router_aux_loss_coef)  # None for dense models
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=trainer_cfg.lr,
+        self.model = self._prepare_model(self.model)  # FSDP2 sharding with D > 1 (actors/distributed.py)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=trainer_cfg.lr,
                                            betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.step = 0  # optimizer steps taken
@@ -68,8 +82,7 @@ class Trainer:
         if self.cfg.mini_batches > 1 and self.algo.old_logprobs == "trainer":
             # the policy that sampled (= the weights before this step's first update): computed once,
             # so later mini-batches' ratios measure how far the earlier updates moved the policy
-            old_all = batch_logprobs(self.model, batch["prompt_ids"], batch["response_ids"], self.temperature,
-                                     self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
+            old_all = self._old_logprobs(batch)
         metrics: dict[str, list[float]] = {}
         for m in range(self.cfg.mini_batches):
             # sorted by length so each micro-batch pads little; the global normaliser makes order irrelevant
@@ -84,27 +97,43 @@ class Trainer:
 
     def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
         resp_mask = torch.zeros(len(idx), max(len(batch["response_ids"][i]) for i in idx), dtype=torch.bool)
+        trained = batch.get("response_mask")  # multi-turn: 0 on observation ids (never trained); None = all
         for j, i in enumerate(idx):
-            resp_mask[j, : len(batch["response_ids"][i])] = True
-        norm = loss_normalizer(resp_mask, self.algo.loss_agg, max_response_len=self.max_new_tokens)
+            resp_mask[j, : len(batch["response_ids"][i])] = (torch.tensor(trained[i], dtype=torch.bool)
+                                                              if trained is not None else True)
+        norm = loss_normalizer(resp_mask, self.algo.loss_agg, max_response_len=self.max_new_tokens,
+                               dp_size=self.dp_size)
+        idx, old_lp = self._local_shard(idx, old_lp)  # this rank's part of the mini-batch (all of it when D = 1)
+        if self._moe is not None:
+            self._moe.start(sum(len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]) for i in idx))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        mbs = self.cfg.micro_batch_size
-        for s in range(0, len(idx), mbs):
-            part = idx[s : s + mbs]
+        # padded groups of micro_batch_size, or packed rows of micro_batch_tokens (trainer.packing, case C11)
+        groups, occupancy = split_micro_batches(
+            [len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]) for i in idx], self.cfg.micro_batch_size,
+            _packing_budget(self.cfg))
+        for pos in groups:
+            part = [idx[j] for j in pos]
             per_token = {"rollout": [batch["rollout_logprobs"][i] for i in part]}
             if old_lp is not None:
-                per_token["old"] = old_lp[s : s + mbs]
+                per_token["old"] = [old_lp[j] for j in pos]
             if batch.get("ref_logprobs") is not None:
                 per_token["ref"] = [batch["ref_logprobs"][i] for i in part]
-            mb = collate([batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part],
-                         per_token, self.pad_id)
+            if trained is not None:
+                per_token[LOSS_MASK] = [trained[i] for i in part]
+            prompts, responses = [batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part]
+            mb = (collate_packed(prompts, responses, per_token) if self.cfg.packing
+                  else collate(prompts, responses, per_token, self.pad_id))
             for k, v in self._micro_batch_backward(mb, batch, part, norm).items():
                 sums[k] = sums.get(k, 0.0) + v
+        sums = self._reduce_sums(sums)  # summed over data-parallel ranks
         tokens = max(sums.pop("actor/tokens"), 1.0)
         loss = sums.pop("loss")
         out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
         out["actor/loss"] = loss  # the mini-batch loss: micro-batch losses add up to it
+        out["actor/token_occupancy"], out["actor/micro_batches"] = occupancy, float(len(groups))
+        if self._moe is not None:
+            out.update(self._moe.finish())
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")  # 0 = no clipping
         out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
@@ -118,7 +147,12 @@ class Trainer:
         return out
 
     def _micro_batch_backward(self, mb, batch, part: list[int], norm: float) -> dict[str, float]:
-        logprobs = forward_logprobs(self.model, mb, self.temperature, self.cfg.precision)
+        router = [] if self._moe is not None else None  # MoE: per-layer router logits of this forward
+        logprobs = forward_logprobs(self.model, mb, self.temperature, self.cfg.precision, router_logits=router)
+        real_tokens_mask = mb.attention_mask
+        if mb.segments is not None:  # packed row -> one sequence per row: policy_loss aggregates per row
+            logprobs, mb = per_sequence(logprobs, mb)
+        mb = apply_loss_mask(mb)  # multi-turn: observation/template ids leave the loss, KL and metrics
         device = logprobs.device
         mask = mb.mask.to(device)
         rollout = mb.values["rollout"].to(device)
@@ -134,6 +168,8 @@ class Trainer:
             ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
             kl_coef=self.algo.kl_coef, kl_estimator=self.algo.kl_estimator,
             rollout_logprobs=rollout if use_tis else None, tis_cap=self.algo.tis_cap if use_tis else None)
+        if self._moe is not None:  # router load-balancing loss over real tokens (case C12)
+            loss = loss + self._moe.add(router, real_tokens_mask)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite loss {loss.item()} at optimizer step {self.step}")
         loss.backward()
@@ -147,10 +183,28 @@ class Trainer:
         out["actor/tokens"] = tokens
         return out
 
+    # ---- data-parallel hooks: identities for D = 1; ShardedTrainer (actors/distributed.py) overrides them --
+    dp_size = 1
+
+    def _prepare_model(self, model):
+        return model
+
+    def _old_logprobs(self, batch) -> list:
+        """Response-token logprobs of every sample of `batch` under the current policy, [B][*]."""
+        return batch_logprobs(self.model, batch["prompt_ids"], batch["response_ids"], self.temperature,
+                              self.cfg.micro_batch_size, self.cfg.precision, self.pad_id,
+                              micro_batch_tokens=_packing_budget(self.cfg))
+
+    def _local_shard(self, idx: list[int], old_lp: Optional[list]) -> tuple[list[int], Optional[list]]:
+        return idx, old_lp
+
+    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
         return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.cfg.micro_batch_size,
-                              self.cfg.precision, self.pad_id)
+                              self.cfg.precision, self.pad_id, micro_batch_tokens=_packing_budget(self.cfg))
 
     def get_step(self) -> int:
         return self.step
@@ -164,15 +218,21 @@ class Trainer:
         """
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
         named = [(k, v.detach().to(device, _DTYPES[dtype]).contiguous())
-                 for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight")]
+                 for k, v in self._export_state().items() if not (tied and k == "lm_head.weight")]
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         expected = named + [("lm_head.weight", t) for k, t in named if tied and k == "model.embed_tokens.weight"]
         return named, {"groups": group_checksums(expected), "bytes": nbytes}
 
+    def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
+        """The policy's state under HF names; with LoRA the merged weights (`merge=False`: same names and
+        shapes, base tensors, nothing computed), see actors/lora.py."""
+        return self.model.state_dict() if self.peft is None else lora.merged_state_dict(self.model, merge)
+
     def sync_size(self, dtype: str) -> tuple[int, int]:
         """(elements, bytes) one full weight sync moves in `dtype` (a tied head is not sent)."""
         tied = bool(getattr(self.model.config, "tie_word_embeddings", False))
-        numel = sum(v.numel() for k, v in self.model.state_dict().items() if not (tied and k == "lm_head.weight"))
+        numel = sum(v.numel() for k, v in self._export_state(merge=False).items()
+                    if not (tied and k == "lm_head.weight"))
         return numel, numel * torch.empty((), dtype=_DTYPES[dtype]).element_size()
 
     # ---- weight sync senders (actors/weight_sync/sender.py), one per strategy, made on first use --
@@ -207,13 +267,18 @@ class Trainer:
         return self._sender("delta", dtype, level=level).encode(version, max_changed_fraction, force_full)
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
-        """Write policy (HF safetensors folder), optimizer, scheduler and `extra` state atomically:
-        into a temporary folder first, renamed when complete. Returns the folder."""
+        """Write policy (HF safetensors folder; with LoRA the merged weights, and the adapter in
+        `policy_adapter/`), optimizer, scheduler and `extra` state atomically: into a temporary folder
+        first, renamed when complete. Returns the folder."""
         final = Path(folder)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
         try:
-            self.model.save_pretrained(tmp / "policy", safe_serialization=True)
+            if self.peft is not None:  # policy/ = merged weights (engines load it on resume), adapter beside
+                lora.save_merged(self.model, tmp / "policy")
+                lora.save_adapter(self.peft, tmp / lora.ADAPTER_DIR)
+            else:
+                self.model.save_pretrained(tmp / "policy", safe_serialization=True)
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                         "step": self.step, "rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps(extra, indent=2))
@@ -226,10 +291,18 @@ class Trainer:
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore policy weights, optimizer, scheduler and RNG; return the checkpoint's extra state."""
-        src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
-        self.model.load_state_dict(src.state_dict())
+        if self.peft is not None:  # base weights = model.path, unchanged by LoRA training
+            lora.load_adapter(self.peft, Path(folder) / lora.ADAPTER_DIR)
+        else:
+            lora.check_no_adapter(Path(folder))
+            src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
+            self.model.load_state_dict(src.state_dict())
         state = torch.load(Path(folder) / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:  # written by FSDP2 ranks (trainer.num_workers > 1): model + optimizer in DCP files, any D
+            from actors.distributed import SHARDED_DIR, load_sharded
+            load_sharded(self.model, self.optimizer, Path(folder) / SHARDED_DIR)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         torch.set_rng_state(state["rng"])
@@ -240,6 +313,11 @@ class Trainer:
         for f in Path(model_path).iterdir():
             if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+
+def _packing_budget(cfg) -> Optional[int]:
+    """Tokens per packed micro-batch row when `trainer.packing` is on, else None (padded micro-batches)."""
+    return cfg.micro_batch_tokens if cfg.packing else None
 
 
 def _weights_on(trainer: Trainer, dtype: str, device: str):

@@ -16,6 +16,7 @@ from typing import Optional
 
 import ray
 import torch
+from omegaconf import OmegaConf
 
 from orchestrator.algo import compute_advantages
 from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
@@ -23,8 +24,10 @@ from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.job import Actors, start_actors
 from orchestrator.memory.preflight import preflight
 from orchestrator.metrics import ConsoleProgress, JsonlLogger, plot_run, read_jsonl
+from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
 from orchestrator.metrics.prometheus import exporter_for
 from orchestrator.models import resolve_model_path
+from orchestrator.multiturn_phase import MultiTurnPhase
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.sync import WeightMismatchError
 from orchestrator.syncer import WeightSyncer, choose_for_config, make_syncer
@@ -62,6 +65,7 @@ class GRPOController:
         self.cfg = cfg
         self.out_dir = Path(cfg.run.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, self.out_dir / "config.yaml", resolve=True)  # the resolved run config, beside metrics.jsonl (rl-orch size reads it)
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         self.resume_from = find_checkpoint(cfg.checkpoint.resume, cfg.checkpoint.dir)
         from transformers import AutoTokenizer
@@ -78,6 +82,8 @@ class GRPOController:
         self.start_step, self.version = 0, 0
         self.actors: Optional[Actors] = None
         self.syncer: Optional[WeightSyncer] = None
+        # env.name set: multi-turn rollouts and environment rewards (the env resolves now, before any actor)
+        self.multiturn = MultiTurnPhase(cfg) if cfg.env.name else None
 
     def _render(self, i: int, ex) -> list[int]:
         d = self.cfg.data
@@ -91,7 +97,10 @@ class GRPOController:
         """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are.
         Raises MemoryPlanError (with the plan's table) before any actor starts when the run won't fit."""
         if self.cfg.memory.preflight:  # memory.force: a warning instead of the error
-            preflight(self.cfg, self.model_path, max(map(len, self.prompt_ids), default=0))
+            longest_prompt = max(map(len, self.prompt_ids), default=0)
+            if self.multiturn is not None:  # a trajectory holds up to env.max_tokens ids (prompt + every turn)
+                longest_prompt = max(self.cfg.env.max_tokens - self.cfg.rollout.max_new_tokens, 1)
+            preflight(self.cfg, self.model_path, longest_prompt)
         self.actors = start_actors(self.cfg, self.model_path, self.resume_from, self.pad_id)
         self.syncer = self._make_syncer()
         if self.resume_from is not None:
@@ -138,6 +147,8 @@ class GRPOController:
                 ckpt = self._checkpoint(step)
         row.update(timer.times)
         row["timing/step_s"] = time.perf_counter() - t0
+        roles = tuple(r for r in ROLE_PHASES if r != "reference" or self.actors.reference is not None)
+        row.update(role_utilisation(row, roles, row.pop("rollout/worker_generate_s_mean", None)))
         return row, ckpt
 
     # ---- phases ---------------------------------------------------------------------------------
@@ -160,8 +171,11 @@ class GRPOController:
         return out
 
     def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
-        """Whole groups per worker: request i goes to worker i mod R (all its n samples with it)."""
+        """Whole groups per worker: request i goes to worker i mod R (all its n samples with it); multi-turn:
+        groups placed by sticky routing, see orchestrator/multiturn_phase.py."""
         workers = self.actors.rollout
+        if self.multiturn is not None:
+            return self.multiturn.generate(workers, requests, self.version, row, self._get)
         shards = [requests[i :: len(workers)] for i in range(len(workers))]
         results = self._get([w.generate.remote(s) for w, s in zip(workers, shards) if s])
         trajs = [t for ts, _ in results for t in ts]
@@ -179,11 +193,14 @@ class GRPOController:
         row["rollout/prefix_cache_hit_rate"] = sum(m["rollout/prefix_cache_hits"] for _, m in results) / requested if requested else 0.0
         for k, (_, m) in enumerate(results):  # per-worker throughput: imbalance shows up here
             row[f"rollout/worker{k}_tokens_per_s"] = m["rollout/tokens_per_s"]
+        row["rollout/worker_generate_s_mean"] = sum(m["rollout/generate_s"] for _, m in results) / len(results)
         row["rollout/response_len_mean"] = sum(lengths) / len(lengths)
         row["rollout/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / len(trajs)
         return trajs
 
     def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+        if self.multiturn is not None:  # the environment's rewards (sum over turns)
+            return self.multiturn.score(trajs, row)
         prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None  # a reward model reads them
         result = self._get(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
                                                          [t.group_id for t in trajs], prompts))
@@ -215,7 +232,9 @@ class GRPOController:
 
     def train(self, trajs: list[Trajectory], advantages: list[float], ref) -> dict:
         batch = {"prompt_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
-                 "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref}
+                 "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref,
+                 # multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained
+                 "response_mask": ([t.extra["loss_mask"] for t in trajs] if self.multiturn is not None else None)}
         return self._get(self.actors.trainer.train_step.remote(batch))
 
     def _make_syncer(self) -> WeightSyncer:

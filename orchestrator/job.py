@@ -6,6 +6,7 @@ cluster (this is what `ray job submit` gives the entrypoint).
 from __future__ import annotations
 
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -34,12 +35,13 @@ def connect_ray(cfg) -> None:
 class Actors:
     """Handles of the job's actors and its placement group."""
 
-    trainer: Any
+    trainer: Any  # rank 0 of the trainer (the leader with trainer.num_workers > 1)
     rollout: list
     reward: Any
     reference: Optional[Any] = None
     pg: Any = None
     all: list = field(default_factory=list)
+    trainer_ranks: list = field(default_factory=list)  # all D trainer ranks, rank 0 first
 
     def shutdown(self) -> None:
         try:
@@ -53,11 +55,10 @@ class Actors:
 
 
 def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
-    """Reserve every bundle (gang scheduling), then start trainer, rollout x R, reference, reward."""
+    """Reserve every bundle (gang scheduling), then start trainer x D, rollout x R, reference, reward."""
     from actors.reference import ReferenceActor
     from actors.reward import RewardActor
     from actors.rollout.worker import RolloutWorkerActor
-    from actors.trainer import TrainerActor
 
     connect_ray(cfg)
     plan = plan_bundles(cfg)
@@ -70,18 +71,39 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
     # on resume the engines start from the checkpoint's policy; the controller then syncs and verifies
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     temp, max_new = cfg.rollout.temperature, cfg.rollout.max_new_tokens
-    trainer = TrainerActor.options(**opts("trainer")).remote(str(model_path), cfg.trainer, cfg.algo, temp, max_new, pad_id)
+    ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
+    trainer = ranks[0]
     rollout = [RolloutWorkerActor.options(**opts("rollout", k)).remote(engine_path, cfg.rollout, cfg.rollout.seed + k)
                for k in range(cfg.rollout.num_workers)]
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = ReferenceActor.options(**opts("reference")).remote(
-            str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads)
+            str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads,
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None)
     functions = [(f.name, f.weight) for f in cfg.reward.functions]
     rm = cfg.reward.model_path
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec)
-    actors = Actors(trainer, rollout, reward, reference, pg, [trainer, *rollout, reward] + ([reference] if reference else []))
+    everyone = [*ranks, *rollout, reward] + ([reference] if reference else [])
+    actors = Actors(trainer, rollout, reward, reference, pg, everyone, trainer_ranks=ranks)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
+    if len(ranks) > 1:  # the leader fans every call out to ranks 1..D-1
+        ray.get(trainer.set_peers.remote(ranks[1:]))
     return actors
+
+
+def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
+    """One TrainerActor, or D = trainer.num_workers ShardedTrainerActor ranks (FSDP2, actors/distributed.py)
+    that form one torch.distributed group while they start; rank 0 first."""
+    from actors.trainer import TrainerActor
+
+    args = (model_path, cfg.trainer, cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens, pad_id)
+    d = cfg.trainer.num_workers
+    if d == 1:
+        return [TrainerActor.options(**opts("trainer")).remote(*args)]
+    from actors.distributed import ShardedTrainerActor
+
+    group = f"trainer-{uuid.uuid4().hex[:12]}"
+    return [ShardedTrainerActor.options(**opts("trainer", r)).remote(
+        *args, rank=r, world_size=d, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(d)]

@@ -1,6 +1,6 @@
 """Placement groups and gang scheduling: every role's bundles are reserved together, or the job fails.
 
-The job asks for one placement group holding a bundle per actor (trainer ranks, rollout replicas,
+The job asks for one placement group holding a bundle per actor (trainer ranks x D, rollout replicas,
 the reference model when KL is on, the reward actor). The resource each bundle asks for comes from
 config (`placement.resource`: "GPU" on GPU clusters, "CPU" or a custom resource such as "fake_gpu" on
 CPU machines). If the cluster cannot hold the whole job within `placement.timeout_s`, the job fails
@@ -28,7 +28,8 @@ class RolePlan:
 
 
 def plan_bundles(cfg) -> RolePlan:
-    """One bundle per actor: trainer, rollout x R, reference (kl_coef > 0), reward (CPU only)."""
+    """One bundle per actor: trainer x D (trainer.num_workers, FSDP2 ranks in rank order), rollout x R,
+    reference (kl_coef > 0), reward (CPU only)."""
     p = cfg.placement
     bundles: list[dict[str, float]] = []
     roles: dict[str, list[int]] = {}
@@ -37,7 +38,8 @@ def plan_bundles(cfg) -> RolePlan:
         roles.setdefault(role, []).append(len(bundles))
         bundles.append({k: v for k, v in resources.items() if v > 0})
 
-    add("trainer", {p.resource: p.trainer_per_worker})
+    for _ in range(cfg.trainer.num_workers):
+        add("trainer", {p.resource: p.trainer_per_worker})
     for _ in range(cfg.rollout.num_workers):
         add("rollout", {p.resource: p.rollout_per_worker})
     if cfg.algo.kl_coef > 0:

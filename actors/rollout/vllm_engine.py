@@ -44,6 +44,8 @@ class VLLMEngine:
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+        if getattr(rollout_cfg, "block_size", 0):  # prefix caching reuses whole blocks of this many tokens
+            kwargs["block_size"] = rollout_cfg.block_size
         self.llm = LLM(**kwargs)
         self.cfg = rollout_cfg
         self.tokenizer = self.llm.get_tokenizer()

@@ -17,8 +17,11 @@ class RolloutWorker:
 
     def __init__(self, model_path: str, rollout_cfg, seed: int = 0):
         self.engine = VLLMEngine(model_path, rollout_cfg, seed=seed)
+        self.model_path = model_path
         self.n = rollout_cfg.n
+        self.max_new_tokens = rollout_cfg.max_new_tokens
         self.version = 0
+        self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
@@ -33,6 +36,19 @@ class RolloutWorker:
         return trajs, {"rollout/tokens": tokens, "rollout/generate_s": dt, "rollout/tokens_per_s": tokens / max(dt, 1e-9),
                        "rollout/prefill_tokens_requested": requested, "rollout/prefill_tokens_computed": requested - hits,
                        "rollout/prefix_cache_hits": hits}
+
+    def generate_multiturn(self, groups: list, env_cfg: dict, worker_id=0) -> tuple[list[Trajectory], dict[str, float]]:
+        """Multi-turn episodes for the groups routed to this worker (GroupRequest or {"group_id", "sample",
+        "n"} dicts), every turn on this engine with continuous batching; envs run in threads here.
+        env_cfg: the `env` config section as a dict. Returns trajectories (loss mask and turn rewards in
+        `extra`, see actors/rollout/multiturn_rollout.py) and `rollout/*`, `env/*` metrics."""
+        if self._multiturn is None:
+            from transformers import AutoTokenizer
+
+            from actors.rollout.multiturn_rollout import MultiTurnRollout
+
+            self._multiturn = MultiTurnRollout(self.engine, AutoTokenizer.from_pretrained(self.model_path))
+        return self._multiturn.run(groups, env_cfg, self.max_new_tokens, self.version, worker_id)
 
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""

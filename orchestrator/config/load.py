@@ -103,7 +103,8 @@ def validate(cfg) -> None:
                     "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay", "algo.adv_eps",
                     "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
                     "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens",
-                    "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port"]
+                    "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port",
+                    "memory.device_gib"]
     for key in non_negative:
         value = _get(cfg, key)
         if not (value >= 0 and math.isfinite(value)):  # also rejects NaN and inf
@@ -120,6 +121,8 @@ def validate(cfg) -> None:
     if cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens > cfg.rollout.max_model_len:
         raise ConfigError(f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) + rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}) exceed rollout.max_model_len ({cfg.rollout.max_model_len})")
+    _check_packing(cfg)
+    _check_lora_and_moe(cfg)
     if not 0 < cfg.weight_sync.delta.max_changed_fraction <= 1:
         raise ConfigError(f"weight_sync.delta.max_changed_fraction={cfg.weight_sync.delta.max_changed_fraction!r} "
                           "must be in (0, 1]")
@@ -139,11 +142,83 @@ def validate(cfg) -> None:
     if batch % cfg.trainer.mini_batches:
         raise ConfigError(f"trainer.mini_batches={cfg.trainer.mini_batches} must divide the global batch "
                           f"rollout.n * rollout.prompts_per_step = {batch}")
+    _check_data_parallel(cfg, batch // cfg.trainer.mini_batches)
     if not cfg.reward.functions:
         raise ConfigError("reward.functions is empty; give at least one {name, weight}")
     _check_reward_functions(cfg)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"trainer.betas={list(cfg.trainer.betas)} must have 2 values")
+    _check_env(cfg)
+
+
+def _check_env(cfg) -> None:
+    """env.* ranges and choices (orchestrator/rollout/env_config.py), rollout.block_size >= 0; with env.name
+    set, the environment must resolve now (a typo fails here, not after the actors start)."""
+    from orchestrator.rollout.env import resolve_env_factory
+    from orchestrator.rollout.env_config import validate_env_config
+
+    if not cfg.rollout.block_size >= 0:
+        raise ConfigError(f"rollout.block_size={cfg.rollout.block_size!r} must be >= 0 (0 = vLLM's default)")
+    try:
+        validate_env_config(cfg.env, cfg.rollout.max_model_len)
+        if cfg.env.name:
+            resolve_env_factory(cfg.env.name, "env.name")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.env.name and cfg.trainer.packing and cfg.env.max_tokens > cfg.trainer.micro_batch_tokens:
+        raise ConfigError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} is smaller than env.max_tokens="
+                          f"{cfg.env.max_tokens}, the longest multi-turn trajectory: a packed row holds whole sequences")
+
+
+def _check_packing(cfg) -> None:
+    """trainer.micro_batch_tokens >= 1; with trainer.packing, the longest sequence must fit one row."""
+    budget = cfg.trainer.micro_batch_tokens
+    if not budget >= 1:
+        raise ConfigError(f"trainer.micro_batch_tokens={budget!r} must be >= 1")
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    if cfg.trainer.packing and longest > budget:
+        raise ConfigError(f"trainer.micro_batch_tokens={budget} is smaller than the longest sequence, "
+                          f"data.max_prompt_tokens + rollout.max_new_tokens = {longest}: a packed row holds whole "
+                          "sequences; raise trainer.micro_batch_tokens or lower those")
+
+
+def _check_lora_and_moe(cfg) -> None:
+    """trainer.lora: rank >= 0 (0 = off), alpha > 0, 0 <= dropout < 1, non-empty target_modules of
+    non-empty names; trainer.router_aux_loss_coef >= 0. (Targets matching no module fail at trainer start.)"""
+    lo = cfg.trainer.lora
+    if not lo.rank >= 0:
+        raise ConfigError(f"trainer.lora.rank={lo.rank!r} must be >= 0 (0 = LoRA off)")
+    if not (lo.alpha > 0 and math.isfinite(lo.alpha)):
+        raise ConfigError(f"trainer.lora.alpha={lo.alpha!r} must be a finite number > 0")
+    if not 0 <= lo.dropout < 1:
+        raise ConfigError(f"trainer.lora.dropout={lo.dropout!r} must be in [0, 1)")
+    targets = list(lo.target_modules)
+    if not targets or not all(isinstance(t, str) and t.strip() for t in targets):
+        raise ConfigError(f"trainer.lora.target_modules={targets!r} must be a non-empty list of module names "
+                          "(e.g. [q_proj, v_proj])")
+    coef = cfg.trainer.router_aux_loss_coef
+    if not (coef >= 0 and math.isfinite(coef)):
+        raise ConfigError(f"trainer.router_aux_loss_coef={coef!r} must be a finite number >= 0")
+
+
+def _check_data_parallel(cfg, mini_batch: int) -> None:
+    """trainer.num_workers (D, FSDP2 ranks) >= 1; with D > 1 every mini-batch splits evenly over the ranks
+    (FSDP needs the same number of forward passes on each), and LoRA and packing are refused (neither
+    is implemented for sharded trainers: LoRA's merged export and packing's per-rank row counts)."""
+    d = cfg.trainer.num_workers
+    if not d >= 1:
+        raise ConfigError(f"trainer.num_workers={d!r} must be >= 1 (the number of FSDP2 trainer ranks)")
+    if d == 1:
+        return
+    if mini_batch % d:
+        raise ConfigError(f"trainer.num_workers={d} must divide the mini-batch rollout.prompts_per_step * rollout.n "
+                          f"/ trainer.mini_batches = {mini_batch}: every trainer rank takes an equal share")
+    if cfg.trainer.lora.rank > 0:
+        raise ConfigError(f"trainer.lora.rank={cfg.trainer.lora.rank} with trainer.num_workers={d}: LoRA is not "
+                          "supported on FSDP2-sharded trainers; use trainer.num_workers=1 or trainer.lora.rank=0")
+    if cfg.trainer.packing:
+        raise ConfigError(f"trainer.packing=true with trainer.num_workers={d}: packed micro-batch counts differ "
+                          "between ranks, which FSDP2 cannot run; use trainer.packing=false or trainer.num_workers=1")
 
 
 def _check_reward_functions(cfg) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from orchestrator.rollout.env_config import EnvConfig
+
 
 @dataclass
 class ModelConfig:
@@ -56,6 +58,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     kv_cache_space_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE
     max_model_len: int = 1024
+    # KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default (16 on
+    # GPU, 128 on CPU). Multi-turn rollouts on CPU want a smaller block (e.g. 32) so short turns hit.
+    block_size: int = 0
     seed: int = 0
 
 
@@ -235,6 +240,8 @@ class Config:
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # Multi-turn rollouts against an environment (orchestrator/rollout/env_config.py); env.name "" = off.
+    env: EnvConfig = field(default_factory=EnvConfig)
 
 
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -248,4 +255,5 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "weight_sync.strategy": ("nccl", "disk", "delta", "object_store", "auto"),
     "weight_sync.fabric.intra_node": ("nvlink", "pcie4", "pcie5", "loopback"),
     "weight_sync.fabric.inter_node": ("ib200", "ib400", "eth25", "eth100", "loopback"),
+    "env.render_mode": ("strict", "incremental"),
 }

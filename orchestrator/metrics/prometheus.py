@@ -72,6 +72,8 @@ METRICS = {
     "rl_orch_rollout_tokens_per_second": ("gauge", "Generated tokens per second, all rollout workers", ()),
     "rl_orch_trainer_tokens_per_second": ("gauge", "Trained tokens per second", ()),
     "rl_orch_rollout_tokens_total": ("counter", "Generated tokens", ()),
+    "rl_orch_role_busy_seconds": ("gauge", "Seconds of the last step a role was working", ("role",)),
+    "rl_orch_role_idle_ratio": ("gauge", "Fraction of the last step a role waited (pipeline bubble)", ("role",)),
     "rl_orch_rollout_prefill_tokens_total": ("counter", "Prompt tokens sent to vLLM (requested) and prefilled "
                                              "(computed: not found in the prefix cache)", ("kind",)),
     "rl_orch_rollout_response_length_tokens": ("gauge", "Mean response length of the step, tokens", ()),
@@ -221,6 +223,8 @@ class PrometheusExporter(_Exporter):
             self._observe_phase(key[len("timing/"):-len("_s")], x)
         elif key.startswith("memory/"):
             self._observe_memory(key[len("memory/"):], x)
+        elif key.startswith("roles/"):
+            self._observe_role(key[len("roles/"):], x)
 
     def _count(self, key: str, x: float) -> None:
         metric, labels = ROW_COUNTERS[key]
@@ -232,6 +236,11 @@ class PrometheusExporter(_Exporter):
             self._series("rl_orch_trainer_step_seconds").observe(seconds)
         else:
             self._series("rl_orch_phase_seconds", phase=phase).observe(seconds)
+
+    def _observe_role(self, name: str, x: float) -> None:
+        for suffix, metric in (("_busy_s", "rl_orch_role_busy_seconds"), ("_idle_frac", "rl_orch_role_idle_ratio")):
+            if name.endswith(suffix):
+                self._series(metric, role=name[: -len(suffix)]).set(x)
 
     def _observe_memory(self, name: str, x: float) -> None:
         for suffix, scale in BYTE_UNITS.items():

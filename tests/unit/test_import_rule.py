@@ -5,7 +5,8 @@ import sys
 import pytest
 
 PURE = ["orchestrator.algo", "orchestrator.config", "orchestrator.sync", "orchestrator.data",
-        "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint", "orchestrator.memory"]
+        "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint", "orchestrator.memory",
+        "orchestrator.sizing.sizer", "orchestrator.sizing.measurements", "orchestrator.size_cli"]
 
 
 @pytest.mark.parametrize("module", PURE)

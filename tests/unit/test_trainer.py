@@ -1,34 +1,24 @@
 """The Trainer on a tiny random Llama (plain torch, no Ray): updates, mini-batch ratios, checkpoints."""
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
 from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from actors.trainer import Trainer
+from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from orchestrator.sync import group_checksums
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True, initializer_range=0.3)
-    folder = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    return folder
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
 def _batch(n=8, seed=0):
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(3, 97) for _ in range(rng.randint(2, 6))] for _ in range(n)]
-    responses = [[rng.randrange(3, 97) for _ in range(rng.randint(1, 7))] for _ in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-4.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return random_batch(n, seed)
 
 
 def _trainer(tiny, **over):

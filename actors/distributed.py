@@ -1,0 +1,315 @@
+"""Data-parallel policy training over D ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+`trainer.num_workers = D > 1` starts D `ShardedTrainerActor`s in one torch.distributed group (gloo on
+CPU, NCCL on GPUs). Rank 0 is the leader: the controller and the weight-sync senders only talk to it,
+and it fans each call out to ranks 1..D-1 (`set_peers`), so the controller and the sync code are the
+same as with one trainer.
+
+- Process group: rank 0 picks `<node ip>:<free port>` and publishes it in Ray's internal KV under the
+  job's group name; every rank then joins `init_process_group` (timeout `timeout_s`).
+- Sharding: every decoder layer (the model's `_no_split_modules` classes) and then the root are
+  `fully_shard`ed over a 1-D device mesh; every rank seeds `trainer.seed` and loads the same HF folder,
+  so the initial weights are equal. Parameters become DTensors; AdamW state is sharded with them.
+- Training: each rank gets the whole global batch and trains on the samples `i % D == rank` of every
+  mini-batch (mini-batch sizes are divisible by D, `orchestrator.config.load.validate`), so every rank
+  runs the same number of forward/backward passes (FSDP's collectives need that). The loss normaliser
+  is computed over the whole mini-batch with `dp_size=D` (`orchestrator.algo.loss_normalizer`): FSDP's
+  reduce-scatter averages gradients over ranks, so each rank's loss is scaled by D and the update is the
+  un-split batch's. Gradient clipping uses the global norm (`clip_grad_norm_` over DTensors). Metric
+  sums are all-reduced, so every rank reports the global token-weighted means.
+- Weight sync: all ranks join a full-state-dict gather (`get_model_state_dict(full_state_dict=True,
+  cpu_offload=True)`); rank 0 gets the full tensors and returns them as the single trainer does.
+- Checkpoints: all ranks join a torch.distributed.checkpoint (DCP) save of model + optimizer into
+  `<ckpt>/sharded/` (one file per rank, reshardable to any D on load); rank 0 also writes the HF
+  `policy/` folder (engines restart from it) and `trainer_state.pt` (scheduler, step, RNG), all inside
+  the temporary folder that is renamed when complete (`Trainer.save_checkpoint`'s atomic scheme).
+  A checkpoint of a single trainer (no `sharded/`) loads too: the full weights and optimizer state are
+  sharded on load.
+
+Limits: a rank that raises (e.g. a non-finite loss on its shard only) leaves the other ranks waiting in
+a collective until the group's timeout (`run.phase_timeout_s`); the controller stops the run then.
+LoRA and sequence packing are refused with D > 1 (config validation). Each rank loads the full fp32
+model onto its device once before sharding it (fine up to ~7B on 80 GB GPUs; larger needs meta-device init).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import ray
+import ray.experimental.internal_kv as internal_kv
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM
+
+from actors.forward import batch_logprobs
+from actors.trainer import Trainer
+
+SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
+_FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_group(rank: int, world_size: int, group_name: str, timeout_s: float) -> str:
+    """Join torch's default process group as `rank` of `world_size`; returns the backend used.
+
+    Rank 0 publishes `<node ip>:<free port>` under `rl_orch_fsdp_<group_name>` in Ray's internal KV; the
+    other ranks wait for it up to `timeout_s` seconds. Backend: "nccl" with CUDA, else "gloo".
+    Raises TimeoutError when rank 0's address does not appear in time; torch raises when a rank does
+    not join within `timeout_s`.
+    """
+    key = f"rl_orch_fsdp_{group_name}"
+    if rank == 0:
+        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        internal_kv._internal_kv_put(key, address, overwrite=True)
+    else:
+        deadline = time.monotonic() + timeout_s
+        while (value := internal_kv._internal_kv_get(key)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trainer rank {rank}: rank 0 did not publish its address ({key}) in {timeout_s:g}s")
+            time.sleep(0.05)
+        address = value.decode()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return backend
+
+
+def shard_model(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
+    """`fully_shard` every decoder layer (classes named in the HF model's `_no_split_modules`), then the
+    root, over a 1-D mesh of `world_size` ranks on the model's device type. Modifies `model` in place
+    (its parameters become sharded DTensors) and returns it. Needs an initialised process group."""
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (world_size,))
+    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)  # the rest (embeddings, final norm, a tied or untied head) in one unit
+    return model
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: the full, unsharded state dict (HF names, CPU tensors) on rank 0, {} on other ranks.
+    Every rank of the group must call it at the same time."""
+    return get_model_state_dict(model, options=_FULL_CPU)
+
+
+def save_sharded(model, optimizer, folder: Path) -> None:
+    """Collective: DCP save of model + optimizer (sharded) into `folder` (one file per rank + metadata)."""
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=str(folder))
+
+
+def load_sharded(model, optimizer, folder: Path) -> None:
+    """Collective: DCP load of `save_sharded`'s files into the current sharding (any D; DCP reshards).
+    Without a process group (a single trainer, `Trainer.load_checkpoint`) it loads in this process."""
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": intended for a single trainer
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def load_unsharded(model, optimizer, folder: Path) -> None:
+    """Collective: load a single trainer's checkpoint (`policy/` + `trainer_state.pt`'s optimizer state,
+    keyed by parameter index) into the sharded model and optimizer."""
+    src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
+    set_model_state_dict(model, src, options=StateDictOptions(full_state_dict=True, strict=False))
+    plain = torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"]
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's parameter order
+    by_name = {"state": {names[i]: s for i, s in plain["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+class ShardedTrainer(Trainer):
+    """One rank of a D-rank FSDP2 trainer; rank 0 (the leader) fans calls out to its peers.
+
+    Extra constructor arguments: `rank`, `world_size` (D >= 2), `group_name` (unique per job: the
+    rendezvous key) and `timeout_s` (process-group and peer-call timeout, seconds).
+    """
+
+    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: float, max_new_tokens: int,
+                 pad_id: int = 0, *, rank: int, world_size: int, group_name: str, timeout_s: float):
+        if world_size < 2 or not 0 <= rank < world_size:
+            raise ValueError(f"ShardedTrainer: rank {rank} of world_size {world_size} (needs world_size >= 2)")
+        self.rank, self.dp_size, self.timeout_s = rank, world_size, timeout_s
+        self._group_name = group_name
+        self.peers: list = []
+        super().__init__(model_path, trainer_cfg, algo_cfg, temperature, max_new_tokens, pad_id)
+
+    # ---- Trainer hooks ----------------------------------------------------------------------
+    def _prepare_model(self, model):
+        init_group(self.rank, self.dp_size, self._group_name, self.timeout_s)
+        if self.rank == 0:  # every rank has joined: the rendezvous key is no longer needed
+            internal_kv._internal_kv_del(f"rl_orch_fsdp_{self._group_name}")
+        return shard_model(model, self.dp_size)
+
+    def _mine(self, indices) -> list[int]:
+        return [i for i in indices if i % self.dp_size == self.rank]
+
+    def _old_logprobs(self, batch) -> list:
+        mine = self._mine(range(len(batch["prompt_ids"])))
+        lps = batch_logprobs(self.model, [batch["prompt_ids"][i] for i in mine],
+                             [batch["response_ids"][i] for i in mine], self.temperature,
+                             self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
+        out: list = [None] * len(batch["prompt_ids"])  # other ranks' samples: never read on this rank
+        for i, lp in zip(mine, lps):
+            out[i] = lp
+        return out
+
+    def _local_shard(self, idx, old_lp):
+        keep = [j for j, i in enumerate(idx) if i % self.dp_size == self.rank]
+        return [idx[j] for j in keep], ([old_lp[j] for j in keep] if old_lp is not None else None)
+
+    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        keys = sorted(sums)
+        device = next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
+        t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        out = dict(zip(keys, t.tolist()))
+        out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
+        return out
+
+    def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
+        # merge=False only sizes the tensors: the sharded DTensors report their global shapes
+        return full_state_dict(self.model) if merge else self.model.state_dict()
+
+    # ---- the leader's entry points (rank 0; the controller and the senders call these) ----------
+    def set_peers(self, peers: list) -> None:
+        """Rank 0 only: the actor handles of ranks 1..D-1, in rank order."""
+        if self.rank != 0 or len(peers) != self.dp_size - 1:
+            raise ValueError(f"set_peers: rank {self.rank} got {len(peers)} peers; "
+                             f"rank 0 takes D-1 = {self.dp_size - 1}")
+        self.peers = list(peers)
+
+    def _fan_out(self, method: str, *args) -> list:
+        if self.rank != 0:
+            raise RuntimeError(f"trainer rank {self.rank}: only rank 0 takes calls from the controller")
+        if len(self.peers) != self.dp_size - 1:
+            raise RuntimeError("ShardedTrainer: rank 0 has no peers yet (orchestrator.job calls set_peers)")
+        return [getattr(p, method).remote(*args) for p in self.peers]
+
+    def _collect(self, refs: list) -> list:
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"a trainer rank did not finish within {self.timeout_s:g}s") from None
+
+    def train_step(self, batch: dict) -> dict[str, float]:
+        """`Trainer.train_step` on all D ranks, each on its shard; returns the global metrics (rank 0's
+        copy of the all-reduced sums, plus rank 0's `timing/train_s`)."""
+        refs = self._fan_out("train_step_local", ray.put(batch))
+        out = Trainer.train_step(self, batch)
+        self._collect(refs)
+        return out
+
+    def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """Response-token logprobs [B][len(response_i)]: every rank runs the same forwards (FSDP
+        gathers each layer from all ranks), rank 0 returns its result."""
+        refs = self._fan_out("logprobs_local", prompt_ids, response_ids)
+        out = Trainer.logprobs(self, prompt_ids, response_ids)
+        self._collect(refs)
+        return out
+
+    def weights_for_sync(self, dtype: str, device: str = "cpu"):
+        """As `Trainer.weights_for_sync`, from the full state dict gathered from all ranks."""
+        refs = self._fan_out("join_full_state")
+        out = Trainer.weights_for_sync(self, dtype, device)
+        self._collect(refs)
+        return out
+
+    def save_checkpoint(self, folder: str, extra: dict) -> str:
+        """Write `sharded/` (DCP: model + optimizer, every rank), `policy/` (HF folder), `trainer_state.pt`
+        (scheduler, step, RNG, world size) and `state.json` into a temporary folder, renamed when
+        complete (a crash never leaves a half checkpoint). Returns the folder."""
+        final = Path(folder)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+        try:
+            refs = self._fan_out("join_save", str(tmp))
+            self.join_save(str(tmp))
+            self._collect(refs)
+            torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": torch.get_rng_state(),
+                        "world_size": self.dp_size}, tmp / "trainer_state.pt")
+            (tmp / "state.json").write_text(json.dumps(extra, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(final)
+
+    def load_checkpoint(self, folder: str) -> dict:
+        """Restore weights, optimizer, scheduler, step and RNG on every rank from a sharded checkpoint
+        (any D) or a single trainer's; returns the checkpoint's extra state (`state.json`)."""
+        refs = self._fan_out("join_load", folder)
+        self.join_load(folder)
+        self._collect(refs)
+        return json.loads((Path(folder) / "state.json").read_text())
+
+    def optimizer_state(self) -> dict:
+        """The full AdamW state {"state": {param name: {step, exp_avg, exp_avg_sq}}, "param_groups"}
+        gathered from all ranks (CPU tensors), for checks and tools."""
+        refs = self._fan_out("join_optimizer_state")
+        out = self.join_optimizer_state()
+        self._collect(refs)
+        return out
+
+    # ---- what every rank runs (rank 0 directly, the peers through the calls above) ------------
+    def train_step_local(self, batch: dict) -> dict[str, float]:
+        return Trainer.train_step(self, batch)
+
+    def logprobs_local(self, prompt_ids, response_ids) -> list[list[float]]:
+        return Trainer.logprobs(self, prompt_ids, response_ids)
+
+    def join_full_state(self) -> None:
+        full_state_dict(self.model)
+
+    def join_optimizer_state(self) -> dict:
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_FULL_CPU)
+
+    def join_save(self, tmp: str) -> None:
+        save_sharded(self.model, self.optimizer, Path(tmp) / SHARDED_DIR)
+        full = full_state_dict(self.model)
+        if self.rank == 0:
+            self.model.save_pretrained(Path(tmp) / "policy", state_dict=full, safe_serialization=True)
+
+    def join_load(self, folder: str) -> None:
+        folder = Path(folder)
+        if (folder / SHARDED_DIR).is_dir():
+            load_sharded(self.model, self.optimizer, folder / SHARDED_DIR)
+        else:
+            load_unsharded(self.model, self.optimizer, folder)
+        state = torch.load(folder / "trainer_state.pt", weights_only=False)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        torch.set_rng_state(state["rng"])
+
+
+@ray.remote
+class ShardedTrainerActor(ShardedTrainer):
+    """Ray actor over `ShardedTrainer`; call `weights_for_sync` with num_returns=2 (tensors, metadata)."""
+
+    def ready(self) -> bool:
+        return True

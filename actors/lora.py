@@ -1,0 +1,126 @@
+"""LoRA for the policy trainer through peft: wrap the model, export merged weights, checkpoint adapters.
+
+With `trainer.lora.rank > 0` the trainer's model gets peft LoRA layers injected (in place: the model
+object stays the transformers class, so `actors/forward.py`'s fast path and every `self.model` use keep
+working); only the adapter matrices require gradients. Weight sync and the checkpoint's `policy/` folder
+get *merged* weights ``W + (alpha / rank) * B @ A`` (peft's `get_delta_weight`) under the base model's
+HF names, computed without touching the live parameters, so the existing senders, checksums and vLLM
+engines see a normal dense model. The adapter itself (peft format) goes to `policy_adapter/` next to
+`policy/`; a resume restores it there and leaves the base weights (= `model.path`) untouched.
+
+    peft_model = apply_lora(model, cfg.trainer.lora)        # None when rank == 0
+    named = merged_state_dict(model)                         # {HF name: tensor}, lora_* entries folded in
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import load_file
+
+ADAPTER_DIR = "policy_adapter"  # next to a checkpoint's `policy/` (merged weights, loadable by vLLM)
+_ADAPTER = "default"  # peft's adapter name
+
+
+def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """Each target must name a module (peft's rule: the full name, or a suffix after a dot)."""
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"trainer.lora.target_modules: {missing} match no module of {type(model).__name__}; "
+                         f"its linear layers are named {linear}")
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    io = (model.get_input_embeddings(), model.get_output_embeddings())
+    emb = {n for n, m in model.named_modules() if any(m is e for e in io)}
+    clash = [t for t in targets if any(n == t or n.endswith("." + t) for n in emb)]
+    if tied and clash:
+        raise ValueError(f"trainer.lora.target_modules: {clash} adapt the tied embedding / lm_head of "
+                         f"{type(model).__name__}; the merged weights could no longer be tied, remove them")
+
+
+def apply_lora(model: torch.nn.Module, lora_cfg) -> Optional[torch.nn.Module]:
+    """Inject LoRA layers into `model` in place per `lora_cfg` (rank, alpha, dropout, target_modules).
+
+    Returns the peft `PeftModel` wrapper (for adapter save/load) or None when `lora_cfg.rank == 0`.
+    Afterwards only the `lora_A` / `lora_B` weights of `model` require gradients.
+    Raises ValueError naming `trainer.lora.target_modules` when a target matches no module of the
+    model, or when one adapts a tied embedding / lm_head.
+    """
+    if lora_cfg.rank == 0:
+        return None
+    targets = list(lora_cfg.target_modules)
+    _check_targets(model, targets)
+    config = PeftLoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha),
+                            lora_dropout=float(lora_cfg.dropout), target_modules=targets, bias="none")
+    return get_peft_model(model, config)
+
+
+def _lora_layers(model: torch.nn.Module) -> dict[str, LoraLayer]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+@torch.no_grad()
+def merged_state_dict(model: torch.nn.Module, merge: bool = True) -> dict[str, torch.Tensor]:
+    """The model's state dict as the plain (un-wrapped) HF model would have it, LoRA folded in.
+
+    model: the transformers model with peft LoRA layers injected (`apply_lora`'s argument).
+    Returns {HF name: tensor}: `<layer>.weight = base_layer.weight + get_delta_weight()` (new tensors)
+    for every LoRA layer; every other entry aliases the live parameter or buffer (detached); `lora_*`
+    entries are left out and `.base_layer.` is dropped from names. The model is not modified.
+    Raises ValueError for a LoRA layer with a bias adapter or a variant (DoRA, ...) that has no plain
+    `W + delta` merge. `merge=False` returns the base weights under the same names (for sizes).
+    """
+    merged: dict[str, torch.Tensor] = {}
+    for name, layer in (_lora_layers(model) if merge else {}).items():
+        if _ADAPTER in getattr(layer, "lora_variant", {}) or layer.lora_bias.get(_ADAPTER, False):
+            raise ValueError(f"LoRA layer {name}: only plain LoRA (no DoRA / bias adapters) can be merged")
+        base = layer.get_base_layer().weight
+        merged[f"{name}.weight"] = base.detach() + layer.get_delta_weight(_ADAPTER).to(base.dtype)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        if ".lora_" in key:
+            continue
+        hf = key.replace(".base_layer.", ".")
+        out[hf] = merged.get(hf, value.detach())
+    return out
+
+
+def save_adapter(peft_model, folder: Path) -> None:
+    """Write the adapter (peft format: adapter_config.json + adapter_model.safetensors) to `folder`."""
+    peft_model.save_pretrained(str(folder), safe_serialization=True)
+
+
+def save_merged(model: torch.nn.Module, folder: Path) -> None:
+    """Write the merged weights as a full HF folder (what vLLM and `from_pretrained` load)."""
+    model.save_pretrained(str(folder), state_dict=merged_state_dict(model), safe_serialization=True)
+
+
+def check_no_adapter(checkpoint: Path) -> None:
+    """Raise ValueError when a checkpoint written with LoRA is resumed by a full fine-tuning trainer."""
+    if (Path(checkpoint) / ADAPTER_DIR).exists():
+        raise ValueError(f"checkpoint {checkpoint} was written with LoRA ({ADAPTER_DIR}/ present): resume it "
+                         "with the same trainer.lora settings, or start a full fine-tune from its policy/ folder")
+
+
+def load_adapter(peft_model, folder: Path) -> None:
+    """Restore the adapter weights saved by `save_adapter` into `peft_model` (base weights untouched).
+
+    Raises FileNotFoundError when `folder` has no adapter (the checkpoint was written without LoRA) and
+    ValueError when the saved adapter's tensors do not match this model's (another rank or targets).
+    """
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint was not written with trainer.lora.rank > 0")
+    saved = load_file(str(path))
+    current = get_peft_model_state_dict(peft_model)
+    if set(saved) != set(current) or any(saved[k].shape != current[k].shape for k in saved):
+        raise ValueError(f"{path}: the adapter does not match trainer.lora (rank / target_modules differ "
+                         "from the run that wrote it)")
+    result = set_peft_model_state_dict(peft_model, saved)
+    if getattr(result, "unexpected_keys", None):
+        raise ValueError(f"{path}: unexpected adapter tensors {result.unexpected_keys[:5]}")

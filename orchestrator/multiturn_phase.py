@@ -1,0 +1,136 @@
+"""The controller's generate and reward phases for multi-turn rollouts (`env.name` set).
+
+    phase = MultiTurnPhase(cfg)                       # resolves env.name: a bad name fails before actors
+    trajs = phase.generate(workers, requests, version, row, get)
+    rewards = phase.score(trajs, row)
+
+generate: every group (one dataset row, `rollout.n` samples) is placed on a rollout worker by
+`StickyRouter` (consistent hashing on the group id with a load cap, orchestrator/rollout/router.py);
+each worker runs all samples and turns of its groups on its own engine (`generate_multiturn`:
+continuous batching, prefix caching, environments in threads next to the engine). The episode's
+sample is ``{"prompt", "answer", "seed": group_id}`` from the step's dataset row.
+
+score: the environment's rewards: a trajectory's reward is the sum of its turn rewards
+(``extra["reward"]``); the RewardActor's functions are not called. Advantages stay per trajectory.
+
+Metrics (into the step's row): rollout/turns_mean, rollout/turns_max, rollout/truncated_frac,
+rollout/trajectories, env/step_s (mean seconds inside env.step), env/errors, env/timeouts,
+env/reset_failures, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hit_rate,
+rollout/tokens, rollout/tokens_per_s, rollout/worker<k>_tokens_per_s, rollout/response_len_mean
+(sampled + observation ids), rollout/sampled_len_mean, router/groups_per_worker_max, reward/mean,
+reward/std, reward/max, reward/min.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+from omegaconf import OmegaConf
+
+from orchestrator.rollout.env import resolve_env_factory
+from orchestrator.rollout.router import StickyRouter
+from orchestrator.rollout.types import PromptRequest, Trajectory
+from orchestrator.sync import WeightMismatchError
+
+
+class MultiTurnPhase:
+    """Routes groups to rollout workers and collects environment rewards (see the module docstring).
+
+    Raises ValueError (naming env.name) when the environment cannot be resolved.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        _check_kwargs(resolve_env_factory(cfg.env.name, "env.name"), cfg.env)
+        env = OmegaConf.to_container(cfg.env, resolve=True) if OmegaConf.is_config(cfg.env) else dict(vars(cfg.env))
+        self.env_cfg: dict = dict(env)
+        self.router = StickyRouter(cfg.rollout.num_workers)
+
+    def route(self, requests: list[PromptRequest]) -> dict[int, list[dict]]:
+        """{worker index: [group dicts]}; every group's n samples (and all their turns) on one worker."""
+        shards: dict[int, list[dict]] = {}
+        for r in requests:
+            w = self.router.assign(r.group_id)
+            sample = {"prompt": r.prompt, "answer": r.answer, "seed": r.group_id}
+            shards.setdefault(w, []).append({"group_id": r.group_id, "sample": sample, "n": self.cfg.rollout.n})
+        return shards
+
+    def generate(self, workers: list, requests: list[PromptRequest], version: int, row: dict,
+                 get: Callable) -> list[Trajectory]:
+        """Run the step's groups on their workers; returns trajectories (group order as returned).
+
+        Raises WeightMismatchError for a trajectory sampled with another weight version, RuntimeError
+        when no trajectory came back (every environment reset failed).
+        """
+        shards = self.route(requests)
+        try:
+            order = sorted(shards)
+            results = get([workers[w].generate_multiturn.remote(shards[w], self.env_cfg, w) for w in order])
+        finally:
+            for r in requests:
+                self.router.release(r.group_id)
+        trajs = [t for ts, _ in results for t in ts]
+        if not trajs:
+            raise RuntimeError(f"multi-turn rollout returned no trajectory: every reset of env.name="
+                               f"{self.cfg.env.name!r} failed (see env/reset_failures and the worker logs)")
+        stale = [t.weight_version for t in trajs if t.weight_version != version]
+        if stale:
+            raise WeightMismatchError(f"rollout returned samples of weight version {stale[0]}, expected {version}")
+        row.update(_rollout_metrics(trajs, [(w, m) for w, (_, m) in zip(order, results)], len(workers)))
+        row["router/groups_per_worker_max"] = float(max(len(s) for s in shards.values()))
+        return trajs
+
+    def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+        """Per-trajectory rewards from the environment (sum of turn rewards), and reward/* metrics."""
+        rewards = [float(t.extra["reward"]) for t in trajs]
+        r = torch.tensor(rewards, dtype=torch.float64)
+        row.update({"reward/mean": float(r.mean()), "reward/std": float(r.std()) if len(rewards) > 1 else 0.0,
+                    "reward/max": float(r.max()), "reward/min": float(r.min())})
+        return rewards
+
+
+def _check_kwargs(factory, env_cfg) -> None:
+    """The env's constructor must accept env.kwargs (checked on its signature, nothing is built).
+    Raises ValueError naming env.kwargs and env.name."""
+    kwargs = dict(env_cfg.kwargs or {})
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no introspectable signature (some C types): checked at the first reset
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"env.kwargs={kwargs} do not fit env.name={env_cfg.name!r}{signature}: {e}") from None
+
+
+def _rollout_metrics(trajs: list[Trajectory], results: list[tuple[int, dict]], num_workers: int) -> dict:
+    """Aggregate the workers' metrics: sums of counts, trajectory-weighted means of per-trajectory means."""
+    n = len(trajs)
+    weights = [m["rollout/trajectories"] for _, m in results]
+    requested = sum(m["rollout/prefill_tokens_requested"] for _, m in results)
+    computed = sum(m["rollout/prefill_tokens_computed"] for _, m in results)
+    steps = [(m["env/step_s_mean"], m["rollout/turns_mean"] * w) for (_, m), w in zip(results, weights)]
+    out = {
+        "rollout/trajectories": float(n),
+        "rollout/turns_mean": sum(t.extra["num_turns"] for t in trajs) / n,
+        "rollout/turns_max": float(max(t.extra["num_turns"] for t in trajs)),
+        "rollout/truncated_frac": sum(bool(t.extra["truncated"]) for t in trajs) / n,
+        "rollout/response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
+        "rollout/sampled_len_mean": sum(sum(t.extra["loss_mask"]) for t in trajs) / n,
+        "rollout/tokens": sum(m["rollout/tokens"] for _, m in results),
+        "rollout/tokens_per_s": sum(m["rollout/tokens_per_s"] for _, m in results),
+        "rollout/prefill_tokens_requested": requested,
+        "rollout/prefill_tokens_computed": computed,
+        "rollout/prefix_cache_hit_rate": (requested - computed) / requested if requested else 0.0,
+        "rollout/in_flight_max": max(m["rollout/in_flight_max"] for _, m in results),
+        # env/step_s: mean seconds of one env.step, weighted by the steps (about turns) each worker ran
+        "env/step_s": sum(s * k for s, k in steps) / max(sum(k for _, k in steps), 1e-9),
+        "env/errors": sum(m["env/errors"] for _, m in results),
+        "env/timeouts": sum(m["env/timeouts"] for _, m in results),
+        "env/reset_failures": sum(m["env/reset_failures"] for _, m in results),
+        "rollout/worker_generate_s_mean": sum(m["rollout/generate_s"] for _, m in results) / len(results),
+    }
+    for k in range(num_workers):  # per-worker throughput: imbalance shows up here (0 for an idle worker)
+        out[f"rollout/worker{k}_tokens_per_s"] = next((m["rollout/tokens_per_s"] for w, m in results if w == k), 0.0)
+    return out

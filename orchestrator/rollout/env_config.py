@@ -1,0 +1,57 @@
+"""`EnvConfig`: the `env` section of a run configuration (multi-turn rollouts), and its validation.
+
+To be hooked into orchestrator/config/schema.py as ``env: EnvConfig = field(default_factory=EnvConfig)``
+on `Config`, and `validate_env_config(cfg.env)` called from orchestrator/config/load.py `validate`
+(its errors already name the ``env.`` key paths).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RENDER_MODES = ("strict", "incremental")
+
+
+@dataclass
+class EnvConfig:
+    # "" = single-turn rollouts (no environment). Else a built-in environment ("calculator",
+    # "guessing") or a dotted path "pkg.module:Class" to a class with reset(sample) and step(action).
+    name: str = ""
+    # Keyword arguments for the environment's constructor, e.g. {max_turns: 8, high: 100}.
+    kwargs: dict = field(default_factory=dict)
+    # Environment calls that may run at once (threads next to the rollout loop).
+    num_workers: int = 4
+    # Seconds one env reset/step may take; longer ends that episode as an env error (counted).
+    step_timeout_s: float = 10.0
+    # Policy turns per trajectory; a trajectory still going after this many is marked truncated.
+    max_turns: int = 4
+    # Total tokens per trajectory (prompt + every sampled and observation token); reaching it
+    # truncates the trajectory. Must fit rollout.max_model_len.
+    max_tokens: int = 1024
+    # How observation tokens are rendered with the chat template: "strict" re-renders the whole
+    # history each turn and raises ChatTemplatePrefixError if the template rewrites past turns (e.g.
+    # strips past <think> reasoning); "incremental" renders only the new messages after a fixed
+    # dummy history (never checks the past).
+    render_mode: str = "strict"
+
+
+def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> None:
+    """Check ranges and choices of `env`; raise ValueError naming the key path (``env.<key>``).
+
+    With `max_model_len` (rollout.max_model_len), also requires env.max_tokens <= max_model_len.
+    The environment name itself is resolved (imported) by `env.resolve_env_factory` at start-up.
+    """
+    if env.num_workers < 1:
+        raise ValueError(f"env.num_workers={env.num_workers}: need >= 1")
+    if not env.step_timeout_s > 0:
+        raise ValueError(f"env.step_timeout_s={env.step_timeout_s}: need > 0 seconds")
+    if env.max_turns < 1:
+        raise ValueError(f"env.max_turns={env.max_turns}: need >= 1")
+    if env.max_tokens < 2:
+        raise ValueError(f"env.max_tokens={env.max_tokens}: need >= 2")
+    if max_model_len is not None and env.max_tokens > max_model_len:
+        raise ValueError(f"env.max_tokens={env.max_tokens} > rollout.max_model_len={max_model_len}: "
+                         "a trajectory must fit the engine's context")
+    if env.render_mode not in RENDER_MODES:
+        raise ValueError(f"env.render_mode={env.render_mode!r}: allowed values are {list(RENDER_MODES)}")
+    if not isinstance(env.kwargs, dict) and not hasattr(env.kwargs, "keys"):
+        raise ValueError(f"env.kwargs must be a mapping, got {type(env.kwargs).__name__}")

@@ -1,0 +1,1 @@
+"""Built-in environments with verifiable rewards: `calculator` (tool use) and `guessing` (multi-turn)."""

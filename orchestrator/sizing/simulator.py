@@ -1,0 +1,207 @@
+"""Pipeline simulator: the steady-state step time of a placement mode from the phase costs of one step.
+
+Pure Python. Each step k is a small graph of phases; every phase occupies one or more resources:
+
+    generate_k  (rollout)           reward_k (cpu)     reference_k (reference, or trainer when shared)
+    train_k     (trainer)           weight sync_k (trainer AND rollout: the engines load while not
+    checkpoint_k (trainer)          generating)
+
+Data dependencies: reward_k and reference_k need generate_k; train_k needs reward_k and reference_k;
+sync_k needs train_k; checkpoint_k needs sync_k. Modes:
+
+- "colocated": one resource "gpus" holds trainer, reference and rollout, time-sliced:
+  generate, switch (engines sleep, trainer wakes), reference, train, sync, switch (back). Reward runs
+  on the CPU and may overlap the switch and the reference. generate_{k+1} needs sync_k.
+- "disaggregated": separate rollout and trainer GPUs, synchronous: generate_{k+1} needs sync_k.
+- "async" (one step off-policy for staleness 1): generate_k needs sync_{k-1-s} only (s = staleness),
+  so the rollouts of step k+1 overlap the training of step k; the samples of step k come from weights
+  at most s versions old. On the rollout GPUs sync_m runs between generate_{m+s} and generate_{m+s+1}.
+
+Each resource runs its phases one at a time in a fixed order (program order of the controller). The
+simulation is event-driven over that order: a phase starts at the event that makes it runnable (its
+last dependency finishing, or the previous phase on each of its resources finishing), i.e. at the
+longest path to it through the graph of dependency and resource-order edges. The step time is the
+steady-state period: (end of sync_K - end of sync_{K-M}) / M over the last M of K simulated steps
+(the schedule of such max-plus systems becomes periodic after a few steps; Baccelli et al. 1992,
+"Synchronization and Linearity", ch. 3). Busy fractions are measured over the same window.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES: tuple[str, ...] = ("colocated", "disaggregated", "async")
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of each phase of one step at one placement (>= 0 each).
+
+    reference_s: 0 when the run has no reference model. switch_s: colocated only, wake/sleep per step
+    (half after generate, half after the sync). checkpoint_s: amortised per step.
+    """
+
+    generate_s: float
+    train_s: float
+    sync_s: float = 0.0
+    reward_s: float = 0.0
+    reference_s: float = 0.0
+    checkpoint_s: float = 0.0
+    switch_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+                raise ValueError(f"StepCosts.{name}: must be a finite number >= 0 (got {value!r})")
+
+
+@dataclass
+class Phase:
+    """One simulated phase: name like 'generate_3', step k, resources held, start/end seconds."""
+
+    name: str
+    step: int
+    duration: float
+    resources: tuple[str, ...]
+    deps: list[str] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    weight_version: int = -1  # generate only: the newest synced version when it started
+
+
+@dataclass
+class SimResult:
+    """step_s: steady-state seconds per step. busy: resource -> fraction of the window it was busy.
+    phases: the whole simulated schedule. max_staleness: the largest (k - 1 - weight version) over
+    generate_k (0 = on-policy)."""
+
+    mode: str
+    step_s: float
+    busy: dict[str, float]
+    phases: list[Phase]
+    max_staleness: int
+    window: tuple[float, float] = (0.0, 0.0)
+
+    def phase_share(self, kind: str) -> float:
+        """Fraction of the measured window spent in phases of `kind` ('generate', 'train', 'sync', ...)."""
+        t0, t1 = self.window
+        total = sum(max(0.0, min(p.end, t1) - max(p.start, t0)) for p in self.phases
+                    if p.name.rsplit("_", 1)[0] == kind)
+        return total / (t1 - t0) if t1 > t0 else 0.0
+
+
+def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None) -> list[Phase]:
+    """The phases in an order that is both topological and each resource's run order.
+
+    Synchronous modes, per step k: generate, [switch], reward, [reference], train, sync, [switch],
+    checkpoint. Async with staleness s >= 1, per iteration j: generate_j, reward_j, reference_j (own
+    GPUs), then sync_{j-s} and checkpoint_{j-s} (the rollout GPUs run sync_m after generate_{m+s}), then
+    train_{j-s+1} (with its reference first when that runs on the trainer). Generation runs s steps past
+    the last trained step so that every sync_m has its generate_{m+s} before it."""
+    gpu = "gpus" if mode == "colocated" else None
+    roll, train = gpu or "rollout", gpu or "trainer"
+    ref_on = gpu or ref_res
+    out: list[Phase] = []
+
+    def add(name, k, dur, res, deps):
+        out.append(Phase(f"{name}_{k}", k, dur, res, deps))
+
+    def generate(k, deps):
+        add("generate", k, c.generate_s, (roll,), deps)
+        add("reward", k, c.reward_s, ("cpu",), [f"generate_{k}"])
+        if ref_res == "reference" and mode != "colocated":
+            add("reference", k, c.reference_s, ("reference",), [f"generate_{k}"])
+
+    def train_phase(k, after):
+        deps = [f"reward_{k}", after]
+        if ref_on is not None:
+            if not (ref_res == "reference" and mode != "colocated"):
+                add("reference", k, c.reference_s, (ref_on,), [after])
+            deps.append(f"reference_{k}")
+        add("train", k, c.train_s, (train,), deps)
+
+    def sync(k, deps):
+        add("sync", k, c.sync_s, tuple(dict.fromkeys((train, roll))), [f"train_{k}", *deps])
+        if mode == "colocated":
+            add("switch_b", k, c.switch_s / 2, (gpu,), [f"sync_{k}"])
+        add("checkpoint", k, c.checkpoint_s, (train,), [f"sync_{k}"])
+
+    if s == 0:
+        for k in range(1, steps + 1):
+            generate(k, [])
+            after = f"generate_{k}"
+            if mode == "colocated":
+                add("switch_a", k, c.switch_s / 2, (gpu,), [after])
+                after = f"switch_a_{k}"
+            train_phase(k, after)
+            sync(k, [])
+        return out
+    for j in range(1, steps + s + 1):
+        generate(j, [f"sync_{j - 1 - s}"] if j - 1 - s >= 1 else [])
+        if 1 <= j - s <= steps:
+            sync(j - s, [f"generate_{j}"])
+        if 1 <= j - s + 1 <= steps:
+            train_phase(j - s + 1, f"generate_{j - s + 1}")
+    return out
+
+
+def build_schedule(mode: str, costs: StepCosts, steps: int, staleness: int = 1,
+                   reference: str | None = None) -> list[Phase]:
+    """The phases of `steps` steps, timed: each starts at max(end of its dependencies, the time each of
+    its resources is free), in the order `_emit` gives (each resource's run order).
+
+    reference: None (no reference model), "own" (its own GPUs) or "trainer" (on the trainer's GPUs).
+    Raises ValueError for an unknown mode or reference placement, steps < 1 or staleness < 0.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)} (got {mode!r})")
+    if reference not in (None, "own", "trainer"):
+        raise ValueError(f"reference: expected None, 'own' or 'trainer' (got {reference!r})")
+    if steps < 1 or staleness < 0:
+        raise ValueError(f"steps must be >= 1 and staleness >= 0 (got {steps}, {staleness})")
+    s = staleness if mode == "async" else 0
+    ref_res = None if reference is None else ("reference" if reference == "own" else "trainer")
+    phases = _emit(mode, costs, steps, s, ref_res)
+    end: dict[str, float] = {}
+    free: dict[str, float] = {}
+    for p in phases:
+        p.start = max([end[d] for d in p.deps if d in end] + [free.get(r, 0.0) for r in p.resources])
+        p.end = end[p.name] = p.start + p.duration
+        for r in p.resources:
+            free[r] = p.end
+    return phases
+
+
+def _weight_versions(phases: list[Phase]) -> int:
+    """Set each generate's weight version (newest sync ended by its start); return the largest
+    staleness k - 1 - version over generate_k."""
+    syncs = sorted((p.end, p.step) for p in phases if p.name.startswith("sync_"))
+    worst = 0
+    for p in phases:
+        if p.name.startswith("generate_"):
+            p.weight_version = max((v for end, v in syncs if end <= p.start + 1e-9), default=0)
+            worst = max(worst, p.step - 1 - p.weight_version)
+    return worst
+
+
+def simulate(mode: str, costs: StepCosts, staleness: int = 1, reference: str | None = None,
+             steps: int | None = None) -> SimResult:
+    """Simulate `steps` steps (default 8 + 4 * staleness) and return the steady-state period, the busy
+    fraction of every resource over the last half of the steps, and the schedule.
+
+    See `build_schedule` for the arguments and errors."""
+    s = staleness if mode == "async" else 0
+    steps = steps or 8 + 4 * s
+    phases = build_schedule(mode, costs, steps, staleness, reference)
+    last = "switch_b_" if mode == "colocated" else "sync_"
+    ends = {p.step: p.end for p in phases if p.name.startswith(last)}
+    m = max(1, steps // 2)
+    t0, t1 = ends.get(steps - m, 0.0), ends[steps]
+    period = (t1 - t0) / m
+    busy: dict[str, float] = {}
+    for p in phases:
+        overlap = max(0.0, min(p.end, t1) - max(p.start, t0))
+        for r in p.resources:
+            busy[r] = busy.get(r, 0.0) + overlap
+    window = t1 - t0
+    busy = {r: (v / window if window > 0 else 0.0) for r, v in busy.items()}
+    return SimResult(mode, period, busy, phases, _weight_versions(phases), (t0, t1))

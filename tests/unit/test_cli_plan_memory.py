@@ -1,0 +1,77 @@
+"""`rl-orch plan memory` and the pre-flight refusal of `rl-orch run` (no actor, no Ray)."""
+import json
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.memory.params import PRESETS
+
+
+def test_full_finetune_of_8b_on_24_gib_does_not_fit_and_suggests_lora(capsys):
+    assert main(["plan", "memory", "--model", "llama3-8b", "--device-gib", "24"]) == 1
+    out = capsys.readouterr().out
+    assert "trainer GPU (x1): trainer: " in out and "DOES NOT FIT" in out
+    assert "trainer.lora.rank=16 (LoRA): fits" in out
+
+
+def test_lora_on_8b_fits_24_gib(capsys):
+    assert main(["plan", "memory", "--model", "llama3-8b", "--device-gib", "24", "--lora-rank", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" not in out and "trainer: " in out and ": fits" in out
+
+
+def test_numbers_instead_of_a_preset(capsys):
+    argv = ["plan", "memory", "--layers", "32", "--hidden", "4096", "--intermediate", "14336", "--heads", "32",
+            "--kv-heads", "8", "--vocab", "128256", "--device-gib", "80", "--trainer-gpus", "8", "--grad-ckpt"]
+    assert main(argv) == 0
+    assert "8.03e9 parameters" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["--layers", "2"], "--model"),
+    (["--model", "nope-model"], "--model"),
+    (["--model", "llama3-8b", "--device-gib", "-1"], "--device-gib"),
+    (["--model", "llama3-8b", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--model", "llama3-8b", "--micro-batch-size", "0"], "--micro-batch-size"),
+])
+def test_bad_input_names_the_option(argv, option, capsys):
+    assert main(["plan", "memory", *argv]) == 2
+    assert option in capsys.readouterr().err
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """A model folder with a tiny Llama config.json and the default model's tokenizer: enough for the
+    controller to render prompts and for the planner; no weights (no actor ever loads them here)."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.models import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    cfg = dict(PRESETS["smollm2-135m"], architectures=["LlamaForCausalLM"], num_hidden_layers=2, hidden_size=64,
+               intermediate_size=128, num_attention_heads=2, num_key_value_heads=1, vocab_size=len(tok))
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_plan_memory_from_a_run_config(tiny_folder, capsys):
+    argv = ["plan", "memory", "--config", "configs/grpo_arith_cpu.yaml", f"model.path={tiny_folder}",
+            "--device-gib", "24"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "host (CPU run: every role): trainer + rollout" in out and "of 24.00 GiB: fits" in out
+
+
+def test_run_refuses_to_start_and_prints_the_table(tiny_folder, tmp_path, capsys):
+    import ray
+
+    argv = ["run", "configs/grpo_arith_cpu.yaml", f"model.path={tiny_folder}", f"run.output_dir={tmp_path / 'out'}",
+            "memory.device_gib=0.01"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("memory error: the run does not fit in memory")
+    assert "role" in err and "trainer" in err and "DOES NOT FIT" in err
+    assert not ray.is_initialized()  # refused before any actor (or Ray itself) started
