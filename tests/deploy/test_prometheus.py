@@ -249,7 +249,7 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
     ctrl = object.__new__(controller_mod.GRPOController)
     ctrl.cfg, ctrl.out_dir, ctrl.resume_from = cfg, tmp_path, None
     ctrl.start_step, ctrl.version, ctrl.actors = 0, 0, None
-    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids = tmp_path / "model", 0, []  # what __init__ would have found (start_actors is a stub)
+    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids, ctrl.multiturn = tmp_path / "model", 0, [], None  # what __init__ would have found (start_actors is a stub)
     ctrl.logger = JsonlLogger(tmp_path / "metrics.jsonl")
     ctrl._make_syncer = lambda *a, **k: None  # the weight-sync strategy (not used by the stub steps)
 
