@@ -1,7 +1,7 @@
 """`rl-orch plan memory`: bytes per GPU role, fits or not, and the changes that would make it fit.
 
     rl-orch plan memory --model llama3-8b --device-gib 24                  # full fine-tuning: does not fit
-    rl-orch plan memory --model llama3-8b --device-gib 24 --lora-rank 16   # LoRA: fits
+    rl-orch plan memory --model llama3-8b --device-gib 24 --lora-rank 16 --frozen-dtype bf16   # LoRA: fits
     rl-orch plan memory --layers 32 --hidden 4096 --intermediate 14336 --heads 32 --kv-heads 8 --vocab 128256
     rl-orch plan memory --config configs/grpo_arith_cpu.yaml trainer.micro_batch_size=4   # what pre-flight sees
 
@@ -19,6 +19,7 @@ from orchestrator.memory.planner import format_plan, plan_memory
 from orchestrator.memory.shapes import ModelShape, model_shape, shape_from_numbers
 
 _NUMBERS = ("layers", "hidden", "intermediate", "heads", "vocab")
+_DEFAULTS: dict = {}  # option -> default, filled when the parser is built (to spot flags --config ignores)
 
 
 def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
@@ -50,8 +51,9 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--packing-tokens", type=int, default=0, help="packed micro-batch rows of this many tokens")
     p.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing")
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0 = full fine-tuning)")
-    p.add_argument("--frozen-dtype", choices=("bf16", "fp32"), default="bf16",
-                   help="dtype of frozen copies: reference, reward model, LoRA base")
+    p.add_argument("--frozen-dtype", choices=("bf16", "fp32"), default="fp32",
+                   help="dtype of frozen copies: reference, reward model, LoRA base. fp32 is what rl-orch's "
+                        "reference and LoRA trainer hold today; bf16 is what most other systems hold")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     p.add_argument("--offload", action="store_true", help="FSDP2 CPU offload of weights, grads, optimizer")
     p.add_argument("--reference", action="store_true", help="keep a reference model (KL > 0; always for DPO)")
@@ -65,6 +67,7 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--colocate", action="store_true",
                    help="engines, the reference and the critic share the trainer GPUs (else GPUs of their own)")
     p.set_defaults(func=plan_memory_cmd)
+    _DEFAULTS.update({a.dest: a.default for a in p._actions if a.dest not in ("help",)})
 
 
 def _shape(args: argparse.Namespace) -> ModelShape:
@@ -99,6 +102,10 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
         raise ValueError(f"--gpu-memory-utilization: must be in (0, 1] (got {args.gpu_memory_utilization})")
     if args.lora_rank < 0 or args.packing_tokens < 0:
         raise ValueError("--lora-rank / --packing-tokens: must be >= 0")
+    if not 0 <= args.kv_cache_gib < float("inf"):
+        raise ValueError(f"--kv-cache-gib: must be a finite number >= 0 (got {args.kv_cache_gib})")
+    if args.response_len > args.seq_len:
+        raise ValueError(f"--response-len {args.response_len} exceeds --seq-len {args.seq_len} (prompt + response)")
     reward = None
     if args.reward_model:
         try:
@@ -122,6 +129,13 @@ def _plan_config(args: argparse.Namespace):
     from orchestrator.memory.preflight import plan_for_config
     from orchestrator.models import resolve_model_path
 
+    ignored = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+               if k not in ("config", "overrides", "device_gib", "func", "command", "plan_command")
+               and k in _DEFAULTS and v != _DEFAULTS[k]]
+    if ignored:
+        raise ValueError(f"--config: {', '.join(ignored)} would be ignored: with --config the run's YAML and its "
+                         "key=value overrides describe the run (e.g. trainer.lora.rank=16 "
+                         "trainer.micro_batch_size=4 model.path=...)")
     overrides = list(args.overrides)
     if args.device_gib is not None:
         overrides.append(f"memory.device_gib={args.device_gib}")
@@ -140,8 +154,8 @@ def plan_memory_cmd(args: argparse.Namespace) -> int:
         else:
             if args.overrides:
                 raise ValueError(f"overrides {args.overrides} need --config")
-            if args.device_gib is not None and not args.device_gib > 0:
-                raise ValueError(f"--device-gib: must be > 0 (got {args.device_gib})")
+            if args.device_gib is not None and not 0 < args.device_gib < float("inf"):
+                raise ValueError(f"--device-gib: must be a finite number > 0 (got {args.device_gib})")
             device = int((args.device_gib if args.device_gib is not None else 80.0) * GIB)
             plan = plan_memory(_shape(args), run_from_args(args), device)
     except ValueError as e:

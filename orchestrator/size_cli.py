@@ -171,5 +171,24 @@ def run_size(args: argparse.Namespace) -> int:
         lines.append("  colocated: wake/sleep switch cost not measured, counted as 0 s (set --switch-s)")
     if args.target_step_s is not None:
         lines.append(f"fewest GPUs for a step of at most {args.target_step_s:g} s: {s.total}")
-    print("\n".join(lines + [format_sizing(s, w, modes, args.top)]))
+    print("\n".join(lines + [format_sizing(s, w, modes, args.top)] + _warnings(runs, s, w)))
     return 0
+
+
+def _warnings(runs: list[RunMeasurement], s: Sizing, w: Workload) -> list[str]:
+    """What makes the recommendation less trustworthy: missing phases, far extrapolation, a sync-bound step."""
+    out = []
+    for r in runs:
+        missing = [k for k in ("generate", "train", "sync") if k not in r.phases]
+        if missing:
+            out.append(f"warning: {r.path} has no timing for {', '.join(missing)}: counted as 0 s")
+    measured = max(sum(r.gpus.values()) for r in runs)
+    if s.total > 16 * measured:
+        out.append(f"warning: the laws were fitted on runs of at most {measured} GPU(s) and are extrapolated to "
+                   f"{s.total}: measure at a larger size before trusting this split")
+    costs = w.costs(s.best.split)
+    if costs.sync_s > max(costs.generate_s, costs.train_s):
+        out.append(f"warning: sync-bound: weight sync ({costs.sync_s:.3g} s) outweighs generate "
+                   f"({costs.generate_s:.3g} s) and train ({costs.train_s:.3g} s), so the split matters little; "
+                   "see `rl-orch plan sync` for a faster weight_sync.strategy")
+    return out

@@ -217,6 +217,16 @@ def _candidates(run: RunShape) -> list:
     return out
 
 
+def _not_yet(run: RunShape, changes: dict) -> str:
+    """A note when a change needs what rl-orch's trainer or engines cannot do yet (the plan is still right
+    for systems that can: FSDP CPU offload, tensor-parallel engines, LoRA on FSDP-sharded trainers)."""
+    after = dataclasses.replace(run, **changes)
+    missing = [what for what, on in (("CPU offload", after.offload), ("tensor-parallel engines", after.engine_tp > 1),
+                                     ("LoRA with trainer.num_workers > 1", after.lora_rank > 0 and after.trainer_ranks > 1))
+               if on]
+    return f" [not in rl-orch yet: {', '.join(missing)}]" if missing else ""
+
+
 def _halvings(value: int, floor: int) -> list:
     out = []
     while value // 2 >= floor:
@@ -242,7 +252,7 @@ def suggestions(model: ModelShape, run: RunShape, device_bytes: Optional[int], h
             return None
         shown = [d for d in plan.devices if d.name.split(" (")[0] in failing] or plan.devices
         where = ", ".join(f"{d.name.split(' (')[0]} {d.used_bytes / GIB:.1f} GiB" for d in shown)
-        return f"{' + '.join(c[1] for c in changes)}: fits ({where})"
+        return f"{' + '.join(c[1] for c in changes)}: fits ({where}){_not_yet(run, merged)}"
 
     kinds = list(dict.fromkeys(k for k, _, _ in cands))
     out = []

@@ -7,17 +7,40 @@ from orchestrator.cli import main
 from orchestrator.memory.params import PRESETS
 
 
+# the published figures assume a bf16 frozen base (--frozen-dtype bf16); rl-orch's trainer holds it in fp32
 def test_full_finetune_of_8b_on_24_gib_does_not_fit_and_suggests_lora(capsys):
-    assert main(["plan", "memory", "--model", "llama3-8b", "--device-gib", "24"]) == 1
+    assert main(["plan", "memory", "--model", "llama3-8b", "--device-gib", "24", "--frozen-dtype", "bf16"]) == 1
     out = capsys.readouterr().out
     assert "trainer GPU (x1): trainer: " in out and "DOES NOT FIT" in out
     assert "trainer.lora.rank=16 (LoRA): fits" in out
 
 
 def test_lora_on_8b_fits_24_gib(capsys):
-    assert main(["plan", "memory", "--model", "llama3-8b", "--device-gib", "24", "--lora-rank", "16"]) == 0
+    argv = ["plan", "memory", "--model", "llama3-8b", "--device-gib", "24", "--lora-rank", "16"]
+    assert main(argv + ["--frozen-dtype", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "DOES NOT FIT" not in out and "trainer: " in out and ": fits" in out
+    # rl-orch's own LoRA trainer keeps the base in fp32: not in 24 GiB, and the suggestions say which
+    # of them rl-orch cannot carry out yet
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "[not in rl-orch yet: LoRA with trainer.num_workers > 1]" in out
+    assert "[not in rl-orch yet: CPU offload]" in out
+
+
+def test_config_mode_refuses_flags_it_would_ignore(capsys):
+    argv = ["plan", "memory", "--config", "configs/grpo_arith_cpu.yaml", "--model", "llama3-8b", "--lora-rank", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--model, --lora-rank would be ignored" in err and "trainer.lora.rank=16" in err
+
+
+@pytest.mark.parametrize("flags,option", [(["--device-gib", "inf"], "--device-gib"),
+                                          (["--cpu", "--kv-cache-gib", "-1"], "--kv-cache-gib"),
+                                          (["--seq-len", "100", "--response-len", "200"], "--response-len")])
+def test_out_of_range_numbers_name_the_option(capsys, flags, option):
+    assert main(["plan", "memory", "--model", "llama3-8b", *flags]) == 2
+    assert option in capsys.readouterr().err
 
 
 def test_numbers_instead_of_a_preset(capsys):

@@ -122,3 +122,17 @@ def test_sync_from_the_cost_model(tmp_path, capsys):
     assert "sync (replaces the measured one)" in out and "cost model (nccl, 7e+09 params, nvlink/ib400)" in out
     assert main(["size", "--metrics", str(a), "--gpus", "64", "--sync-params", "7e9", "--inter", "carrier"]) == 2
     assert "--inter: unknown fabric 'carrier'" in capsys.readouterr().err
+
+
+def test_far_extrapolation_and_a_sync_bound_step_are_flagged(tmp_path, capsys):
+    argv = ["size", "--metrics", str(REAL_RUN), "--measured-gpus", "rollout=1,trainer=1"]
+    assert main(argv + ["--gpus", "8"]) == 0
+    assert "warning:" not in capsys.readouterr().out  # 8 GPUs from a 2-GPU run: generate/train still dominate
+    assert main(argv + ["--gpus", "100000"]) == 0
+    out = capsys.readouterr().out
+    assert "extrapolated to 100000" in out and "warning: sync-bound" in out
+    rows = [json.loads(line) for line in REAL_RUN.read_text().splitlines()]
+    no_sync = tmp_path / "metrics.jsonl"
+    no_sync.write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "timing/weight_sync_s"}) for r in rows))
+    assert main(["size", "--metrics", str(no_sync), "--measured-gpus", "rollout=1,trainer=1", "--gpus", "8"]) == 0
+    assert "has no timing for sync: counted as 0 s" in capsys.readouterr().out
