@@ -95,7 +95,8 @@ def validate(cfg) -> None:
                 "reward.timeout_s", "reward.num_workers", "placement.timeout_s", "trainer.lr",
                 "rollout.temperature", "rollout.max_model_len", "run.phase_timeout_s",
                 "weight_sync.bucket_mb", "weight_sync.timeout_s", "weight_sync.disk.shard_mb",
-                "weight_sync.fabric.fs_write_gbps", "weight_sync.fabric.fs_read_gbps"]
+                "weight_sync.fabric.fs_write_gbps", "weight_sync.fabric.fs_read_gbps",
+                "rollout.tensor_parallel_size", "sizing.warmup_steps"]
     for key in positive:
         if not _get(cfg, key) > 0:
             raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
@@ -104,7 +105,7 @@ def validate(cfg) -> None:
                     "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
                     "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens",
                     "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port",
-                    "memory.device_gib"]
+                    "memory.device_gib", "algo.max_staleness", "placement.fake_gpus", "sizing.total_gpus"]
     for key in non_negative:
         value = _get(cfg, key)
         if not (value >= 0 and math.isfinite(value)):  # also rejects NaN and inf
