@@ -17,6 +17,16 @@ same as with one trainer.
   reduce-scatter averages gradients over ranks, so each rank's loss is scaled by D and the update is the
   un-split batch's. Gradient clipping uses the global norm (`clip_grad_norm_` over DTensors). Metric
   sums are all-reduced, so every rank reports the global token-weighted means.
+- Sequence packing (`trainer.packing`): each rank packs its own shard into rows of at most
+  `trainer.micro_batch_tokens` tokens, so ranks may get different row counts. The ranks all-reduce
+  (max) the count and a rank with fewer rows runs empty micro-batches: a forward/backward of one
+  2-token dummy row whose loss is `0 * sum(logprobs)`, so it joins every FSDP collective and adds
+  exactly 0 to the gradients; the normaliser stays the whole mini-batch's (cases C01/C02).
+- LoRA (`trainer.lora.rank > 0`): peft injects the adapters before sharding, so each decoder layer's
+  FSDP unit holds its frozen base weights and its trainable `lora_A` / `lora_B` (FSDP2 shards each
+  parameter; only the adapters get gradients and AdamW state). The merged export gathers the full
+  state dict (base + adapters) and folds the adapters in on rank 0 (`actors.lora.merged_state_dict`
+  with `state=`), so the engines get `W + scaling * B @ A` as from a single trainer.
 - Weight sync: all ranks join a full-state-dict gather (`get_model_state_dict(full_state_dict=True,
   cpu_offload=True)`); rank 0 gets the full tensors and returns them as the single trainer does.
 - Checkpoints: all ranks join a torch.distributed.checkpoint (DCP) save of model + optimizer into
@@ -28,8 +38,9 @@ same as with one trainer.
 
 Limits: a rank that raises (e.g. a non-finite loss on its shard only) leaves the other ranks waiting in
 a collective until the group's timeout (`run.phase_timeout_s`); the controller stops the run then.
-LoRA and sequence packing are refused with D > 1 (config validation). Each rank loads the full fp32
-model onto its device once before sharding it (fine up to ~7B on 80 GB GPUs; larger needs meta-device init).
+Each rank loads the full fp32 model onto its device once before sharding it (fine up to ~7B on 80 GB
+GPUs; larger needs meta-device init). With LoRA only linear target modules work on D > 1 ranks (checked
+at start); the DCP `sharded/` files hold the frozen base weights too.
 """
 from __future__ import annotations
 
@@ -55,7 +66,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
-from actors.forward import batch_logprobs
+from actors import lora
+from actors.forward import batch_logprobs, collate, forward_logprobs
 from actors.trainer import Trainer
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
@@ -130,10 +142,16 @@ def load_sharded(model, optimizer, folder: Path) -> None:
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
 
-def load_unsharded(model, optimizer, folder: Path) -> None:
+def load_unsharded(model, optimizer, folder: Path, peft_model=None) -> None:
     """Collective: load a single trainer's checkpoint (`policy/` + `trainer_state.pt`'s optimizer state,
-    keyed by parameter index) into the sharded model and optimizer."""
-    src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
+    keyed by parameter index) into the sharded model and optimizer. With LoRA (`peft_model` given) the
+    weights are the adapter in `policy_adapter/` (the base weights stay `model.path`'s; `policy/` holds
+    merged weights); raises as `actors.lora.load_adapter` when it is missing or does not match."""
+    if peft_model is not None:
+        src = lora.adapter_tensors(peft_model, model, folder / lora.ADAPTER_DIR)
+    else:
+        lora.check_no_adapter(folder)
+        src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
     set_model_state_dict(model, src, options=StateDictOptions(full_state_dict=True, strict=False))
     plain = torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"]
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's parameter order
@@ -160,6 +178,8 @@ class ShardedTrainer(Trainer):
 
     # ---- Trainer hooks ----------------------------------------------------------------------
     def _prepare_model(self, model):
+        if self.peft is not None:  # the merge of gathered full tensors knows Linear LoRA layers only
+            lora.check_linear_only(model)
         init_group(self.rank, self.dp_size, self._group_name, self.timeout_s)
         if self.rank == 0:  # every rank has joined: the rendezvous key is no longer needed
             internal_kv._internal_kv_del(f"rl_orch_fsdp_{self._group_name}")
@@ -191,9 +211,28 @@ class ShardedTrainer(Trainer):
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
 
+    def _empty_micro_batches(self, count: int) -> int:
+        """Collective (before any micro-batch of a mini-batch): the ranks' largest micro-batch count
+        (all-reduce max) minus this rank's `count`; packed shards pack into different row counts."""
+        most = torch.tensor([count], dtype=torch.int64, device=next(self.model.parameters()).device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most) - count
+
+    def _empty_micro_batch(self) -> None:
+        """One [1, 2] dummy row (pad ids) through the same forward, loss 0 * sum(logprobs), backward:
+        every FSDP unit all-gathers and reduce-scatters as for a real row, every gradient gets exactly
+        0 added, and no metric or token count changes."""
+        mb = collate([[self.pad_id]], [[self.pad_id]], pad_id=self.pad_id)
+        (forward_logprobs(self.model, mb, self.temperature, self.cfg.precision).sum() * 0.0).backward()
+
     def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
-        # merge=False only sizes the tensors: the sharded DTensors report their global shapes
-        return full_state_dict(self.model) if merge else self.model.state_dict()
+        """Collective when `merge`: the full state dict under HF names on rank 0 ({} elsewhere), with
+        LoRA the merged weights. merge=False only sizes the tensors (the sharded DTensors report their
+        global shapes; no collective)."""
+        if not merge:
+            return Trainer._export_state(self, merge=False)
+        full = full_state_dict(self.model)
+        return full if self.peft is None else lora.merged_state_dict(self.model, state=full)
 
     # ---- the leader's entry points (rank 0; the controller and the senders call these) ----------
     def set_peers(self, peers: list) -> None:
@@ -284,7 +323,7 @@ class ShardedTrainer(Trainer):
         return Trainer.logprobs(self, prompt_ids, response_ids)
 
     def join_full_state(self) -> None:
-        full_state_dict(self.model)
+        self._export_state(merge=True)
 
     def join_optimizer_state(self) -> dict:
         return get_optimizer_state_dict(self.model, self.optimizer, options=_FULL_CPU)
@@ -292,7 +331,10 @@ class ShardedTrainer(Trainer):
     def join_save(self, tmp: str) -> None:
         save_sharded(self.model, self.optimizer, Path(tmp) / SHARDED_DIR)
         full = full_state_dict(self.model)
-        if self.rank == 0:
+        if self.rank == 0 and self.peft is not None:  # policy/ = merged weights, the adapter beside it
+            lora.save_merged(self.model, Path(tmp) / "policy", state=full)
+            lora.save_adapter(self.peft, Path(tmp) / lora.ADAPTER_DIR, state=full)
+        elif self.rank == 0:
             self.model.save_pretrained(Path(tmp) / "policy", state_dict=full, safe_serialization=True)
 
     def join_load(self, folder: str) -> None:
@@ -300,7 +342,7 @@ class ShardedTrainer(Trainer):
         if (folder / SHARDED_DIR).is_dir():
             load_sharded(self.model, self.optimizer, folder / SHARDED_DIR)
         else:
-            load_unsharded(self.model, self.optimizer, folder)
+            load_unsharded(self.model, self.optimizer, folder, self.peft)
         state = torch.load(folder / "trainer_state.pt", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]

@@ -4,23 +4,27 @@ Started only when `algo.kl_coef > 0`. Logprobs use the sampling temperature, as 
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors import prefix_share
 from actors.forward import batch_logprobs
+from actors.pinning import pin_from_env_count
 
 
 class Reference:
     """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)], in padded
-    micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens."""
+    micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens.
+    `shared_prefix` (trainer.shared_prefix): padded micro-batches run each distinct prompt once
+    (actors/prefix_share.py); ignored with packed rows or a model that path does not support."""
 
     def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
-                 pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None):
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+                 pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None,
+                 shared_prefix: bool = True):
+        torch.set_num_threads(num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
         for p in self.model.parameters():
@@ -28,8 +32,13 @@ class Reference:
         self.temperature, self.micro_batch_size, self.precision, self.pad_id = (
             temperature, micro_batch_size, precision, pad_id)
         self.micro_batch_tokens = micro_batch_tokens
+        self.shared_prefix = (shared_prefix and micro_batch_tokens is None
+                              and prefix_share.model_fallback_reason(self.model) is None)
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        if self.shared_prefix:
+            return prefix_share.batch_logprobs(self.model, prompt_ids, response_ids, self.temperature,
+                                               self.micro_batch_size, self.precision, self.pad_id)
         return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.micro_batch_size,
                               self.precision, self.pad_id, micro_batch_tokens=self.micro_batch_tokens)
 

@@ -24,11 +24,14 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.pinning import pin_from_env_count
 from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender
-from actors.forward import batch_logprobs, collate, forward_logprobs, response_values
+from actors.weight_sync.zero_copy import SharedTensors
+from actors.forward import collate
 from actors.forward import collate_packed, per_sequence, split_micro_batches
 from actors.forward import LOSS_MASK, apply_loss_mask
 from actors import lora
+from actors import prefix_share
 from actors.moe_loss import RouterAux
 from orchestrator.algo import loss_normalizer, lr_multiplier, policy_loss
 from orchestrator.sync import group_checksums
@@ -44,7 +47,7 @@ class Trainer:
         self.cfg, self.algo = trainer_cfg, algo_cfg
         self.temperature, self.max_new_tokens, self.pad_id = temperature, max_new_tokens, pad_id
         # Ray sets OMP_NUM_THREADS to the actor's (fractional -> 1) CPU count; use the host's cores.
-        torch.set_num_threads(trainer_cfg.num_threads or os.cpu_count() or 1)
+        torch.set_num_threads(trainer_cfg.num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
         torch.manual_seed(trainer_cfg.seed)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
@@ -88,6 +91,8 @@ class Trainer:
             # sorted by length so each micro-batch pads little; the global normaliser makes order irrelevant
             idx = sorted(range(m * size, (m + 1) * size),
                          key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
+            if prefix_share.enabled(self):  # a group's samples side by side: its prompt runs once per micro-batch
+                idx = prefix_share.order_by_prompt(batch["prompt_ids"], batch["response_ids"], idx)
             old = [old_all[i] for i in idx] if old_all is not None else None
             for k, v in self._mini_batch_update(batch, idx, old).items():
                 metrics.setdefault(k, []).append(v)
@@ -112,6 +117,7 @@ class Trainer:
         groups, occupancy = split_micro_batches(
             [len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]) for i in idx], self.cfg.micro_batch_size,
             _packing_budget(self.cfg))
+        empty = self._empty_micro_batches(len(groups))  # D > 1 packed: the busiest rank's count minus ours
         for pos in groups:
             part = [idx[j] for j in pos]
             per_token = {"rollout": [batch["rollout_logprobs"][i] for i in part]}
@@ -126,6 +132,8 @@ class Trainer:
                   else collate(prompts, responses, per_token, self.pad_id))
             for k, v in self._micro_batch_backward(mb, batch, part, norm).items():
                 sums[k] = sums.get(k, 0.0) + v
+        for _ in range(empty):  # every rank runs as many forward/backward passes (FSDP's collectives)
+            self._empty_micro_batch()
         sums = self._reduce_sums(sums)  # summed over data-parallel ranks
         tokens = max(sums.pop("actor/tokens"), 1.0)
         loss = sums.pop("loss")
@@ -148,7 +156,9 @@ class Trainer:
 
     def _micro_batch_backward(self, mb, batch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self._moe is not None else None  # MoE: per-layer router logits of this forward
-        logprobs = forward_logprobs(self.model, mb, self.temperature, self.cfg.precision, router_logits=router)
+        # each distinct prompt once when trainer.shared_prefix applies (actors/prefix_share.py), else forward_logprobs
+        logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch["prompt_ids"][i] for i in part],
+                                                     [batch["response_ids"][i] for i in part], router)
         real_tokens_mask = mb.attention_mask
         if mb.segments is not None:  # packed row -> one sequence per row: policy_loss aggregates per row
             logprobs, mb = per_sequence(logprobs, mb)
@@ -191,9 +201,7 @@ class Trainer:
 
     def _old_logprobs(self, batch) -> list:
         """Response-token logprobs of every sample of `batch` under the current policy, [B][*]."""
-        return batch_logprobs(self.model, batch["prompt_ids"], batch["response_ids"], self.temperature,
-                              self.cfg.micro_batch_size, self.cfg.precision, self.pad_id,
-                              micro_batch_tokens=_packing_budget(self.cfg))
+        return prefix_share.trainer_batch_logprobs(self, batch["prompt_ids"], batch["response_ids"])
 
     def _local_shard(self, idx: list[int], old_lp: Optional[list]) -> tuple[list[int], Optional[list]]:
         return idx, old_lp
@@ -201,13 +209,28 @@ class Trainer:
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         return sums
 
+    def _empty_micro_batches(self, count: int) -> int:
+        """How many empty micro-batches to run after this rank's `count` real ones; 0 for D = 1."""
+        return 0
+
+    def _empty_micro_batch(self) -> None:
+        raise NotImplementedError("only data-parallel ranks (actors/distributed.py) run empty micro-batches")
+
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
-        return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.cfg.micro_batch_size,
-                              self.cfg.precision, self.pad_id, micro_batch_tokens=_packing_budget(self.cfg))
+        return prefix_share.trainer_batch_logprobs(self, prompt_ids, response_ids)  # shared prompts or plain
 
     def get_step(self) -> int:
         return self.step
+
+    def optimizer_state(self) -> dict:
+        """Read-only copy of the AdamW state, {"state": {param name: {"step", "exp_avg", "exp_avg_sq"}},
+        "param_groups": [...]}, CPU tensors; the shape ShardedTrainer.optimizer_state gives (checks, tools)."""
+        sd = self.optimizer.state_dict()
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]  # the optimizer's order
+        state = {names[i]: {k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in st.items()}
+                 for i, st in sd["state"].items()}
+        return {"state": state, "param_groups": sd["param_groups"]}
 
     # ---- weight export and checkpoints --------------------------------------------------------
     def weights_for_sync(self, dtype: str, device: str = "cpu") -> tuple[list[tuple[str, torch.Tensor]], dict]:
@@ -221,7 +244,8 @@ class Trainer:
                  for k, v in self._export_state().items() if not (tied and k == "lm_head.weight")]
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         expected = named + [("lm_head.weight", t) for k, t in named if tied and k == "model.embed_tokens.weight"]
-        return named, {"groups": group_checksums(expected), "bytes": nbytes}
+        # SharedTensors: through the object store as raw buffers, not pickled bytes (actors/weight_sync/zero_copy.py)
+        return SharedTensors(named), {"groups": group_checksums(expected), "bytes": nbytes}
 
     def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
         """The policy's state under HF names; with LoRA the merged weights (`merge=False`: same names and

@@ -19,6 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from orchestrator.algo import compute_advantages
+from orchestrator.async_rollouts import AsyncRollouts
 from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.job import Actors, start_actors
@@ -28,6 +29,8 @@ from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
 from orchestrator.metrics.prometheus import exporter_for
 from orchestrator.models import resolve_model_path
 from orchestrator.multiturn_phase import MultiTurnPhase
+from orchestrator.placement_modes import time_slice
+from orchestrator.replace import auto_replace
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.sync import WeightMismatchError
 from orchestrator.syncer import WeightSyncer, choose_for_config, make_syncer
@@ -84,6 +87,7 @@ class GRPOController:
         self.syncer: Optional[WeightSyncer] = None
         # env.name set: multi-turn rollouts and environment rewards (the env resolves now, before any actor)
         self.multiturn = MultiTurnPhase(cfg) if cfg.env.name else None
+        self.rollouts: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
 
     def _render(self, i: int, ex) -> list[int]:
         d = self.cfg.data
@@ -105,6 +109,8 @@ class GRPOController:
         self.syncer = self._make_syncer()
         if self.resume_from is not None:
             self._restore(self.resume_from)
+        if self.cfg.placement.mode == "disaggregated_async":  # after the restore: nothing in flight at resume
+            self.rollouts = AsyncRollouts(self)
         self.logger.keep_steps_up_to(self.start_step)  # a fresh run starts a fresh log; a resume drops rows past it
         last_ckpt = None
         total = self.cfg.trainer.total_steps
@@ -112,6 +118,8 @@ class GRPOController:
         with exporter, ConsoleProgress(total, self.start_step, enabled=self.cfg.run.progress) as console:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
+                if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:  # orchestrator/replace.py
+                    row.update(auto_replace(self, step, row, ckpt))
                 last_ckpt = ckpt or last_ckpt
                 self.logger.log(row)
                 exporter.observe(row)
@@ -124,22 +132,55 @@ class GRPOController:
 
     def step(self, step: int) -> tuple[dict, Optional[str]]:
         """One GRPO step; returns the metrics row and the checkpoint folder if one was written."""
+        if self.rollouts is not None:
+            return self.step_async(step)
         timer, row = PhaseTimer(), {"step": step}
         t0 = time.perf_counter()
         with timer.phase("sample"):
             requests = self.sample_prompts(step)
         with timer.phase("generate"):
             trajs = self.generate(requests, row)
+        advantages, ref = self._score(trajs, timer, row)
+        with timer.phase("train"):
+            time_slice(self, "train", row)  # colocated: engines sleep (orchestrator/placement_modes.py)
+            row.update(self.train(trajs, advantages, ref))
+        with timer.phase("weight_sync"):
+            time_slice(self, "weight_sync", row)  # colocated: engines wake their weights
+            self.sync_weights(step, row)
+        return self._end_step(step, timer, row, t0)
+
+    def step_async(self, step: int) -> tuple[dict, Optional[str]]:
+        """One step of placement.mode=disaggregated_async (orchestrator/async_rollouts.py): the batch of
+        step + 1 is launched before this step trains, on the weights the engines hold (one step off-policy,
+        bounded by algo.max_staleness); its generation is waited for before the weight sync."""
+        timer, row = PhaseTimer(), {"step": step}
+        t0 = time.perf_counter()
+        with timer.phase("sample"):  # and launch: this step's batch if none is in flight, and the next one
+            self.rollouts.launch(step)
+        with timer.phase("generate"):  # the wait for this step's batch (prefetched: usually ready)
+            trajs = self.rollouts.take(step, row)
+        advantages, ref = self._score(trajs, timer, row)
+        with timer.phase("train"):
+            row.update(self.train(trajs, advantages, ref))
+        with timer.phase("generate"):  # the next batch's generation not hidden behind this step
+            self.rollouts.finish_in_flight(row)
+        with timer.phase("weight_sync"):
+            self.sync_weights(step, row)
+            self.rollouts.synced(step)
+        return self._end_step(step, timer, row, t0)
+
+    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict) -> tuple[list[float], Optional[list]]:
+        """The reward, reference and advantages phases of a step: (advantages, reference logprobs or None)."""
         with timer.phase("reward"):
             rewards = self.score(trajs, row)
         with timer.phase("reference"):
             ref = self.reference_logprobs(trajs)
         with timer.phase("advantages"):
             advantages = self.advantages(trajs, rewards, row)
-        with timer.phase("train"):
-            row.update(self.train(trajs, advantages, ref))
-        with timer.phase("weight_sync"):
-            self.sync_weights(step, row)
+        return advantages, ref
+
+    def _end_step(self, step: int, timer: PhaseTimer, row: dict, t0: float) -> tuple[dict, Optional[str]]:
+        """Checkpoint (every `checkpoint.every_steps` and at the last step), phase times, role busy/idle."""
         ckpt = None
         with timer.phase("checkpoint"):
             every = self.cfg.checkpoint.every_steps
@@ -176,12 +217,23 @@ class GRPOController:
         workers = self.actors.rollout
         if self.multiturn is not None:
             return self.multiturn.generate(workers, requests, self.version, row, self._get)
+        return self._collect_generate(self._get(self._launch_generate(requests)), self.version, row)
+
+    def _launch_generate(self, requests: list[PromptRequest]) -> list:
+        """Submit the generate calls (request i to worker i mod R); returns their ObjectRefs, unwaited."""
+        workers = self.actors.rollout
         shards = [requests[i :: len(workers)] for i in range(len(workers))]
-        results = self._get([w.generate.remote(s) for w, s in zip(workers, shards) if s])
+        return [w.generate.remote(s) for w, s in zip(workers, shards) if s]
+
+    def _collect_generate(self, results: list, expected_version: int, row: dict) -> list[Trajectory]:
+        """Trajectories and `rollout/*` metrics from the workers' (trajectories, metrics). Raises
+        WeightMismatchError when a sample's weight version is not `expected_version` (the engines'
+        version at launch: the current one, or in disaggregated_async the scheduled stale one)."""
         trajs = [t for ts, _ in results for t in ts]
-        stale = [t.weight_version for t in trajs if t.weight_version != self.version]
+        stale = [t.weight_version for t in trajs if t.weight_version != expected_version]
         if stale:
-            raise WeightMismatchError(f"rollout returned samples of weight version {stale[0]}, expected {self.version}")
+            raise WeightMismatchError(f"rollout returned samples of weight version {stale[0]}, "
+                                      f"expected {expected_version}")
         tokens = sum(m["rollout/tokens"] for _, m in results)
         lengths = [len(t.response_ids) for t in trajs]
         row["rollout/tokens"] = tokens
@@ -255,7 +307,9 @@ class GRPOController:
     # ---- checkpoints ----------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> str:
         folder = step_folder(self.cfg.checkpoint.dir, step)
-        extra = {"step": step, "weight_version": self.version, "loader": self.loader.state_dict()}
+        # disaggregated_async: the loader before the pending batch's prompts (regenerated on resume)
+        pending = self.rollouts.loader_state() if self.rollouts is not None else None
+        extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
         path = self._get(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
         self._get(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)

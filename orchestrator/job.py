@@ -1,7 +1,9 @@
-"""Connect to Ray and start the job's actors inside one gang-scheduled placement group.
+"""Connect to Ray and start the job's actors inside its gang-scheduled placement groups.
 
-Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray; with either, it joins that
-cluster (this is what `ray job submit` gives the entrypoint).
+Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
+`fake_gpu` resources when placement.resource=fake_gpu); with either, it joins that cluster (this is what
+`ray job submit` gives the entrypoint). The groups and slots come from orchestrator/placement_plan.py;
+pinned actors (fake GPUs) get their cores in RL_ORCH_CPU_CORES (actors/pinning.py).
 """
 from __future__ import annotations
 
@@ -13,27 +15,32 @@ from typing import Any, Optional
 
 import ray
 
-from orchestrator.placement import bundle_options, plan_bundles, reserve
+from actors.pinning import CORES_ENV, engine_env
+from orchestrator.placement import remove_groups, reserve_groups, slot_options
+from orchestrator.placement_plan import ActorSlot, JobPlan, plan_job
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
 _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
 
 
 def connect_ray(cfg) -> None:
-    """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs."""
+    """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
+    placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N})."""
     if ray.is_initialized():
         return
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
     else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
+        p = cfg.placement
+        fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": _QUIET_ENV})
+                 runtime_env={"env_vars": _QUIET_ENV}, resources=fake)
 
 
 @dataclass
 class Actors:
-    """Handles of the job's actors and its placement group."""
+    """Handles of the job's actors and its placement groups (`pg`: the job group, `pgs`: all of them)."""
 
     trainer: Any  # rank 0 of the trainer (the leader with trainer.num_workers > 1)
     rollout: list
@@ -42,6 +49,8 @@ class Actors:
     pg: Any = None
     all: list = field(default_factory=list)
     trainer_ranks: list = field(default_factory=list)  # all D trainer ranks, rank 0 first
+    pgs: list = field(default_factory=list)
+    plan: Any = None  # the JobPlan (orchestrator/placement_plan.py)
 
     def shutdown(self) -> None:
         try:
@@ -50,47 +59,75 @@ class Actors:
             pass
         for a in self.all:
             ray.kill(a)
-        if self.pg is not None:
-            ray.util.remove_placement_group(self.pg)
+        remove_groups(self.pgs or ([self.pg] if self.pg is not None else []))
 
 
 def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
-    """Reserve every bundle (gang scheduling), then start trainer x D, rollout x R, reference, reward."""
+    """Reserve every placement group (gang scheduling), then start trainer x D, rollout x R, reference, reward."""
+    connect_ray(cfg)
+    plan = plan_job(cfg)
+    pgs = reserve_groups(plan.groups, cfg.placement.timeout_s, cfg.placement.resource)
+
+    try:
+        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id)
+    except BaseException:
+        remove_groups(pgs)  # a failed start leaves nothing reserved (removing a group kills its actors)
+        raise
+
+
+def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
     from actors.reference import ReferenceActor
     from actors.reward import RewardActor
     from actors.rollout.worker import RolloutWorkerActor
 
-    connect_ray(cfg)
-    plan = plan_bundles(cfg)
-    pg = reserve(plan, cfg.placement.strategy, cfg.placement.timeout_s)
-
     def opts(role: str, k: int = 0) -> dict:
-        i = plan.roles[role][k]
-        return {**bundle_options(pg, i, plan.bundles[i]), "runtime_env": {"env_vars": _QUIET_ENV}}
+        return actor_options(plan, pgs, role, k)
 
     # on resume the engines start from the checkpoint's policy; the controller then syncs and verifies
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     temp, max_new = cfg.rollout.temperature, cfg.rollout.max_new_tokens
     ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
     trainer = ranks[0]
-    rollout = [RolloutWorkerActor.options(**opts("rollout", k)).remote(engine_path, cfg.rollout, cfg.rollout.seed + k)
+    colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
+    rollout = [RolloutWorkerActor.options(**opts("rollout", k)).remote(engine_path, cfg.rollout, cfg.rollout.seed + k,
+                                                                       colocated=colocated)
                for k in range(cfg.rollout.num_workers)]
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = ReferenceActor.options(**opts("reference")).remote(
             str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads,
-            micro_batch_tokens=cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None)
+            micro_batch_tokens=cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None,
+            shared_prefix=cfg.trainer.shared_prefix)
     functions = [(f.name, f.weight) for f in cfg.reward.functions]
     rm = cfg.reward.model_path
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec)
     everyone = [*ranks, *rollout, reward] + ([reference] if reference else [])
-    actors = Actors(trainer, rollout, reward, reference, pg, everyone, trainer_ranks=ranks)
+    actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
     if len(ranks) > 1:  # the leader fans every call out to ranks 1..D-1
         ray.get(trainer.set_peers.remote(ranks[1:]))
     return actors
+
+
+def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0) -> dict:
+    """`.options(...)` of the k-th actor of `role`: its placement group and bundle, its resources and its
+    environment (pinned cores with fake GPUs, vLLM's worker bundles for a tensor-parallel engine)."""
+    slot = plan.slots[role][k]
+    return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**_QUIET_ENV, **slot_env(slot)}}}
+
+
+def slot_env(slot: ActorSlot) -> dict[str, str]:
+    """Environment of a planned actor: its pinned cores (fake GPUs) and, for a rollout engine, vLLM's CPU
+    thread binding; a tensor-parallel engine also gets the bundles and device share of its vLLM workers."""
+    env: dict[str, str] = {}
+    if slot.cores:
+        env = engine_env(slot.cores) if slot.role == "rollout" else {CORES_ENV: ",".join(map(str, slot.cores[0]))}
+    if slot.worker_bundles:
+        env["VLLM_RAY_BUNDLE_INDICES"] = ",".join(map(str, slot.worker_bundles))
+        env["VLLM_RAY_PER_WORKER_GPUS"] = f"{slot.worker_share:g}"
+    return env
 
 
 def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:

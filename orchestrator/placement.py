@@ -1,22 +1,27 @@
-"""Placement groups and gang scheduling: every role's bundles are reserved together, or the job fails.
+"""Placement groups and gang scheduling: every group of the job is reserved together, or the job fails.
 
-The job asks for one placement group holding a bundle per actor (trainer ranks x D, rollout replicas,
-the reference model when KL is on, the reward actor). The resource each bundle asks for comes from
-config (`placement.resource`: "GPU" on GPU clusters, "CPU" or a custom resource such as "fake_gpu" on
-CPU machines). If the cluster cannot hold the whole job within `placement.timeout_s`, the job fails
-with a message naming the missing resources, before any actor starts.
+The plan (orchestrator/placement_plan.py) gives the job group (trainer ranks, rollout engines with t = 1,
+the reference when KL is on, the reward actor; or, colocated, one bundle per shared device) and one
+STRICT_PACK group per tensor-parallel engine. The resource each bundle asks for comes from config
+(`placement.resource`: "GPU" on GPU clusters, "CPU" or a custom resource such as "fake_gpu" on CPU
+machines). `reserve_groups` creates every group, then waits for all of them: if any is not ready within
+`placement.timeout_s`, the job fails with a message naming each group that is not ready, what it asked
+for and what the cluster has, and every group it created is removed, before any actor starts.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.placement_plan import (ActorSlot, GroupPlan, PlacementError, engine_node_hints, plan_job,
+                                         total_asked)
 
-class PlacementError(RuntimeError):
-    """The cluster cannot hold the job; the message names the missing resources."""
+__all__ = ["PlacementError", "RolePlan", "plan_bundles", "missing_resources", "reserve", "reserve_groups",
+           "bundle_options", "slot_options", "remove_groups"]
 
 
 @dataclass
@@ -28,68 +33,110 @@ class RolePlan:
 
 
 def plan_bundles(cfg) -> RolePlan:
-    """One bundle per actor: trainer x D (trainer.num_workers, FSDP2 ranks in rank order), rollout x R,
+    """The job group of `plan_job(cfg)` (without core mapping): disaggregated, one bundle per actor:
+    trainer x D (FSDP2 ranks in rank order), rollout x R (t = 1; t > 1 engines have their own groups),
     reference (kl_coef > 0), reward (CPU only)."""
-    p = cfg.placement
-    bundles: list[dict[str, float]] = []
+    plan = plan_job(cfg, pin=False)  # the bundles do not depend on the core mapping
     roles: dict[str, list[int]] = {}
-
-    def add(role: str, resources: dict[str, float]) -> None:
-        roles.setdefault(role, []).append(len(bundles))
-        bundles.append({k: v for k, v in resources.items() if v > 0})
-
-    for _ in range(cfg.trainer.num_workers):
-        add("trainer", {p.resource: p.trainer_per_worker})
-    for _ in range(cfg.rollout.num_workers):
-        add("rollout", {p.resource: p.rollout_per_worker})
-    if cfg.algo.kl_coef > 0:
-        add("reference", {p.resource: p.reference_per_worker})
-    add("reward", {"CPU": p.reward_cpus})
-    for i, b in enumerate(bundles):
-        if not b:  # Ray rejects empty bundles
-            bundles[i] = {"CPU": 0.01}
-    return RolePlan(bundles, roles)
+    for role, slots in plan.slots.items():
+        for s in slots:
+            if s.group == 0:
+                roles.setdefault(role, []).append(s.bundle)
+    return RolePlan(plan.groups[0].bundles, roles)
 
 
 def missing_resources(bundles: list[dict[str, float]], total: dict[str, float]) -> dict[str, tuple[float, float]]:
     """{resource: (needed, cluster total)} for every resource the bundles need more of than exists."""
-    need: dict[str, float] = {}
-    for b in bundles:
-        for k, v in b.items():
-            need[k] = need.get(k, 0.0) + v
+    need = total_asked([GroupPlan("", bundles, "PACK")])
     return {k: (v, total.get(k, 0.0)) for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
 
 
 def reserve(plan: RolePlan, strategy: str, timeout_s: float) -> PlacementGroup:
-    """Create the job's placement group and wait until all bundles are reserved.
+    """One group of `plan.bundles` (see `reserve_groups`); returns it when ready."""
+    return reserve_groups([GroupPlan("rl-orch-job", plan.bundles, strategy)], timeout_s)[0]
 
-    Raises PlacementError naming the missing resources (or the bundles, when the totals suffice but
-    the packing does not) after `timeout_s` seconds; the half-made group is removed first.
-    """
-    pg = placement_group(plan.bundles, strategy=strategy, name="rl-orch-job")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if ready:
-        return pg
-    remove_placement_group(pg)
-    short = missing_resources(plan.bundles, ray.cluster_resources())
-    roles = {i: r for r, idx in plan.roles.items() for i in idx}
-    wanted = ", ".join(f"{roles[i]}={b}" for i, b in enumerate(plan.bundles))
+
+def _alive_nodes(resource: str) -> list[tuple[str, float]]:
+    nodes = [(n["NodeID"], float(n.get("Resources", {}).get(resource, 0.0))) for n in ray.nodes() if n.get("Alive")]
+    return sorted(nodes)
+
+
+def reserve_groups(groups: Sequence[GroupPlan], timeout_s: float, resource: Optional[str] = None) -> list[PlacementGroup]:
+    """Create every group, wait until all are ready (gang scheduling), return them in order.
+
+    STRICT_PACK engine groups (named rl-orch-rollout-*) get soft node hints from the job group's strategy
+    on a multi-node cluster (`engine_node_hints`). Raises PlacementError after `timeout_s` seconds naming
+    each group that is not ready, its strategy and bundles, the job's totals against the cluster's and
+    what is available now; every group created here is removed first."""
+    engines = [g for g in groups if g.name.startswith("rl-orch-rollout-")]
+    if engines and resource and groups[0].strategy:
+        per = sum(b.get(resource, 0.0) for b in engines[0].bundles)
+        for g, hint in zip(engines, engine_node_hints(len(engines), per, _alive_nodes(resource), groups[0].strategy)):
+            g.node_hint = hint
+    pgs: list[PlacementGroup] = []
+    try:
+        for g in groups:
+            kw = {"_soft_target_node_id": g.node_hint} if g.node_hint else {}
+            pgs.append(placement_group(g.bundles, strategy=g.strategy, name=g.name, **kw))
+        ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
+    except BaseException:
+        remove_groups(pgs)
+        raise
+    if len(ready) == len(pgs):
+        return pgs
+    waiting = [g for g, pg in zip(groups, pgs) if not _is_created(pg)]
+    available = ray.available_resources()
+    remove_groups(pgs)
+    raise PlacementError(_gang_message(groups, waiting, timeout_s, available))
+
+
+def _is_created(pg: PlacementGroup) -> bool:
+    try:
+        return ray.util.placement_group_table(pg).get("state") == "CREATED"
+    except Exception:  # noqa: BLE001 - the table is only used to sharpen the message
+        return False
+
+
+def _gang_message(groups: Sequence[GroupPlan], waiting: Sequence[GroupPlan], timeout_s: float,
+                  available: dict) -> str:
+    total = ray.cluster_resources()
+    need = total_asked(groups)
+    short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
+    names = "; ".join(f"group {g.name} ({g.strategy}, bundles {g.bundles})" for g in waiting) or "(all created late)"
+    avail = {k: round(v, 4) for k, v in available.items() if k in need}
     if short:
         lack = "; ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
-        raise PlacementError(f"the cluster cannot hold the job: {lack} (bundles: {wanted}). "
-                             f"Lower the per-role amounts under placement.*, or add nodes.")
-    raise PlacementError(f"placement group not ready after placement.timeout_s={timeout_s:g}s; the totals fit but "
-                         f"the bundles could not be placed with strategy {strategy} (bundles: {wanted}; "
-                         f"available now: {ray.available_resources()})")
+        return (f"the cluster cannot hold the job: {lack}. Not ready after placement.timeout_s={timeout_s:g}s: "
+                f"{names}; available now: {avail}. Lower the per-role amounts under placement.*, the rollout "
+                f"replicas or rollout.tensor_parallel_size, or add nodes. Every placement group was removed.")
+    return (f"placement groups not ready after placement.timeout_s={timeout_s:g}s; the totals fit (asked "
+            f"{ {k: round(v, 4) for k, v in need.items()} }, cluster has { {k: total.get(k, 0.0) for k in need} }) "
+            f"but these could not be placed: {names}; available now: {avail}. Every placement group was removed.")
 
 
-def bundle_options(pg: PlacementGroup, index: int, resources: dict[str, float]) -> dict:
+def remove_groups(pgs: Sequence[PlacementGroup]) -> None:
+    """Remove every group (best effort: a group already gone is skipped)."""
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 - removing a removed group raises; nothing else to do
+            pass
+
+
+def bundle_options(pg: PlacementGroup, index: int, resources: dict[str, float], capture_child_tasks: bool = False) -> dict:
     """`.options(...)` kwargs placing an actor in bundle `index` and asking for its resources."""
     opts: dict = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-        placement_group=pg, placement_group_bundle_index=index)}
+        placement_group=pg, placement_group_bundle_index=index,
+        placement_group_capture_child_tasks=capture_child_tasks)}
     opts["num_cpus"] = resources.get("CPU", 0)
     opts["num_gpus"] = resources.get("GPU", 0)
     custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU")}
     if custom:
         opts["resources"] = custom
     return opts
+
+
+def slot_options(pgs: Sequence[PlacementGroup], slot: ActorSlot) -> dict:
+    """`.options(...)` kwargs of one planned actor (its group, bundle, resources; a TP engine captures
+    its child tasks so vLLM's Ray workers land in its group)."""
+    return bundle_options(pgs[slot.group], slot.bundle, slot.resources, slot.capture_child_tasks)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Callable, Optional
 
 from orchestrator.sizing.measurements import MeasurementError, RunMeasurement, fit_workload, measure_run
 from orchestrator.sizing.simulator import MODES
@@ -150,19 +151,34 @@ def format_sizing(s: Sizing, w: Workload, modes: tuple[str, ...], top: int = 3) 
     return "\n".join(lines)
 
 
+def recommend(runs: list[RunMeasurement], total: int, modes: tuple[str, ...] = MODES, *, switch_s: float = 0.0,
+              rollout_unit: Optional[int] = None, trainer_unit: int = 1, reference_unit: int = 1,
+              staleness: Optional[int] = None, target_step_s: Optional[float] = None,
+              adjust: Optional[Callable[[Workload, list[str]], Workload]] = None) -> tuple[Sizing, Workload, list[str]]:
+    """Fit the runs' workload (orchestrator.sizing.measurements.fit_workload), optionally `adjust` it (e.g. the
+    cost model's sync), then search the splits of `total` GPUs in `modes` (sizer.size), or with
+    `target_step_s` the fewest GPUs up to `total` meeting it (sizer.fewest_gpus). Returns (sizing, workload,
+    notes on how each law was obtained). Raises MeasurementError / SizingError / FitError (ValueErrors) on
+    bad input; used by `rl-orch size` and by placement.auto (orchestrator/replace.py)."""
+    w, notes = fit_workload(runs, switch_s=switch_s, rollout_unit=rollout_unit, trainer_unit=trainer_unit,
+                            reference_unit=reference_unit, staleness=staleness)
+    if adjust is not None:
+        w = adjust(w, notes)
+    if target_step_s is not None:
+        return fewest_gpus(w, target_step_s, total, modes), w, notes
+    return size(w, total, modes), w, notes
+
+
 def run_size(args: argparse.Namespace) -> int:
     """`rl-orch size`: 0, or 2 with a message naming the input on bad input."""
     modes = MODES if args.mode == "auto" else (args.mode,)
     try:
         _check_args(args)
         runs = _measure(args)
-        w, notes = fit_workload(runs, switch_s=args.switch_s, rollout_unit=args.tp, trainer_unit=args.trainer_unit,
-                                reference_unit=args.reference_unit, staleness=args.staleness)
-        w = _with_cost_model_sync(args, w, notes)
-        if args.target_step_s is not None:
-            s = fewest_gpus(w, args.target_step_s, args.gpus or 16384, modes)
-        else:
-            s = size(w, args.gpus, modes)
+        s, w, notes = recommend(runs, args.gpus or 16384, modes, switch_s=args.switch_s, rollout_unit=args.tp,
+                                trainer_unit=args.trainer_unit, reference_unit=args.reference_unit,
+                                staleness=args.staleness, target_step_s=args.target_step_s,
+                                adjust=lambda w, notes: _with_cost_model_sync(args, w, notes))
     except (MeasurementError, SizingError, ValueError) as e:  # FitError and the cost model's errors too
         print(f"size: {e}", file=sys.stderr)
         return 2

@@ -25,49 +25,33 @@ def _set_cpu_env(kv_cache_space_gib: int) -> None:
 class VLLMEngine:
     """A vLLM `LLM` with token-id prompts in and trajectories out."""
 
-    def __init__(self, model_path: str, rollout_cfg, seed: int = 0):
-        import torch
-
-        on_gpu = torch.cuda.is_available()
-        # The engine core runs in this actor's process, so the worker extension can join the
-        # ray.util.collective weight-sync group (it needs a Ray actor process) and share tensors in place.
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        if not on_gpu:
-            _set_cpu_env(rollout_cfg.kv_cache_space_gib)
+    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False):
         from vllm import LLM
 
-        kwargs: dict[str, Any] = dict(
-            model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
-            enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
-            seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-            disable_log_stats=False,  # vLLM's counters feed `cache_counters` (prefix-cache hits, prefill)
-        )
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
-        if getattr(rollout_cfg, "block_size", 0):  # prefix caching reuses whole blocks of this many tokens
-            kwargs["block_size"] = rollout_cfg.block_size
-        self.llm = LLM(**kwargs)
+        from actors.pinning import engine_placement_kwargs
+
+        # sleep_mode (colocated placement): vLLM's sleep mode on GPUs; on CPU vLLM has none, sleep is a no-op.
+        # rollout.tensor_parallel_size > 1: vLLM's Ray executor in this actor's placement group.
+        placement = engine_placement_kwargs(rollout_cfg, sleep_mode)
+        self.sleep_mode = placement.get("enable_sleep_mode", False)
+        self.llm = LLM(**engine_kwargs(model_path, rollout_cfg, seed), **placement)
         self.cfg = rollout_cfg
         self.tokenizer = self.llm.get_tokenizer()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM `LLM.sleep(level)` when sleep mode is on (GPU, colocated); otherwise nothing."""
+        if self.sleep_mode:
+            self.llm.sleep(level=level)
+
+    def wake_up(self, tags=None) -> None:
+        """vLLM `LLM.wake_up(tags)` when sleep mode is on (GPU, colocated); otherwise nothing."""
+        if self.sleep_mode:
+            self.llm.wake_up(tags=tags)
+
     def generate(self, requests: Sequence[PromptRequest], n: int, weight_version: int) -> list[Trajectory]:
         """Sample `n` responses per request; all samples of a request share its group id."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                max_tokens=self.cfg.max_new_tokens, logprobs=0)
-        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        out = []
-        for req, res in zip(requests, outputs):
-            for c in res.outputs:
-                ids = list(c.token_ids)
-                lps = [d[t].logprob for t, d in zip(ids, c.logprobs)]
-                out.append(Trajectory(group_id=req.group_id, prompt_ids=list(req.prompt_ids), response_ids=ids,
-                                      logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
-                                      answer=req.answer, prompt=req.prompt, weight_version=weight_version))
-        return out
+        outputs = self.llm.generate(token_prompts(requests), sampling_params(self.cfg, n), use_tqdm=False)
+        return to_trajectories(requests, outputs, weight_version)
 
     def cache_counters(self) -> dict[str, float]:
         """vLLM's own cumulative counters of this engine, in tokens: `prefix_cache_queries` (prompt tokens
@@ -96,3 +80,57 @@ class VLLMEngine:
     def weight_checksums(self) -> dict:
         """{"version": int, "groups": {group: [sum, sumsq, numel]}} from the first worker."""
         return self.llm.collective_rpc("weight_checksums")[0]
+
+
+def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]:
+    """The keyword arguments of our `vllm.LLM` (also used by benchmarks/rollout_overhead.py for bare vLLM).
+    Sets vLLM's environment first: the engine core in this process (so the worker extension can join the
+    ray.util.collective weight-sync group, which needs a Ray actor process, and share tensors in place)
+    and, without CUDA, the CPU backend's thread binding and KV-cache budget."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if not on_gpu:
+        _set_cpu_env(rollout_cfg.kv_cache_space_gib)
+    kwargs: dict[str, Any] = dict(
+        model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
+        enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
+        seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        disable_log_stats=False,  # vLLM's counters feed `cache_counters` (prefix-cache hits, prefill)
+    )
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+    if getattr(rollout_cfg, "block_size", 0):  # prefix caching reuses whole blocks of this many tokens
+        kwargs["block_size"] = rollout_cfg.block_size
+    return kwargs
+
+
+def sampling_params(rollout_cfg, n: int):
+    """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens`, with the
+    sampled token's logprob (logprobs=0)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
+                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0)
+
+
+def token_prompts(requests: Sequence[PromptRequest]) -> list:
+    """vLLM token-id prompts of the requests (already rendered with the chat template)."""
+    from vllm.inputs import TokensPrompt
+
+    return [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+
+
+def to_trajectories(requests: Sequence[PromptRequest], outputs: Sequence, weight_version: int) -> list[Trajectory]:
+    """One Trajectory per sample of vLLM's RequestOutputs (in request order), with per-token logprobs."""
+    out = []
+    for req, res in zip(requests, outputs):
+        prompt_ids = list(req.prompt_ids)
+        for c in res.outputs:
+            ids = list(c.token_ids)
+            lps = [d[t].logprob for t, d in zip(ids, c.logprobs)]
+            out.append(Trajectory(group_id=req.group_id, prompt_ids=prompt_ids, response_ids=ids,
+                                  logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
+                                  answer=req.answer, prompt=req.prompt, weight_version=weight_version))
+    return out

@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import ray
 
+from actors.pinning import pin_from_env
+from actors.rollout.sleep_state import SleepState
 from actors.rollout.vllm_engine import VLLMEngine
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
@@ -15,8 +18,10 @@ from orchestrator.rollout.types import PromptRequest, Trajectory
 class RolloutWorker:
     """Owns one engine and the weight version it holds."""
 
-    def __init__(self, model_path: str, rollout_cfg, seed: int = 0):
-        self.engine = VLLMEngine(model_path, rollout_cfg, seed=seed)
+    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, colocated: bool = False):
+        pin_from_env()  # fake GPUs: this engine's cores (actors/pinning.py), before vLLM starts threads
+        self.engine = VLLMEngine(model_path, rollout_cfg, seed=seed, sleep_mode=colocated)
+        self.sleep_state = SleepState(self.engine)  # colocated time-slicing: sleep / wake_up, recorded
         self.model_path = model_path
         self.n = rollout_cfg.n
         self.max_new_tokens = rollout_cfg.max_new_tokens
@@ -25,6 +30,7 @@ class RolloutWorker:
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
+        self.sleep_state.ensure_awake("generate")
         before = self.engine.cache_counters()
         t0 = time.perf_counter()
         trajs = self.engine.generate(requests, self.n, self.version)
@@ -42,6 +48,7 @@ class RolloutWorker:
         "n"} dicts), every turn on this engine with continuous batching; envs run in threads here.
         env_cfg: the `env` config section as a dict. Returns trajectories (loss mask and turn rewards in
         `extra`, see actors/rollout/multiturn_rollout.py) and `rollout/*`, `env/*` metrics."""
+        self.sleep_state.ensure_awake("generate_multiturn")
         if self._multiturn is None:
             from transformers import AutoTokenizer
 
@@ -79,7 +86,27 @@ class RolloutWorker:
         """Other worker-extension methods: keep_shadow, record_digests, loaded_digests, inject_fault_next_load."""
         return self.engine.extension_call(method, *args)
 
+    # ---- colocated time-slicing (orchestrator/placement_modes.py) -------------------------------
+    def sleep_engine(self, level: int = 1) -> None:
+        """vLLM sleep (level 1: weights to host memory, KV cache dropped) while the trainer trains."""
+        self.sleep_state.sleep(level)
+
+    def wake_engine(self, tags: Optional[list] = None) -> None:
+        """vLLM wake_up: tags ["weights"] before a weight sync; the KV cache wakes before the next generate."""
+        self.sleep_state.wake_up(tags)
+
+    def cpu_affinity(self) -> list[int]:
+        """The cores this engine's process may run on (fake GPUs pin it, actors/pinning.py)."""
+        import os
+
+        return sorted(os.sched_getaffinity(0))
+
+    def sleep_events(self) -> list:
+        """The sleep/wake calls so far, in order: ("sleep", level), ("wake_up", tags), ("generate", None) ..."""
+        return list(self.sleep_state.events)
+
     def _update(self, method: str, *args) -> dict:
+        self.sleep_state.ensure_weights_awake(method)
         checks = self.engine.update_weights(method, *args)
         self.version = checks["version"]
         return checks

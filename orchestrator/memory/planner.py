@@ -219,10 +219,9 @@ def _candidates(run: RunShape) -> list:
 
 def _not_yet(run: RunShape, changes: dict) -> str:
     """A note when a change needs what rl-orch's trainer or engines cannot do yet (the plan is still right
-    for systems that can: FSDP CPU offload, tensor-parallel engines, LoRA on FSDP-sharded trainers)."""
+    for systems that can: FSDP CPU offload, tensor-parallel engines)."""
     after = dataclasses.replace(run, **changes)
-    missing = [what for what, on in (("CPU offload", after.offload), ("tensor-parallel engines", after.engine_tp > 1),
-                                     ("LoRA with trainer.num_workers > 1", after.lora_rank > 0 and after.trainer_ranks > 1))
+    missing = [what for what, on in (("CPU offload", after.offload), ("tensor-parallel engines", after.engine_tp > 1))
                if on]
     return f" [not in rl-orch yet: {', '.join(missing)}]" if missing else ""
 

@@ -25,6 +25,7 @@ PHASE_KEYS: dict[str, str] = {
     "generate": "timing/generate_s", "train": "timing/train_s", "sync": "timing/weight_sync_s",
     "reward": "timing/reward_s", "reference": "timing/reference_s", "checkpoint": "timing/checkpoint_s",
     "sample": "timing/sample_s", "advantages": "timing/advantages_s"}
+ASYNC_GENERATE_KEY = "async/generate_s"
 REQUIRED = ("generate", "train")
 ROLES = ("rollout", "trainer", "reference")
 CONFIG_NAMES = ("config.yaml", "config.yml", "resolved_config.yaml", "config.json")
@@ -65,9 +66,16 @@ def read_rows(path: str | Path) -> list[dict]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise MeasurementError(f"--metrics {p}: line {i} is not JSON ({e.msg})") from None
+    return timed_rows(rows, f"--metrics {p}")
+
+
+def timed_rows(rows: list, where: str) -> list[dict]:
+    """The rows (dicts) that have the required timing keys (timing/generate_s and timing/train_s).
+
+    Raises MeasurementError starting with `where` when none has them."""
     timed = [r for r in rows if isinstance(r, dict) and all(PHASE_KEYS[k] in r for k in REQUIRED)]
     if not timed:
-        raise MeasurementError(f"--metrics {p}: no step row has the timing keys "
+        raise MeasurementError(f"{where}: no step row has the timing keys "
                                f"{', '.join(PHASE_KEYS[k] for k in REQUIRED)} "
                                "(is it a metrics.jsonl of `rl-orch run`?)")
     return timed
@@ -113,17 +121,24 @@ def config_gpus(run_dir: Path) -> Optional[tuple[dict[str, int], dict, str]]:
                 cfg = OmegaConf.load(f)
             except Exception as e:  # noqa: BLE001 - any parse error is reported with the file
                 raise MeasurementError(f"{f}: cannot read the run's config ({e})") from None
-
-            def get(key, default):
-                v = OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
-                return default if v is None else v
-            tp = int(get("rollout.tensor_parallel_size", 1))
-            kl = float(get("algo.kl_coef", 0.0))
-            gpus = {"rollout": int(get("rollout.num_workers", 1)) * tp, "trainer": int(get("trainer.num_workers", 1)),
-                    "reference": int(get("reference.num_workers", 1 if kl > 0 else 0))}
-            extra = {"rollout_unit": tp, "staleness": get("algo.max_staleness", None)}
-            return gpus, {k: v for k, v in extra.items() if v is not None}, name
+            return (*role_gpus(cfg), name)
     return None
+
+
+def role_gpus(cfg) -> tuple[dict[str, int], dict]:
+    """(GPUs per role, {'rollout_unit', 'staleness'} found) of a run config (OmegaConf; keys may be
+    missing), counted as `config_gpus` documents."""
+    from omegaconf import OmegaConf
+
+    def get(key, default):
+        v = OmegaConf.select(cfg, key, default=default, throw_on_missing=False)
+        return default if v is None else v
+    tp = int(get("rollout.tensor_parallel_size", 1))
+    kl = float(get("algo.kl_coef", 0.0))
+    gpus = {"rollout": int(get("rollout.num_workers", 1)) * tp, "trainer": int(get("trainer.num_workers", 1)),
+            "reference": int(get("reference.num_workers", 1 if kl > 0 else 0))}
+    extra = {"rollout_unit": tp, "staleness": get("algo.max_staleness", None)}
+    return gpus, {k: v for k, v in extra.items() if v is not None}
 
 
 def measure_run(path: str | Path, measured_gpus: Optional[str] = None) -> RunMeasurement:
@@ -140,14 +155,22 @@ def measure_run(path: str | Path, measured_gpus: Optional[str] = None) -> RunMea
     else:
         raise MeasurementError(f"--metrics {path}: no run config ({'/'.join(CONFIG_NAMES)}) beside it to read "
                                "the GPUs per role from; pass --measured-gpus rollout=R,trainer=T[,reference=F]")
+    return measure_rows(rows, gpus, str(p), source, extra)
+
+
+def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str, extra: dict) -> RunMeasurement:
+    """A RunMeasurement of timed metrics rows (see `timed_rows`) at `gpus` per role (see the module
+    docstring: the first row dropped as warm-up when there are more, medians, mean checkpoint)."""
     used = rows[1:] if len(rows) > 1 else rows  # the first step is warm-up
     phases = {}
     for phase, key in PHASE_KEYS.items():
-        values = [float(r[key]) for r in used if key in r]
+        # async runs (placement.mode=disaggregated_async): timing/generate_s is only the wait for the
+        # prefetched batch; async/generate_s is the whole generation, the cost the sizer needs
+        values = [float(r.get(ASYNC_GENERATE_KEY, r[key]) if phase == "generate" else r[key]) for r in used if key in r]
         if values:
             phases[phase] = statistics.fmean(values) if phase == "checkpoint" else statistics.median(values)
     tokens = [float(r["rollout/tokens"]) for r in used if "rollout/tokens" in r]
-    return RunMeasurement(str(p), gpus, phases, statistics.median(tokens) if tokens else None, len(used),
+    return RunMeasurement(path, gpus, phases, statistics.median(tokens) if tokens else None, len(used),
                           len(rows), source, extra)
 
 

@@ -26,20 +26,54 @@ def checksum_group(name: str) -> str:
 
 
 def group_checksums(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[float]]:
-    """{group: [sum, sum of squares, numel]} over the tensors' values in float64."""
+    """{group: [sum, sum of squares, numel]} over the tensors' values in float64. A tensor listed twice
+    (the same memory, dtype, shape and strides: a tied lm_head beside the embedding) is summed once and
+    counted under both names."""
     out: dict[str, list[float]] = {}
+    seen: dict[tuple, tuple[float, float]] = {}
     for name, t in named_tensors:
-        add_checksum(out, name, t)
+        flat = t.detach().reshape(-1)
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if key not in seen:
+            seen[key] = _sums_f64(flat)
+        acc = out.setdefault(checksum_group(name), [0.0, 0.0, 0.0])
+        acc[0] += seen[key][0]
+        acc[1] += seen[key][1]
+        acc[2] += float(flat.numel())
     return out
 
 
+# Elements converted to float64 at a time (8 MiB): a whole-tensor float64 copy plus an `x * x` temporary
+# (3x the fp32 bytes, fresh pages every call) made the checksums ~2x slower (benchmarks/RESULTS.md, issue 7).
+_CHUNK = 1 << 20
+
+
 def add_checksum(out: dict[str, list[float]], name: str, t: torch.Tensor) -> None:
-    """Add one tensor to running group checksums `out` (for tensors that stream past once)."""
-    x = t.detach().to(torch.float64)
+    """Add one tensor to running group checksums `out` (for tensors that stream past once): float64 sum
+    and sum of squares (accumulated over float64 chunks of `_CHUNK` elements) and the element count."""
+    flat = t.detach().reshape(-1)
+    s, ss = _sums_f64(flat)
     acc = out.setdefault(checksum_group(name), [0.0, 0.0, 0.0])
-    acc[0] += float(x.sum())
-    acc[1] += float((x * x).sum())
-    acc[2] += float(x.numel())
+    acc[0] += s
+    acc[1] += ss
+    acc[2] += float(flat.numel())
+
+
+def _sums_f64(flat: torch.Tensor) -> tuple[float, float]:
+    """(sum, sum of squares) of a 1-D tensor of any real dtype, in float64, on its own device."""
+    n = flat.numel()
+    if n <= _CHUNK:
+        x = flat.to(torch.float64)
+        return float(x.sum()), float(torch.dot(x, x))
+    buf = torch.empty(_CHUNK, dtype=torch.float64, device=flat.device)
+    s = torch.zeros((), dtype=torch.float64, device=flat.device)
+    ss = torch.zeros((), dtype=torch.float64, device=flat.device)
+    for i in range(0, n, _CHUNK):
+        b = buf[: min(_CHUNK, n - i)]
+        b.copy_(flat[i : i + _CHUNK])
+        s += b.sum()
+        ss += torch.dot(b, b)
+    return float(s), float(ss)
 
 
 def compare_checksums(expected: dict[str, list[float]], actual: dict[str, list[float]], *,

@@ -48,3 +48,16 @@ def tiny_overrides(model: Path, out: Path, **extra) -> list[str]:
             "trainer.lr": "1e-3", "rollout.kv_cache_space_gib": "1"}
     base.update({k: str(v) for k, v in extra.items()})
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def assert_engine_holds_trainer_weights(controller, version: int):
+    """The first engine reports `version` and per-group checksums equal to the trainer's weights.
+    Returns (trainer handle, engine handle)."""
+    from orchestrator.sync import compare_checksums
+
+    trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
+    _, meta_ref = trainer.weights_for_sync.options(num_returns=2).remote("float32")
+    engine = ray.get(worker.checksums.remote())
+    assert engine["version"] == version
+    compare_checksums(ray.get(meta_ref)["groups"], engine["groups"])
+    return trainer, worker

@@ -18,7 +18,7 @@ from orchestrator.controller import GRPOController
 from orchestrator.placement import PlacementError
 from orchestrator.rollout import PromptRequest
 from orchestrator.sync import WeightMismatchError, compare_checksums
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
@@ -33,12 +33,8 @@ def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_mo
     controller = GRPOController(cfg)
     try:
         result = controller.run()
-        trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
         # the engine's checksums equal the trainer's after the last sync
-        _, meta_ref = trainer.weights_for_sync.options(num_returns=2).remote("float32")
-        engine = ray.get(worker.checksums.remote())
-        assert engine["version"] == 2
-        compare_checksums(ray.get(meta_ref)["groups"], engine["groups"])
+        trainer, worker = assert_engine_holds_trainer_weights(controller, 2)
         # and the engine samples from the trainer's policy: its logprobs match the trainer's (C03)
         req = PromptRequest(group_id=0, prompt_ids=[1, 2, 3, 4, 5], answer="")
         trajs, _ = ray.get(worker.generate.remote([req]))

@@ -113,3 +113,24 @@ def test_target_module_that_matches_nothing_fails_naming_the_key(tiny):
 def test_bad_lora_and_moe_settings_are_config_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+def test_merge_from_a_full_state_dict_equals_the_live_merge(tiny, tmp_path):
+    # FSDP2 ranks (actors/distributed.py) merge from gathered full tensors instead of the live layers
+    from actors import lora
+
+    t = _trainer(tiny)
+    t.train_step(_batch(seed=5))
+    full = {k: v.detach().clone() for k, v in t.model.state_dict().items()}
+    live = lora.merged_state_dict(t.model)
+    folded = lora.merged_state_dict(t.model, state=full)
+    assert folded.keys() == live.keys() and not any(".lora_" in k or ".base_layer." in k for k in folded)
+    assert all(torch.equal(folded[k], live[k]) for k in live)
+    assert lora.merged_state_dict(t.model, state={}) == {}  # ranks other than 0 gather nothing
+    with pytest.raises(ValueError, match="not a full state dict"):
+        lora.merged_state_dict(t.model, state={k: v for k, v in full.items() if ".lora_B." not in k})
+    # the adapter written from the full state dict maps back onto the model's own names
+    lora.save_adapter(t.peft, tmp_path / "a", state=full)
+    back = lora.adapter_tensors(t.peft, t.model, tmp_path / "a")
+    assert back.keys() == {k for k in full if ".lora_" in k}
+    assert all(torch.equal(back[k], full[k]) for k in back)

@@ -136,3 +136,13 @@ def test_far_extrapolation_and_a_sync_bound_step_are_flagged(tmp_path, capsys):
     no_sync.write_text("\n".join(json.dumps({k: v for k, v in r.items() if k != "timing/weight_sync_s"}) for r in rows))
     assert main(["size", "--metrics", str(no_sync), "--measured-gpus", "rollout=1,trainer=1", "--gpus", "8"]) == 0
     assert "has no timing for sync: counted as 0 s" in capsys.readouterr().out
+
+
+def test_async_rows_are_measured_by_their_whole_generation_time():
+    from orchestrator.sizing.measurements import measure_rows
+
+    rows = [{"timing/generate_s": 0.01, "async/generate_s": g, "timing/train_s": 5.0} for g in (9.0, 3.0, 4.0)]
+    m = measure_rows(rows, {"rollout": 1, "trainer": 1, "reference": 0}, "x", "test", {})
+    assert m.phases["generate"] == 3.5  # median of the whole generations of steps 2-3, not the 0.01 s waits
+    sync = [{"timing/generate_s": g, "timing/train_s": 5.0} for g in (9.0, 3.0, 4.0)]
+    assert measure_rows(sync, {"rollout": 1, "trainer": 1, "reference": 0}, "x", "test", {}).phases["generate"] == 3.5

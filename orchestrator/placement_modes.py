@@ -1,0 +1,48 @@
+"""What a placement mode changes in the step: colocated time-slicing of the rollout engines.
+
+In `placement.mode=colocated` the trainer ranks, the rollout engines and the reference share devices
+(orchestrator/placement_plan.py). The engines hold device memory (weights + KV cache) that the trainer
+needs while it trains, so the controller calls two hooks:
+
+    ... generate -> reward -> reference -> [time_slice "train": engines sleep(level=1)] -> train
+        -> [time_slice "weight_sync": engines wake_up(["weights"])] -> weight sync -> next generate
+        (each engine wakes its KV cache itself before generating, actors/rollout/sleep_state.py)
+
+This is the hybrid-engine order of verl and OpenRLHF (`--vllm.enable_sleep`). On CPU vLLM has no sleep
+mode and the engine calls do nothing, but the calls are made and recorded in the same order. In the
+disaggregated modes the hooks do nothing.
+
+The sleep/wake wall time lands in `colocate/sleep_s` and `colocate/wake_s` of the step's row (inside the
+train and weight_sync phase timers).
+"""
+from __future__ import annotations
+
+import time
+
+import ray
+
+SLEEP_LEVEL = 1  # vLLM: weights to host memory, KV cache dropped (level 2 would drop the weights: no delta sync)
+
+
+def time_slice(controller, phase: str, row: dict) -> None:
+    """Hook before `phase` ("train" or "weight_sync") of a step; a no-op unless placement.mode=colocated.
+
+    Raises ValueError for another phase name; an engine's own error (e.g. a load into a sleeping engine)
+    comes back through `controller._get` (bounded by run.phase_timeout_s)."""
+    if controller.cfg.placement.mode != "colocated":
+        return
+    workers = controller.actors.rollout
+    t0 = time.perf_counter()
+    if phase == "train":
+        controller._get([w.sleep_engine.remote(SLEEP_LEVEL) for w in workers])
+        row["colocate/sleep_s"] = time.perf_counter() - t0
+    elif phase == "weight_sync":
+        controller._get([w.wake_engine.remote(["weights"]) for w in workers])
+        row["colocate/wake_s"] = time.perf_counter() - t0
+    else:
+        raise ValueError(f"time_slice phase={phase!r}: use 'train' or 'weight_sync'")
+
+
+def sleep_events(workers) -> list[list]:
+    """Every engine's recorded sleep/wake/load/generate calls, in order (for tests and debugging)."""
+    return ray.get([w.sleep_events.remote() for w in workers])

@@ -1,0 +1,275 @@
+"""placement.auto: after `sizing.warmup_steps` steps, apply the sizer's recommendation by re-placing the actors.
+
+    found, why = decide(rows, cfg)                      # pure: a Replacement (config overrides) or None, and why
+    fields = auto_replace(controller, step, row, ckpt)  # the hook in GRPOController.run (decide + replace_actors)
+    fields = replace_actors(controller, step, overrides, ckpt)  # the mechanics, with explicit overrides
+
+Decision (`decide`, no Ray): the warm-up rows are measured as `rl-orch size` measures a metrics.jsonl
+(orchestrator.sizing.measurements: first step dropped, medians), at the GPUs per role the current config
+holds (`role_gpus`), and sized for `sizing.total_gpus` devices, or the devices the current placement holds
+(`held_devices`), with `orchestrator.size_cli.recommend`. The simulated candidates are taken shortest step
+first; the first one this config can express becomes the overrides: rollout.num_workers (engines =
+rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, placement.mode and, on device resources
+(`placement.resource` other than CPU), the per-worker amounts (`device_amounts`). Not expressible: a
+reference on more than one device or on the trainer's (the run has one ReferenceActor with its own
+bundle), a config that `validate` refuses (e.g. trainer ranks that do not divide the mini-batch).
+Modes searched (`default_modes`): disaggregated; colocated when the run is colocated or its rows measured the
+wake/sleep switch; disaggregated_async only when the run already is (it changes which weights sample).
+None (nothing to do) when the measurement is insufficient (fewer than 2 timed rows: the first is warm-up),
+when the sizer cannot size it, when the recommendation is the current placement, or when it is predicted
+less than MIN_GAIN faster than the current one (a re-placement costs a checkpoint and an actor restart).
+
+Mechanics (`replace_actors`): checkpoint the step (`GRPOController._checkpoint`, or the one the step just
+wrote) -> pending async batches discarded -> `Actors.shutdown` (actors killed, placement group removed) ->
+`start_actors` with the new config -> new weight syncer -> `GRPOController._restore` (trainer weights,
+optimizer, scheduler, RNG, loader; then a verified weight sync to every engine). When the new placement
+cannot be reserved (PlacementError), the old config is started again from the same checkpoint; any other
+failure propagates with a note naming the checkpoint, which stays on disk (checkpoint.resume=<it>).
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+from orchestrator.config.load import ConfigError, validate
+from orchestrator.sizing.measurements import MeasurementError, measure_rows, role_gpus, timed_rows
+from orchestrator.sizing.workload import Split, evaluate
+
+# sizer mode <-> placement.mode
+CONFIG_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "async": "disaggregated_async"}
+SIZER_MODE = {v: k for k, v in CONFIG_MODE.items()}
+# Re-place only when the recommendation is predicted at least this much faster (fraction of the current
+# predicted step): a smaller gain does not pay for the checkpoint and actor restart (tens of seconds).
+MIN_GAIN = 0.05
+# colocated wake/sleep seconds of a step (orchestrator/placement_modes.py): the sizer's switch cost
+SWITCH_KEYS = ("colocate/sleep_s", "colocate/wake_s")
+
+
+@dataclass
+class Replacement:
+    """What `decide` recommends: config overrides (dotted key -> value), the sizer's split and its predicted
+    step (seconds), the current placement's predicted step, the device total sized, and the fit's notes."""
+
+    overrides: dict[str, Any]
+    split: Split
+    description: str
+    predicted_step_s: float
+    current_step_s: float
+    total: int
+    notes: list[str] = field(default_factory=list)
+
+
+def held_devices(cfg) -> int:
+    """Devices the current placement holds, counted as the sizer counts them (`role_gpus`): rollout engines x
+    tensor-parallel size + trainer ranks + the reference's one (algo.kl_coef > 0); colocated: the shared
+    devices, max(rollout, trainer)."""
+    gpus, _ = role_gpus(cfg)
+    if cfg.placement.mode == "colocated":
+        return max(gpus["rollout"], gpus["trainer"])
+    return sum(gpus.values())
+
+
+def current_split(cfg) -> Split:
+    """The current placement as a sizer Split (see `held_devices`)."""
+    gpus, _ = role_gpus(cfg)
+    if cfg.placement.mode == "colocated":
+        shared = held_devices(cfg)
+        return Split("colocated", shared, shared, 0)
+    return Split(SIZER_MODE[cfg.placement.mode], gpus["rollout"], gpus["trainer"], gpus["reference"])
+
+
+def device_amounts(cfg, mode: str) -> dict[str, float]:
+    """Per-worker amounts of `placement.resource` for `mode` (sizer name): {} on CPU (the amounts are core
+    shares the user chose, kept); on devices, separate modes give each trainer rank, rollout engine GPU and
+    the reference one whole device; colocated keeps the configured amounts."""
+    if cfg.placement.resource == "CPU" or mode == "colocated":
+        return {}
+    out = {"placement.trainer_per_worker": 1.0, "placement.rollout_per_worker": 1.0}
+    if cfg.algo.kl_coef > 0:
+        out["placement.reference_per_worker"] = 1.0
+    return out
+
+
+def with_overrides(cfg, overrides: dict[str, Any]):
+    """A validated, read-only copy of `cfg` with `overrides` (dotted key -> value) applied; `cfg` is unchanged.
+    Raises ConfigError (from `validate`) naming the key when the result is invalid."""
+    new = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(new, False)
+    for key, value in overrides.items():
+        OmegaConf.update(new, key, value, merge=False)
+    validate(new)
+    OmegaConf.set_readonly(new, True)
+    return new
+
+
+def to_overrides(cfg, split: Split) -> tuple[Optional[dict[str, Any]], str]:
+    """(overrides, "") that realise `split` in this config, or (None, why it cannot be expressed)."""
+    tp = cfg.rollout.tensor_parallel_size
+    if split.rollout % tp:
+        return None, f"{split.rollout} rollout GPUs are not a multiple of rollout.tensor_parallel_size={tp}"
+    kl = cfg.algo.kl_coef > 0
+    if split.mode != "colocated" and kl and split.reference != 1:
+        where = "on the trainer's devices" if split.reference == 0 else f"on {split.reference} devices"
+        return None, f"the reference {where}: the run has one ReferenceActor with a bundle of its own"
+    out = {"placement.mode": CONFIG_MODE[split.mode], "rollout.num_workers": split.rollout // tp,
+           "trainer.num_workers": split.trainer, **device_amounts(cfg, split.mode)}
+    try:
+        with_overrides(cfg, out)
+    except ConfigError as e:
+        return None, str(e)
+    return out, ""
+
+
+def without_switch(row: dict) -> dict:
+    """The row with the colocated sleep / wake seconds taken out of the train / weight-sync phase times that
+    hold them (orchestrator/placement_modes.py), so the sizer counts them once, as its switch cost."""
+    out = dict(row)
+    for phase, key in (("timing/train_s", "colocate/sleep_s"), ("timing/weight_sync_s", "colocate/wake_s")):
+        if phase in out and key in out:
+            out[phase] = max(0.0, float(out[phase]) - float(out[key]))
+    return out
+
+
+def default_modes(current: str, switch_measured: bool) -> tuple[str, ...]:
+    """Sizer modes placement.auto searches from a run in sizer mode `current`: disaggregated always;
+    colocated when the run is colocated or its rows measured the wake/sleep switch (SWITCH_KEYS: the
+    sizer counts an unmeasured switch as 0 s, which would always favour colocated); async only when the run
+    is already async (it changes which weights sample). The current mode is always included."""
+    modes = ["disaggregated"]
+    if current == "colocated" or switch_measured:
+        modes.insert(0, "colocated")
+    if current == "async":
+        modes.append("async")
+    return tuple(modes)
+
+
+def decide(rows: list[dict], cfg, modes: Optional[tuple[str, ...]] = None) -> tuple[Optional[Replacement], str]:
+    """The re-placement for the warm-up `rows` (metrics rows, `timing/*_s` seconds) of a run with config `cfg`
+    (see the module docstring), and one line saying what was decided and why. `modes` (sizer names:
+    colocated, disaggregated, async) overrides the modes searched. Returns (None, why) when nothing is to do."""
+    from orchestrator.size_cli import recommend  # pure; imported here to keep size_cli's argparse out of the way
+
+    current = current_split(cfg)
+    total = cfg.sizing.total_gpus or held_devices(cfg)
+    try:
+        timed = timed_rows(rows, "the warm-up metrics rows")
+    except MeasurementError as e:
+        return None, f"placement.auto: not re-placing: {e}"
+    if len(timed) < 2:
+        return None, (f"placement.auto: not re-placing: {len(timed)} timed step(s) measured and the first is "
+                      "warm-up (dropped); set sizing.warmup_steps >= 2")
+    gpus, extra = role_gpus(cfg)
+    switch = [sum(float(r.get(k, 0.0)) for k in SWITCH_KEYS) for r in timed[1:] if any(k in r for k in SWITCH_KEYS)]
+    run = measure_rows([without_switch(r) for r in timed], gpus, f"steps 1-{len(rows)} of this run",
+                       "the run's config", extra)
+    if modes is None:
+        modes = default_modes(current.mode, bool(switch))
+    try:
+        sizing, workload, notes = recommend([run], total, modes, switch_s=statistics.median(switch) if switch else 0.0,
+                                            rollout_unit=cfg.rollout.tensor_parallel_size,
+                                            staleness=max(1, cfg.algo.max_staleness))
+        now = evaluate(workload, current).step_s
+    except ValueError as e:  # MeasurementError, SizingError, FitError
+        return None, f"placement.auto: not re-placing: the sizer cannot size this run: {e}"
+    skipped = []
+    for cand in sizing.ranked:
+        overrides, why = to_overrides(cfg, cand.split)
+        if overrides is None:
+            skipped.append(f"{cand.split.describe(workload)} ({why})")
+            continue
+        found = Replacement(overrides, cand.split, cand.split.describe(workload), cand.step_s, now, total, notes)
+        if cand.split == current or all(OmegaConf.select(cfg, k) == v for k, v in overrides.items()):
+            return None, (f"placement.auto: not re-placing: the current placement ({found.description}, predicted "
+                          f"{now:.3g} s per step) is the sizer's recommendation for {total} devices")
+        if cand.step_s > now * (1 - MIN_GAIN):
+            return None, (f"placement.auto: not re-placing: the best placement for {total} devices "
+                          f"({found.description}) is predicted {cand.step_s:.3g} s per step against "
+                          f"{now:.3g} s now, less than {MIN_GAIN:.0%} faster")
+        return found, (f"placement.auto: re-placing to {found.description}: predicted {cand.step_s:.3g} s per step "
+                       f"(now {now:.3g} s) on {total} devices")
+    return None, (f"placement.auto: not re-placing: no simulated placement can be expressed in this config: "
+                  f"{'; '.join(skipped[:3])}")
+
+
+# ---- mechanics (Ray: imported inside the functions, so that `decide` stays importable without it) -------------
+def auto_replace(ctl, step: int, row: dict, ckpt: Optional[str] = None) -> dict:
+    """The hook of GRPOController.run after step `sizing.warmup_steps`: `decide` on the logged rows plus this
+    step's `row`, print the one-line decision, and `replace_actors` when there is something to do. Returns
+    the fields to add to the step's row: `sizing/replaced` (1 or 0), and after a re-placement
+    `sizing/predicted_step_s` and `sizing/previous_predicted_step_s` (seconds), `sizing/{rollout,trainer,
+    reference}_gpus`, `sizing/split` (text) and `sizing/replace_s` (seconds the re-placement took)."""
+    from orchestrator.metrics import read_jsonl
+
+    rows = (read_jsonl(ctl.logger.path) if ctl.logger.path.exists() else []) + [row]
+    found, why = decide([r for r in rows if r.get("step", 0) <= step], ctl.cfg)
+    print(why, flush=True)
+    if found is None:
+        return {"sizing/replaced": 0}
+    fields = replace_actors(ctl, step, found.overrides, ckpt)
+    if fields["sizing/replaced"]:
+        s = found.split
+        fields.update({"sizing/predicted_step_s": found.predicted_step_s, "sizing/split": found.description,
+                       "sizing/previous_predicted_step_s": found.current_step_s, "sizing/rollout_gpus": s.rollout,
+                       "sizing/trainer_gpus": s.trainer, "sizing/reference_gpus": s.reference})
+    return fields
+
+
+def replace_actors(ctl, step: int, overrides: dict[str, Any], ckpt: Optional[str] = None) -> dict:
+    """Re-place the actors of controller `ctl` (a GRPOController after step `step`) into `ctl.cfg` with
+    `overrides` (dotted key -> value), resuming from a checkpoint of `step` (`ckpt`, the one the step wrote,
+    or a new one). Returns {"sizing/replaced": 1, "sizing/replace_s"}, or after a fallback to the old
+    placement (the new one could not be reserved: PlacementError) {"sizing/replaced": 0,
+    "sizing/replace_failed": 1, ...}. Raises ConfigError before anything stops when the overrides are
+    invalid; any other failure propagates with a note naming the checkpoint (it stays on disk)."""
+    from orchestrator.job import start_actors
+    from orchestrator.placement import PlacementError
+
+    t0 = time.perf_counter()
+    old_cfg = ctl.cfg
+    new_cfg = with_overrides(old_cfg, overrides)
+    folder = Path(ckpt or ctl._checkpoint(step))
+    fields: dict[str, Any] = {"sizing/replaced": 1}
+    try:
+        if getattr(ctl, "rollouts", None) is not None:  # disaggregated_async: pending batches are regenerated
+            ctl.rollouts.discard()
+        ctl.actors.shutdown()  # kills the actors, removes the placement group
+        ctl.actors = None
+        try:
+            ctl.actors = start_actors(new_cfg, ctl.model_path, folder, ctl.pad_id)
+            ctl.cfg = new_cfg
+        except PlacementError as e:
+            print(f"placement.auto: the new placement cannot be reserved, back to the old one from {folder}: {e}",
+                  flush=True)
+            fields = {"sizing/replaced": 0, "sizing/replace_failed": 1}
+            ctl.actors = start_actors(old_cfg, ctl.model_path, folder, ctl.pad_id)
+        ctl.syncer = ctl._make_syncer()
+        ctl._restore(folder)  # trainer state + loader, then a verified weight sync to every engine
+    except BaseException as e:
+        e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
+                   f"resume with checkpoint.resume={folder}")
+        raise
+    _restart_async(ctl)
+    fields["sizing/replace_s"] = time.perf_counter() - t0
+    if fields["sizing/replaced"]:
+        OmegaConf.save(ctl.cfg, Path(ctl.cfg.run.output_dir) / f"config_replaced_step_{step}.yaml", resolve=True)
+        changed = ", ".join(f"{k}={OmegaConf.select(ctl.cfg, k)}" for k in overrides
+                            if OmegaConf.select(old_cfg, k) != OmegaConf.select(ctl.cfg, k))
+        print(f"placement.auto: re-placed after step {step} in {fields['sizing/replace_s']:.1f} s: "
+              f"{changed or 'nothing changed'} (resumed from {folder})", flush=True)
+    return fields
+
+
+def _restart_async(ctl) -> None:
+    """placement.mode=disaggregated_async: a fresh pipeline from the restored step (as on resume); else none."""
+    if ctl.cfg.placement.mode == "disaggregated_async":
+        from orchestrator.async_rollouts import AsyncRollouts
+
+        ctl.rollouts = AsyncRollouts(ctl)
+    elif hasattr(ctl, "rollouts"):
+        ctl.rollouts = None

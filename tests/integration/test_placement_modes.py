@@ -1,0 +1,131 @@
+"""Placement modes on a local Ray that advertises 4 fake GPUs on 2 CPUs (DESIGN.md: integration tests use
+`ray.init(num_cpus=..., resources={"fake_gpu": 4})`).
+
+Checks: gang scheduling fails when fake GPUs are short, naming the group and the numbers, with nothing left
+reserved; tensor-parallel engine groups are reserved STRICT_PACK; colocated actors share one bundle and
+pinned actors see only their cores; a 2-step tiny-model GRPO run in colocated mode makes the engine's
+sleep/wake calls in the right order.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+from ray.util import placement_group_table
+
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.job import actor_options
+from orchestrator.placement import PlacementError, remove_groups, reserve_groups
+from orchestrator.placement_plan import plan_job
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+
+
+@pytest.fixture(scope="module")
+def ray_fake_gpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, resources={"fake_gpu": 4}, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+    yield
+    ray.shutdown()
+
+
+def _cfg(*overrides: str, model=None, out=None):
+    base = tiny_overrides(model, out) + [REWARD] if model is not None else []
+    return load_config("configs/grpo_arith_cpu.yaml", base + ["placement.resource=fake_gpu", *overrides])
+
+
+def _live_groups() -> dict:
+    return {k: v["name"] for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+
+
+def test_gang_failure_names_the_group_and_leaves_nothing_reserved(ray_fake_gpus, tiny_model, tmp_path):
+    # trainer 1 + two TP=2 engines x 1 = 5 fake GPUs; the cluster has 4
+    cfg = _cfg("placement.trainer_per_worker=1", "placement.rollout_per_worker=1", "rollout.num_workers=2",
+               "rollout.tensor_parallel_size=2", "algo.kl_coef=0", "placement.timeout_s=2", model=tiny_model,
+               out=tmp_path)
+    controller = GRPOController(cfg)
+    with pytest.raises(PlacementError) as err:
+        controller.run()
+    controller.shutdown()
+    msg = str(err.value)
+    assert "fake_gpu: need 5, cluster has 4" in msg
+    assert "group rl-orch-rollout-" in msg and "STRICT_PACK" in msg and "{'fake_gpu': 1.0}" in msg
+    assert "Every placement group was removed" in msg
+    assert _live_groups() == {}  # nothing left reserved
+
+
+def test_tensor_parallel_groups_are_strict_pack_and_fit_exactly(ray_fake_gpus):
+    cfg = _cfg("placement.trainer_per_worker=1", "placement.rollout_per_worker=0.5", "rollout.num_workers=2",
+               "rollout.tensor_parallel_size=2", "algo.kl_coef=0.1", "placement.reference_per_worker=1")
+    plan = plan_job(cfg)  # trainer 1 + reference 1 + 2 engines x 2 bundles x 0.5 = 4 fake GPUs: all of them
+    pgs = reserve_groups(plan.groups, 10, "fake_gpu")
+    try:
+        table = {v["name"]: v for v in placement_group_table().values() if v["state"] == "CREATED"}
+        assert set(table) == {"rl-orch-job", "rl-orch-rollout-0", "rl-orch-rollout-1"}
+        assert table["rl-orch-rollout-1"]["strategy"] == "STRICT_PACK"
+        assert list(table["rl-orch-rollout-1"]["bundles"].values()) == [{"fake_gpu": 0.5}] * 2
+        assert ray.available_resources().get("fake_gpu", 0.0) == 0.0
+    finally:
+        remove_groups(pgs)
+    assert _live_groups() == {}
+
+
+@ray.remote
+class _Probe:
+    """Pins itself like the job's actors do (first thing in the constructor) and reports where it runs."""
+
+    def __init__(self):
+        from actors.pinning import pin_from_env
+
+        pin_from_env()
+
+    def where(self):
+        ctx = ray.get_runtime_context()
+        return sorted(os.sched_getaffinity(0)), ctx.get_placement_group_id(), ctx.get_assigned_resources()
+
+
+def test_colocated_actors_share_a_bundle_and_see_their_cores(ray_fake_gpus):
+    cfg = _cfg("placement.mode=colocated", "placement.fake_gpus=2", "trainer.num_workers=2",
+               "rollout.num_workers=2", "algo.kl_coef=0.1", "trainer.micro_batch_size=2")
+    plan = plan_job(cfg)
+    pgs = reserve_groups(plan.groups, 10, "fake_gpu")
+    try:
+        probes = {(r, k): _Probe.options(**actor_options(plan, pgs, r, k)).remote()
+                  for r in ("trainer", "rollout", "reference") for k in range(len(plan.slots[r]))}
+        seen = {key: ray.get(p.where.remote()) for key, p in probes.items()}
+    finally:
+        remove_groups(pgs)
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    # device 0 = core 0: trainer 0, engine 0, reference (1/3 fake GPU each); device 1 = core 1: trainer 1, engine 1
+    assert seen[("trainer", 0)][0] == seen[("rollout", 0)][0] == seen[("reference", 0)][0] == [cores[0]]
+    assert seen[("trainer", 1)][0] == seen[("rollout", 1)][0] == [cores[1]]
+    assert len({pg for _, pg, _ in seen.values()}) == 1  # one placement group
+    assert seen[("reference", 0)][2] == {"fake_gpu": 0.3333} and seen[("trainer", 1)][2] == {"fake_gpu": 0.5}
+
+
+def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_model, tmp_path):
+    cfg = _cfg("placement.mode=colocated", "placement.fake_gpus=1", "algo.kl_coef=0.05",
+               "weight_sync.strategy=object_store", model=tiny_model, out=tmp_path)
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+        worker = controller.actors.rollout[0]
+        events = ray.get(worker.sleep_events.remote())
+        affinity = ray.get(worker.cpu_affinity.remote())
+    finally:
+        controller.shutdown()
+    assert [r["step"] for r in result.rows] == [1, 2]
+    assert all(r["colocate/sleep_s"] >= 0 and r["colocate/wake_s"] >= 0 for r in result.rows)
+    assert affinity == sorted(os.sched_getaffinity(0))[:1]  # the engine is pinned to fake GPU 0's core
+    kinds = [e[0] if e[0] != "wake_up" else f"wake_up:{','.join(e[1])}" for e in events]
+    step = ["generate", "sleep", "wake_up:weights", "load", "wake_up:kv_cache"]
+    # each step: generate -> sleep (train) -> wake weights -> weight load -> (next generate wakes the KV cache)
+    assert kinds == ["generate", "sleep", "wake_up:weights", "load", "wake_up:kv_cache", "generate", "sleep",
+                     "wake_up:weights", "load"], events
+    assert kinds[:5] == step

@@ -1,0 +1,119 @@
+"""placement.auto's re-placement on Ray (local, CPU) with the tiny random model: after step 2 the actors are
+checkpointed, stopped (placement group removed), started again in a forced new split and restored.
+
+Checks that the trainer's weights and AdamW state (step, exp_avg, exp_avg_sq, param groups) are exactly the
+same before and after, that every engine passes the verified weight sync, that the run finishes with
+continuous step numbers, and that a placement the cluster cannot hold falls back to the old one.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+import torch
+
+import orchestrator.replace as replace
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.sizing.workload import Split
+from orchestrator.sync import compare_checksums
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+
+
+def _cfg(tiny_model, out, *extra):
+    return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [
+        REWARD, "placement.auto=true", "sizing.warmup_steps=2", *extra])
+
+
+def _force(monkeypatch, overrides: dict, split: Split) -> dict:
+    """decide() returns `overrides`; replace_actors records the trainer's state just before and after."""
+    def forced(rows, cfg, modes=None):
+        assert [r["step"] for r in rows] == [1, 2]  # the warm-up rows: logged step 1 + this step's row
+        return replace.Replacement(overrides, split, f"forced: {overrides}", 1.0, 2.0, 3), "forced"
+
+    seen: dict = {}
+    real = replace.replace_actors
+
+    def spy(ctl, step, ovr, ckpt=None):
+        seen["before"] = _state(ctl.actors.trainer)
+        seen["fields"] = real(ctl, step, ovr, ckpt)
+        seen["after"] = _state(ctl.actors.trainer)
+        return seen["fields"]
+
+    monkeypatch.setattr(replace, "decide", forced)
+    monkeypatch.setattr(replace, "replace_actors", spy)
+    return seen
+
+
+def _state(trainer) -> dict:
+    named, _ = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
+    return {"weights": dict(named), "optimizer": ray.get(trainer.optimizer_state.remote()),
+            "step": ray.get(trainer.get_step.remote())}
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] == 2  # optimizer steps: one per GRPO step (mini_batches 1)
+    assert a["weights"].keys() == b["weights"].keys() and a["weights"]
+    for name, t in a["weights"].items():
+        assert t.dtype == torch.float32 and torch.equal(t, b["weights"][name]), name
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys() and sa
+    for name, st in sa.items():
+        assert st.keys() == sb[name].keys() == {"step", "exp_avg", "exp_avg_sq"}, name
+        assert float(st["step"]) == 2.0
+        assert all(torch.equal(st[k], sb[name][k]) for k in st), name
+    assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]  # lr (scheduler), betas, ...
+
+
+def _assert_engines_hold_trainer_weights(controller) -> None:
+    _, meta = ray.get(controller.actors.trainer.weights_for_sync.options(num_returns=2).remote("float32"))
+    for i, worker in enumerate(controller.actors.rollout):
+        engine = ray.get(worker.checksums.remote())
+        assert engine["version"] == controller.cfg.trainer.total_steps
+        compare_checksums(meta["groups"], engine["groups"], where=f"rollout worker {i}")
+
+
+def test_replacement_keeps_training_state_exact(ray_local, tiny_model, tmp_path, monkeypatch):
+    seen = _force(monkeypatch, {"rollout.num_workers": 2}, Split("disaggregated", 2, 1, 0))
+    controller = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=4"))
+    try:
+        result = controller.run()
+        assert len(controller.actors.rollout) == 2 and controller.cfg.rollout.num_workers == 2
+        _assert_engines_hold_trainer_weights(controller)  # both engines, after steps 3 and 4 on the new split
+        assert ray.get(controller.actors.trainer.get_step.remote()) == 4
+    finally:
+        controller.shutdown()
+    _assert_same_state(seen["before"], seen["after"])
+    assert seen["fields"]["sizing/replaced"] == 1 and seen["fields"]["sizing/replace_s"] > 0
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[1]["sizing/replaced"] == 1 and rows[1]["sizing/rollout_gpus"] == 2
+    assert rows[1]["sizing/predicted_step_s"] == 1.0
+    assert all("rollout/worker1_tokens_per_s" in r for r in rows[2:])  # two engines after the re-placement
+    assert not any("rollout/worker1_tokens_per_s" in r for r in rows[:2])
+    assert (tmp_path / "config_replaced_step_2.yaml").is_file()
+    assert (tmp_path / "ckpt" / "step_000002" / "state.json").is_file()  # the re-placement's checkpoint
+    assert json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["step"] == 2
+
+
+def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local, tiny_model, tmp_path,
+                                                                         monkeypatch):
+    # 4 engines x 0.5 CPU + trainer 0.5 + reward 0.25 = 2.75 CPUs > the 2 of the test's Ray
+    seen = _force(monkeypatch, {"rollout.num_workers": 4}, Split("disaggregated", 4, 1, 0))
+    controller = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "placement.timeout_s=3"))
+    try:
+        result = controller.run()
+        assert len(controller.actors.rollout) == 1 and controller.cfg.rollout.num_workers == 1
+        _assert_engines_hold_trainer_weights(controller)
+    finally:
+        controller.shutdown()
+    _assert_same_state(seen["before"], seen["after"])
+    assert seen["fields"]["sizing/replaced"] == 0 and seen["fields"]["sizing/replace_failed"] == 1
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[1]["sizing/replace_failed"] == 1
+    assert not (tmp_path / "config_replaced_step_2.yaml").exists()

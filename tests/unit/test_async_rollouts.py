@@ -1,0 +1,109 @@
+"""AsyncRollouts (orchestrator/async_rollouts.py) against a fake controller: no Ray, engines simulated.
+
+The fake engines stamp each sample with the version they hold at launch, as the real RolloutWorker does.
+"""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from orchestrator.async_rollouts import AsyncRollouts
+from orchestrator.data import StatefulLoader
+from orchestrator.rollout import PromptRequest, Trajectory
+from orchestrator.sync import WeightMismatchError
+
+
+class FakeController:
+    def __init__(self, max_staleness=1, total=4, start_step=0, generate_s=2.0):
+        self.cfg = OmegaConf.create({"algo": {"max_staleness": max_staleness}, "trainer": {"total_steps": total}})
+        self.start_step, self.version, self.engine_version = start_step, start_step, start_step
+        self.loader = StatefulLoader(list(range(20)), 2, seed=0, shuffle=True)
+        self.generate_s, self.launches = generate_s, []
+
+    def sample_prompts(self, step):
+        return [PromptRequest(group_id=step * 2 + i, prompt_ids=[k + 3], answer="") for i, k in
+                enumerate(self.loader.next_batch())]
+
+    def _launch_generate(self, requests):
+        self.launches.append([r.group_id for r in requests])
+        trajs = [Trajectory(group_id=r.group_id, prompt_ids=r.prompt_ids, response_ids=[1], logprobs=[-1.0], text="",
+                            finish_reason="stop", answer="", weight_version=self.engine_version) for r in requests]
+        return [(trajs, {"rollout/generate_s": self.generate_s})]
+
+    def _get(self, refs):
+        return refs
+
+    def _collect_generate(self, results, expected_version, row):
+        trajs = [t for ts, _ in results for t in ts]
+        if any(t.weight_version != expected_version for t in trajs):
+            raise WeightMismatchError(f"expected {expected_version}")
+        return trajs
+
+    def sync(self, step):  # weight sync `step`: trainer and engines move to it
+        self.version = self.engine_version = step
+
+
+def _step(ctl, rollouts, step):
+    row = {}
+    rollouts.launch(step)
+    trajs = rollouts.take(step, row)
+    rollouts.finish_in_flight(row)
+    ctl.sync(step)
+    rollouts.synced(step)
+    return trajs, row
+
+
+def test_one_step_off_rows_and_group_ids():
+    ctl = FakeController()
+    rollouts = AsyncRollouts(ctl)
+    rows = []
+    for step in (1, 2, 3, 4):
+        trajs, row = _step(ctl, rollouts, step)
+        assert [t.group_id for t in trajs] == [2 * step, 2 * step + 1]  # each step trains its own prompts
+        rows.append(row)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]
+    assert [r["async/weight_version"] for r in rows] == [0, 0, 1, 2]
+    assert len(ctl.launches) == 4  # batches 1..4 once each, none past trainer.total_steps
+    # the fake generation returns at once: all 2 s of batch k + 1 are hidden; step 4 generated nothing
+    assert [r["async/overlap_s"] for r in rows] == pytest.approx([2.0, 2.0, 2.0, 0.0], abs=1e-3)
+    assert [r["rollout/worker_generate_s_mean"] for r in rows] == [2.0, 2.0, 2.0, 0.0]
+
+
+def test_a_wrong_engine_version_is_still_caught():
+    ctl = FakeController()
+    rollouts = AsyncRollouts(ctl)
+    _step(ctl, rollouts, 1)
+    rollouts.launch(2)  # batch 3 launched on version 1
+    ctl.engine_version = 7  # ...but the engines hold something else
+    rollouts.batches[3].refs = ctl._launch_generate(rollouts.batches[3].requests)
+    rollouts.take(2, {})
+    rollouts.finish_in_flight({})
+    ctl.sync(2)
+    rollouts.synced(2)
+    rollouts.launch(3)
+    with pytest.raises(WeightMismatchError, match="expected 1"):
+        rollouts.take(3, {})
+
+
+def test_checkpoint_loader_state_and_discard_rewind_to_the_pending_batch():
+    ctl = FakeController(total=5)
+    rollouts = AsyncRollouts(ctl)
+    _step(ctl, rollouts, 1)
+    after_batch_1 = rollouts.loader_state()  # batch 2 is pending: the loader before its prompts
+    assert after_batch_1["position"] == 2 and ctl.loader.state_dict()["position"] == 4
+    pending = rollouts.batches[2].requests
+    assert rollouts.discard(engine_version=1) == [2]
+    assert ctl.loader.state_dict() == after_batch_1
+    trajs, row = _step(ctl, rollouts, 2)  # regenerated on the current weights: staleness 0, same prompts
+    assert [t.group_id for t in trajs] == [r.group_id for r in pending]
+    assert [t.prompt_ids for t in trajs] == [r.prompt_ids for r in pending]
+    assert row["async/staleness"] == 0 and row["async/dropped_batches"] == 1
+
+
+def test_max_staleness_zero_never_prefetches():
+    ctl = FakeController(max_staleness=0)
+    rollouts = AsyncRollouts(ctl)
+    for step in (1, 2, 3):
+        _, row = _step(ctl, rollouts, step)
+        assert row["async/staleness"] == 0 and row["async/overlap_s"] == 0.0
+        assert len(ctl.launches) == step and rollouts.loader_state() is None
