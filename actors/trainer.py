@@ -98,6 +98,7 @@ class Trainer:
                 metrics.setdefault(k, []).append(v)
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["timing/train_s"] = time.perf_counter() - t0
+        out.update(peak_memory_metrics())
         return out
 
     def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
@@ -337,6 +338,17 @@ class Trainer:
         for f in Path(model_path).iterdir():
             if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+
+def peak_memory_metrics() -> dict[str, float]:
+    """The trainer process's peak memory so far, in bytes: `memory/trainer_peak_allocated_bytes` (CUDA
+    caching allocator, `torch.cuda.max_memory_allocated`) on a GPU, else `memory/trainer_peak_rss_bytes`
+    (getrusage ru_maxrss, KiB on Linux)."""
+    if torch.cuda.is_available():
+        return {"memory/trainer_peak_allocated_bytes": float(torch.cuda.max_memory_allocated())}
+    import resource
+
+    return {"memory/trainer_peak_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0}
 
 
 def _packing_budget(cfg) -> Optional[int]:

@@ -78,6 +78,7 @@ class AsyncRollouts:
         trajs = self.ctl._collect_generate(batch.results, batch.ticket.weight_version, row)
         row.update(self.pipe.metrics(adm))
         row["async/overlap_s"] = 0.0
+        row["rollout/queue_depth"] = len(self.batches)  # batches generated or in flight, not yet trained
         return trajs
 
     def finish_in_flight(self, row: dict) -> None:

@@ -67,6 +67,9 @@ def test_prometheus_scrapes_a_live_grpo_run(tmp_path, tiny_model):
         # the histogram's sum at its last scrape equals the run's own train seconds of those steps
         total = _scalar(base, f'max_over_time(rl_orch_phase_seconds_sum{{run="live", phase="train"}}{window})')
         assert total == pytest.approx(sum(r["timing/train_s"] for r in rows[: int(seen)]), rel=1e-6)
+        # the trainer's peak memory (RSS on CPU, the CUDA allocator's peak on a GPU) as a byte gauge
+        rss = _scalar(base, f'max_over_time(rl_orch_memory_bytes{{run="live", name="trainer_peak_rss"}}{window})')
+        assert rss == max(r["memory/trainer_peak_rss_bytes"] for r in rows[: int(seen)]) and rss > 100 * 2**20
         up = _query(base, f'up{{job="rl-orchestrator"}}')
         assert up and up[0]["metric"]["instance"] == f"127.0.0.1:{metrics_port}"
     finally:

@@ -47,6 +47,7 @@ def test_async_staleness_never_exceeds_its_bound(ray_local, tiny_model, tmp_path
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["async/staleness"] for r in rows] == [0, 1, 1]
     assert [r["async/weight_version"] for r in rows] == [0, 0, 1]
+    assert [r["rollout/queue_depth"] for r in rows] == [1, 1, 0]  # the next batch in flight, none past the end
     assert all(r["async/staleness"] <= cfg.algo.max_staleness for r in rows)
     assert rows[-1]["async/max_staleness_seen"] == 1 and rows[-1]["async/dropped_batches"] == 0
     assert [r["sync/version"] for r in rows] == [1, 2, 3]  # the verified sync ran (and passed) every step
