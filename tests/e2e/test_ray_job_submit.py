@@ -50,7 +50,11 @@ def test_default_job_through_ray_job_submit(ray_head, tmp_path):
     cmd = [RAY, "job", "submit", "--address", DASHBOARD, "--working-dir", str(REPO), "--",
            sys.executable, "-m", "orchestrator", "configs/grpo_arith_cpu.yaml", "trainer.total_steps=2",
            f"run.output_dir={out}", f"checkpoint.dir={out}/ckpt", "run.progress=false"]
-    proc = subprocess.run(cmd, env=ray_head, capture_output=True, text=True, timeout=1200)
+    for _ in range(30):  # the dashboard answers before the head's job agent registers: Ray says to retry
+        proc = subprocess.run(cmd, env=ray_head, capture_output=True, text=True, timeout=1200)
+        if proc.returncode == 0 or "No available agent to submit job" not in proc.stderr:
+            break
+        time.sleep(5)
     tail = (proc.stdout + proc.stderr)[-4000:]
     assert proc.returncode == 0, tail
     assert "succeeded" in proc.stdout, tail
