@@ -106,12 +106,13 @@ class CollectiveSync(WeightSyncer):
 
     def setup(self) -> None:
         group = f"rl_orch_sync_{uuid.uuid4().hex[:8]}"
-        world = 1 + len(self.engines)
+        tp = int(getattr(self.cfg.rollout, "tensor_parallel_size", 1) or 1)
+        world = 1 + len(self.engines) * tp  # trainer rank 0; engine k's TP workers are 1 + k*tp ... (k+1)*tp
         timeout = self.ws.timeout_s
         layout = self._get(self.trainer.sync_collective_layout.remote(self.dtype, self.ws.bucket_mb), "the layout")
         backend = self._get(self.trainer.sync_collective_backend.remote(), "the backend")
         refs = [self.trainer.sync_collective_join.remote(world, group, timeout)]
-        refs += [e.join_weight_group.remote(backend, world, 1 + k, group, timeout, layout, self.ws.bucket_mb)
+        refs += [e.join_weight_group.remote(backend, world, 1 + k * tp, group, timeout, layout, self.ws.bucket_mb)
                  for k, e in enumerate(self.engines)]
         self._get(refs, f"joining the {backend} group {group} ({world} ranks)")
         self.group, self.backend = group, backend

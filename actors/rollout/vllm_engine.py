@@ -78,8 +78,12 @@ class VLLMEngine:
         return self.llm.collective_rpc(method, args=args)[0]
 
     def weight_checksums(self) -> dict:
-        """{"version": int, "groups": {group: [sum, sumsq, numel]}} from the first worker."""
-        return self.llm.collective_rpc("weight_checksums")[0]
+        """{"version": int, "groups": {group: [sum, sumsq, numel]}, ...}: the one worker's report, or under
+        tensor parallelism the workers' agreed report (raises WeightMismatchError when they disagree; see
+        orchestrator.sync.checksum.combine_worker_reports)."""
+        from orchestrator.sync.checksum import combine_worker_reports
+
+        return combine_worker_reports(self.llm.collective_rpc("weight_checksums"))
 
 
 def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]:

@@ -53,7 +53,9 @@ class WeightReceiverExtension:
 
     def join_weight_group(self, backend: str, world_size: int, rank: int, group: str, timeout_s: float,
                           layout: list, bucket_mb: float) -> None:
-        """Collective: join the trainer's group as `rank` and remember the agreed layout."""
+        """Collective: join the trainer's group as `rank` + this worker's tensor-parallel rank (the syncer gives
+        each engine t consecutive ranks) and remember the agreed layout."""
+        rank += _tp_position()[0]  # tensor parallelism: the engine's base rank + this worker's TP rank
         collective.join_group(backend, world_size, rank, group, timeout_s)
         self._sync_group = (group, layout, bucket_mb, "cuda" if backend.lower() == "nccl" else "cpu")
 
@@ -128,8 +130,17 @@ class WeightReceiverExtension:
 
         Resident parameters are read back; groups with a parameter packed away by the backend
         (numel 0) report the checksums of the values loaded into them for this version, or are
-        left out before the first sync (nothing was loaded through us yet).
+        left out before the first sync (nothing was loaded through us yet). Under tensor parallelism
+        (tp_size > 1) every parameter is a shard or a replica, so every group reports the checksums of the
+        full tensors this worker's loader consumed (`verified_on: "load"`); the engine checks that all its
+        workers agree (orchestrator.sync.checksum.combine_worker_reports).
         """
+        tp_rank, tp_size = _tp_position()
+        base = {"version": self.weight_version, "tp_rank": tp_rank,
+                "shadow_version": self._shadow_version if self._shadow is not None else None}
+        if tp_size > 1:  # every resident tensor is a shard: report the full tensors the loader consumed
+            loaded = dict(self._loaded_checksums)
+            return {**base, "groups": loaded, "packed_groups": sorted(loaded), "verified_on": "load"}
         # remove_duplicate=False: a tied output head is listed (and checked) under its own name too
         params = list(self.model_runner.get_model().named_parameters(remove_duplicate=False))
         packed = {checksum_group(n) for n, p in params if p.numel() == 0}
@@ -137,8 +148,7 @@ class WeightReceiverExtension:
         for g in packed:
             if g in self._loaded_checksums:
                 groups[g] = self._loaded_checksums[g]
-        return {"version": self.weight_version, "groups": groups, "packed_groups": sorted(packed),
-                "shadow_version": self._shadow_version if self._shadow is not None else None}
+        return {**base, "groups": groups, "packed_groups": sorted(packed), "verified_on": "resident"}
 
     # ---- test and debugging hooks -------------------------------------------------------------
     def record_digests(self, on: bool = True) -> None:
@@ -152,6 +162,16 @@ class WeightReceiverExtension:
     def inject_fault_next_load(self) -> None:
         """Corrupt one value of the next load (tests: verification must catch it)."""
         self._fault_next_load = True
+
+
+def _tp_position() -> tuple[int, int]:
+    """(tensor-parallel rank, tensor-parallel size) of this vLLM worker; (0, 1) outside a TP group."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        return int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
+    except (ImportError, AssertionError, AttributeError):
+        return 0, 1
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -88,3 +88,29 @@ def compare_checksums(expected: dict[str, list[float]], actual: dict[str, list[f
                 raise WeightMismatchError(
                     f"{where}: tensor group {group!r} differs from the trainer's after the weight sync "
                     f"({label}: trainer {e!r}, engine {g!r}); refusing to roll out on stale or corrupted weights")
+
+
+def combine_worker_reports(reports: list[dict]) -> dict:
+    """One engine's checksum report from its vLLM workers' reports (`collective_rpc("weight_checksums")`).
+
+    One worker (tensor_parallel_size 1): its report. Several (tensor parallelism): each worker holds only
+    shards of the weights, so each reports the checksums of the full tensors its weight loader consumed
+    (`WeightReceiverExtension.weight_checksums`); they must all hold the same version and the same
+    checksums, and the engine reports worker 0's with `tp_workers` set.
+
+    Raises ValueError for an empty list; WeightMismatchError naming the worker whose version or tensor
+    group differs from worker 0's.
+    """
+    if not reports:
+        raise ValueError("worker reports: the engine returned no worker report")
+    first = reports[0]
+    if len(reports) == 1:
+        return first
+    for k, rep in enumerate(reports[1:], start=1):
+        if rep["version"] != first["version"]:
+            raise WeightMismatchError(f"tensor-parallel worker {k} of this engine holds weight version "
+                                      f"{rep['version']}, worker 0 holds {first['version']}")
+        compare_checksums(first["groups"], rep["groups"], where=f"tensor-parallel worker {k} of this engine")
+        compare_checksums(rep["groups"], first["groups"], where=f"tensor-parallel worker 0 of this engine "
+                                                                f"(against worker {k})")
+    return {**first, "tp_workers": len(reports)}

@@ -62,3 +62,24 @@ def test_colocated_run_sleeps_vllm_on_gpu(ray_local, tiny_model, tmp_path):  # n
     assert [e[0] for e in events] == ["generate", "sleep", "wake_up", "load", "wake_up", "generate", "sleep",
                                       "wake_up", "load"]
     assert rows[0]["actor/logprob_gap_abs"] < 0.05  # the engine woke with the trainer's weights
+
+
+@pytest.mark.parametrize("strategy", ["nccl", "object_store"])
+def test_tensor_parallel_engine_passes_the_verified_weight_sync(ray_local, tiny_model, tmp_path, strategy):  # noqa: F811
+    """TP=2: each worker joins the NCCL group at its own rank and reports the full tensors it loaded; the
+    engine's workers agree and match the trainer, so a 2-step GRPO run syncs verified weights each step."""
+    if torch.cuda.device_count() < 3:
+        pytest.skip(f"TP=2 plus a trainer needs 3 GPUs, this machine has {torch.cuda.device_count()}")
+    over = tiny_overrides(tiny_model, tmp_path) + GPU + [
+        REWARD, "rollout.tensor_parallel_size=2", "rollout.gpu_memory_utilization=0.3", "algo.kl_coef=0",
+        f"weight_sync.strategy={strategy}", "weight_sync.verify=true"]
+    controller = GRPOController(load_config("configs/grpo_arith_cpu.yaml", over))
+    try:
+        result = controller.run()
+        report = ray.get(controller.actors.rollout[0].checksums.remote())
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["sync/version"] for r in rows] == [1, 2]
+    assert report["tp_workers"] == 2 and report["verified_on"] == "load" and report["version"] == 2
+    assert rows[-1]["actor/logprob_gap_abs"] < 0.05  # both shards hold the new weights
