@@ -2,8 +2,20 @@
 
 In GRPO the n samples of a group share one prompt, yet a plain forward over prompt+response runs that
 prompt n times. Here a padded micro-batch of b samples with u distinct prompts (found by their token
-ids: identical ids give identical keys/values, so this is exact) runs in two decoder calls, both with
-gradients:
+ids: identical ids give identical keys/values, so this is exact) runs each distinct prompt once, with
+gradients, in one of two layouts (`choose_layout` picks the one with fewer FLOPs):
+
+"row" (one decoder call, no padding): one row holding each distinct prompt followed by the responses
+of its samples, T = sum of distinct prompt lengths + sum of response lengths tokens; position ids
+restart per prompt (0..len-1) and continue per response (len(prompt) + 0..len-1); a 4-D mask
+[1, 1, T, T] (`row_mask`: a response token sees its prompt and its own earlier tokens) goes to the
+model as is (transformers passes 4-D masks through; bool for sdpa, additive float for eager). No KV
+cache, no padding, one embedding / decoder / LM-head call. Cost: T^2 attention pairs, so very long
+responses go to "cache". On the demo batch (benchmarks/RESULTS.md, issue 7) it removes the response
+padding (computed tokens 0.62x -> 0.48x of the plain path's) and the second decoder call: a full
+train_step 1.77x faster than plain by CPU time, against 1.40x for "cache" (1 torch thread).
+
+"cache" (two decoder calls):
 
 1. the u distinct prompts, right-padded to [u, P], `use_cache=True`. No attention mask is needed: a
    real prompt token only attends to earlier real tokens (causal), and a pad only to real tokens and
@@ -115,16 +127,22 @@ def order_by_prompt(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[
     return sorted(idx, key=lambda i: (len(prompt_ids[i]), first[tuple(prompt_ids[i])], len(response_ids[i])))
 
 
+LAYOUTS = ("auto", "row", "cache")
+ROW_ATTENTION = frozenset({"sdpa", "eager"})  # attention implementations that take a custom 4-D mask
+
+
 def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                            mask: torch.Tensor, temperature: float, precision: str = "fp32",
-                           pad_id: int = 0) -> torch.Tensor:
+                           pad_id: int = 0, layout: str = "auto") -> torch.Tensor:
     """Per-token logprobs [b, L-1] float32 laid out like `collate`'s `mask` (0 off it), differentiable.
 
     prompt_ids / response_ids: b non-empty token-id lists; mask: [b, L-1] bool, the `MicroBatch.mask`
     of `collate(prompt_ids, response_ids)` (row i has len(response_i) True positions, in order).
-    Values equal `forward_logprobs` on that micro-batch up to float rounding (see the module doc for
-    the two decoder calls). Raises ValueError for an empty prompt or response, or a mask whose row
-    counts differ from the response lengths.
+    layout: "row" (one unpadded row, prompts once, a prompt-tree mask), "cache" (two padded decoder
+    calls over a gathered KV cache), or "auto" (`choose_layout`). Values equal `forward_logprobs` on
+    that micro-batch up to float rounding (module doc). Raises ValueError for an empty prompt or
+    response, a mask whose row counts differ from the response lengths, or an unknown layout (or
+    "row" for an attention implementation outside `ROW_ATTENTION`).
     """
     b = len(prompt_ids)
     if b == 0 or b != len(response_ids):
@@ -135,8 +153,107 @@ def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_
     if mask.dim() != 2 or mask.shape[0] != b or not torch.equal(mask.sum(1).cpu(), rlen):
         raise ValueError(f"shared_prefix_logprobs: mask {tuple(mask.shape)} does not hold the response lengths "
                          f"{rlen.tolist()} row by row")
+    if layout not in LAYOUTS:
+        raise ValueError(f"shared_prefix_logprobs: layout must be one of {LAYOUTS}, got {layout!r}")
     device = next(model.parameters()).device
     uniq, inverse = distinct_prompts(prompt_ids)
+    if layout == "auto":
+        layout = choose_layout(model.config, [len(p) for p in uniq], [len(r) for r in response_ids])
+    with autocast_context(precision):
+        if layout == "row":
+            scoring, targets = _row_forward(model, uniq, inverse, response_ids, device)
+        else:
+            scoring, targets = _cache_forward(model, uniq, inverse, response_ids, rlen, device, pad_id)
+        logits = model.get_output_embeddings()(scoring)  # [N, V], response tokens only
+    lp = token_logprobs(logits[None], targets[None], temperature)[0]
+    return torch.zeros(mask.shape, dtype=lp.dtype, device=device).masked_scatter(mask.to(device), lp)
+
+
+def choose_layout(config, prompt_lens: Sequence[int], response_lens: Sequence[int]) -> str:
+    """"row" or "cache", whichever needs fewer forward FLOPs per decoder layer (ties: "row").
+
+    prompt_lens: the u distinct prompts' lengths; response_lens: the b responses' lengths. Per layer a
+    token costs 2 * (projection + MLP weights) = 2 * (2 * H * (n_q + n_kv) * d + 3 * H * I) FLOPs and a
+    (query, key) pair 4 * n_q * d (QK^T and PV; d = head_dim, H = hidden_size, I = intermediate_size,
+    n_q / n_kv = attention / key-value heads, read from `config`). "row" runs T = sum of both lists tokens
+    and T^2 pairs (a dense mask skips nothing); "cache" runs u * P + b * R tokens (P, R: the longest
+    prompt and response, padding included) and u * P^2 + b * R * (P + R) pairs. Short rows (the demo's
+    49-token prompts with 15-48-token responses) pick "row"; long responses (thousands of tokens)
+    make T^2 dominate and pick "cache". "cache" whenever the attention implementation takes no 4-D mask.
+    """
+    if getattr(config, "_attn_implementation", None) not in ROW_ATTENTION:
+        return "cache"
+    H = config.hidden_size
+    n_q = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_q
+    d = getattr(config, "head_dim", None) or H // n_q
+    inter = getattr(config, "intermediate_size", None) or 4 * H
+    per_token, per_pair = 2 * (2 * H * (n_q + n_kv) * d + 3 * H * inter), 4 * n_q * d
+    u, b, P, R = len(prompt_lens), len(response_lens), max(prompt_lens), max(response_lens)
+    T = sum(prompt_lens) + sum(response_lens)
+    row = T * per_token + T * T * per_pair
+    cache = (u * P + b * R) * per_token + (u * P * P + b * R * (P + R)) * per_pair
+    return "row" if row <= cache else "cache"
+
+
+def row_layout(uniq: Sequence[Sequence[int]], inverse: Sequence[int],
+               response_ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+    """One unpadded row: each distinct prompt, then the responses of its samples (T tokens in all).
+
+    Returns int64 tensors ids / position_ids / prompt (index of the token's prompt) / sample (index of
+    the token's sample, -1 on prompt tokens), each [T]; score [N] (row index of the hidden state that
+    scores each response token, samples in input order, N = total response tokens: the prompt's last
+    token for a response's first token, else the previous response token) and targets [N] (the ids).
+    """
+    ids, pos, prm, smp = [], [], [], []
+    start = [0] * len(response_ids)  # row index of each response's first token
+    prompt_end = []  # row index of each prompt's last token
+    for j, p in enumerate(uniq):
+        ids += list(p)
+        pos += range(len(p))
+        prm += [j] * len(p)
+        smp += [-1] * len(p)
+        prompt_end.append(len(ids) - 1)
+        for i in (i for i, k in enumerate(inverse) if k == j):
+            r = response_ids[i]
+            start[i] = len(ids)
+            ids += list(r)
+            pos += range(len(p), len(p) + len(r))
+            prm += [j] * len(r)
+            smp += [i] * len(r)
+    score, targets = [], []
+    for i, r in enumerate(response_ids):
+        score += [prompt_end[inverse[i]]] + list(range(start[i], start[i] + len(r) - 1))
+        targets += list(r)
+    t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return {"ids": t(ids), "position_ids": t(pos), "prompt": t(prm), "sample": t(smp), "score": t(score),
+            "targets": t(targets)}
+
+
+def row_mask(prompt: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+    """[T, T] bool, True where query q may attend key k: k <= q in the row, same prompt, and k is a
+    prompt token or a token of q's own sample (so each response sees its prompt and itself, causally)."""
+    T = prompt.shape[0]
+    causal = torch.ones(T, T, dtype=torch.bool, device=prompt.device).tril()
+    same_prompt = prompt[:, None] == prompt[None, :]
+    visible = (sample[None, :] < 0) | (sample[:, None] == sample[None, :])
+    return causal & same_prompt & visible
+
+
+def _row_forward(model, uniq, inverse, response_ids, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder call over `row_layout`'s row with `row_mask` as a 4-D mask (transformers passes a
+    4-D mask through unchanged: bool for sdpa, additive float for eager). (scoring [N, H], targets [N])."""
+    lay = {k: v.to(device) for k, v in row_layout(uniq, inverse, response_ids).items()}
+    keep = row_mask(lay["prompt"], lay["sample"])[None, None]  # [1, 1, T, T]
+    if model.config._attn_implementation == "eager":
+        keep = torch.zeros(keep.shape, device=device).masked_fill(~keep, torch.finfo(torch.float32).min)
+    hidden = model.get_decoder()(input_ids=lay["ids"][None], attention_mask=keep,
+                                 position_ids=lay["position_ids"][None], use_cache=False).last_hidden_state
+    return hidden[0, lay["score"]], lay["targets"]
+
+
+def _cache_forward(model, uniq, inverse, response_ids, rlen, device, pad_id) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two padded decoder calls of the module doc ("cache" layout). (scoring [N, H], targets [N])."""
     plen = torch.tensor([len(p) for p in uniq])
     P, R = int(plen.max()), int(rlen.max())
     prompts = _right_pad(uniq, P, pad_id).to(device)
@@ -147,19 +264,16 @@ def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_
                       torch.arange(R, device=device)[None] < rlen.to(device)[:, None]], dim=1).long()  # [b, P+R]
     position_ids = plen_b[:, None] + torch.arange(R, device=device)[None]  # [b, R]
     valid = attn[:, P:].bool()  # [b, R] real response tokens
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    with autocast_context(precision):
-        out = decoder(input_ids=prompts, position_ids=torch.arange(P, device=device)[None].expand(len(uniq), P),
-                      use_cache=True)
-        last = out.last_hidden_state[torch.arange(len(uniq), device=device), plen.to(device) - 1]  # [u, H]
-        cache = out.past_key_values
-        cache.batch_select_indices(inv)  # [u, ...] -> [b, ...] rows, differentiable indexing
-        hidden = decoder(input_ids=responses, attention_mask=attn, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True).last_hidden_state  # [b, R, H]
-        scoring = torch.cat([last[inv][:, None], hidden[:, :-1]], dim=1)  # [b, R, H]: position k scores token k
-        logits = head(scoring[valid])  # [N, V], response tokens only
-    lp = token_logprobs(logits[None], responses[valid][None], temperature)[0]
-    return torch.zeros(mask.shape, dtype=lp.dtype, device=device).masked_scatter(mask.to(device), lp)
+    decoder = model.get_decoder()
+    out = decoder(input_ids=prompts, position_ids=torch.arange(P, device=device)[None].expand(len(uniq), P),
+                  use_cache=True)
+    last = out.last_hidden_state[torch.arange(len(uniq), device=device), plen.to(device) - 1]  # [u, H]
+    cache = out.past_key_values
+    cache.batch_select_indices(inv)  # [u, ...] -> [b, ...] rows, differentiable indexing
+    hidden = decoder(input_ids=responses, attention_mask=attn, position_ids=position_ids,
+                     past_key_values=cache, use_cache=True).last_hidden_state  # [b, R, H]
+    scoring = torch.cat([last[inv][:, None], hidden[:, :-1]], dim=1)  # [b, R, H]: position k scores token k
+    return scoring[valid], responses[valid]
 
 
 def _right_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> torch.Tensor:
@@ -173,10 +287,12 @@ def micro_batch_logprobs(trainer, mb: MicroBatch, prompt_ids, response_ids,
                          router_logits: Optional[list] = None) -> torch.Tensor:
     """The trainer's differentiable logprobs [b, L-1] of one micro-batch `mb` (made from prompt_ids /
     response_ids): the shared-prompt forward when `enabled(trainer)` and some prompt repeats, else
-    `forward_logprobs` (which also fills `router_logits` for MoE)."""
+    `forward_logprobs` (which also fills `router_logits` for MoE). The layout is `choose_layout`'s unless
+    the trainer carries a `_shared_prefix_layout` attribute (benchmarks, tests: "row" / "cache")."""
     if mb.segments is None and enabled(trainer) and worth_sharing(prompt_ids):
         return shared_prefix_logprobs(trainer.model, prompt_ids, response_ids, mb.mask, trainer.temperature,
-                                      trainer.cfg.precision, trainer.pad_id)
+                                      trainer.cfg.precision, trainer.pad_id,
+                                      layout=getattr(trainer, "_shared_prefix_layout", "auto"))
     return forward_logprobs(trainer.model, mb, trainer.temperature, trainer.cfg.precision,
                             router_logits=router_logits)
 

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from actors import prefix_share
 from actors.forward import batch_logprobs
+from actors import attention
 from actors.pinning import pin_from_env_count
 
 
@@ -19,20 +20,25 @@ class Reference:
     """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)], in padded
     micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens.
     `shared_prefix` (trainer.shared_prefix): padded micro-batches run each distinct prompt once
-    (actors/prefix_share.py); ignored with packed rows or a model that path does not support."""
+    (actors/prefix_share.py); ignored with packed rows or a model that path does not support.
+    `attn_implementation` (trainer.attn_implementation): see actors/attention.py."""
 
     def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
                  pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None,
-                 shared_prefix: bool = True):
+                 shared_prefix: bool = True, attn_implementation: str = "auto"):
         torch.set_num_threads(num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
+        impl = attention.resolve_attn_implementation(
+            attn_implementation, on_cuda=torch.cuda.is_available(), packing=micro_batch_tokens is not None,
+            precision=precision, flash_available=attention.flash_attn_available())
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                          **attention.load_kwargs(impl)).to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.temperature, self.micro_batch_size, self.precision, self.pad_id = (
             temperature, micro_batch_size, precision, pad_id)
         self.micro_batch_tokens = micro_batch_tokens
-        self.shared_prefix = (shared_prefix and micro_batch_tokens is None
+        self.shared_prefix = (shared_prefix and micro_batch_tokens is None and impl != "flash_attention_2"
                               and prefix_share.model_fallback_reason(self.model) is None)
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:

@@ -24,6 +24,8 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors import attention
+from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender
 from actors.weight_sync.zero_copy import SharedTensors
@@ -50,7 +52,11 @@ class Trainer:
         torch.set_num_threads(trainer_cfg.num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
         torch.manual_seed(trainer_cfg.seed)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.attn_implementation = attention.attn_implementation_for(trainer_cfg, trainer_cfg.packing)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                          **attention.load_kwargs(self.attn_implementation)).to(device)
+        if self.attn_implementation == "flash_attention_2" and trainer_cfg.shared_prefix:
+            self._shared_prefix_on = False  # its masked attention over the gathered prompt cache needs SDPA/eager
         if trainer_cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # LoRA layers injected in place (self.model stays the HF class); None = full fine-tuning
@@ -98,7 +104,7 @@ class Trainer:
                 metrics.setdefault(k, []).append(v)
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["timing/train_s"] = time.perf_counter() - t0
-        out.update(peak_memory_metrics())
+        out.update(peak_memory_metrics("trainer"))
         return out
 
     def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
@@ -338,17 +344,6 @@ class Trainer:
         for f in Path(model_path).iterdir():
             if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 shutil.copy2(f, Path(folder) / "policy" / f.name)
-
-
-def peak_memory_metrics() -> dict[str, float]:
-    """The trainer process's peak memory so far, in bytes: `memory/trainer_peak_allocated_bytes` (CUDA
-    caching allocator, `torch.cuda.max_memory_allocated`) on a GPU, else `memory/trainer_peak_rss_bytes`
-    (getrusage ru_maxrss, KiB on Linux)."""
-    if torch.cuda.is_available():
-        return {"memory/trainer_peak_allocated_bytes": float(torch.cuda.max_memory_allocated())}
-    import resource
-
-    return {"memory/trainer_peak_rss_bytes": float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0}
 
 
 def _packing_budget(cfg) -> Optional[int]:

@@ -4,6 +4,7 @@ the plain prompt+response forward.
 
     .venv/bin/python benchmarks/shared_prefix.py                 # default model, 4 prompts x 8 samples
     .venv/bin/python benchmarks/shared_prefix.py --rounds 3 --threads 1
+    .venv/bin/python benchmarks/shared_prefix.py --profile       # torch profile of one micro-batch
 
 The batch is the demo's (configs/grpo_arith_cpu.yaml): `--prompts` questions of the built-in arith task
 with the config's prompt_suffix, rendered with the model's chat template, `--samples` responses each
@@ -11,12 +12,16 @@ with the config's prompt_suffix, rendered with the model's chat template, `--sam
 ~15 later, 48 at most), cut from an arithmetic answer text. Rollout logprobs are the model's own (ratio
 ~1, as on-policy), advantages +-1. trainer.micro_batch_size = 8 as in the demo.
 
-Two Trainers with the same weights, `trainer.shared_prefix` off (A) and on (B), take the same batch
-alternately A B A B ... after one untimed warm-up step each; both apply the same updates, so they stay
-equal. Prints per run the wall and process-CPU seconds, then the medians' ratio, the tokens each path
-runs through the decoder (real and with padding, micro-batches as the trainer forms them), and the
-largest |logprob| difference between the two paths on the batch before training. Other work on the
-machine slows both sides alike only roughly: ratios from a loaded machine are indicative.
+Trainers with the same weights take the same batch alternately (A B C A B C ...) after one untimed
+warm-up step each; all apply the same updates, so they stay equal. `--variants` picks them: "plain"
+(`trainer.shared_prefix` off), "cache" (shared, the two padded decoder calls over a gathered KV cache:
+the layout before issue 7), "row" (shared, one unpadded row with a prompt-tree mask), "auto" (shared,
+`prefix_share.choose_layout`). Prints per run the wall and process-CPU seconds, then each variant's
+median and its speed-up over plain, the tokens each layout runs through the decoder (real and with
+padding, micro-batches as the trainer forms them), and the largest |logprob| difference to plain on
+the batch before training. `--profile` instead runs torch.profiler over forward + backward of the
+first micro-batch (after a warm-up) for each variant and prints the top ops by self CPU time. Other
+work on the machine slows all sides alike only roughly: ratios from a loaded machine are indicative.
 """
 from __future__ import annotations
 
@@ -62,23 +67,55 @@ def demo_batch(cfg, tokenizer, prompts: int, samples: int, seed: int) -> dict:
             "advantages": [rng.choice([-1.0, 1.0]) for _ in response_ids], "ref_logprobs": None}
 
 
-def decoder_tokens(batch: dict, mbs: int, shared: bool) -> tuple[int, int]:
-    """(real, padded) tokens the decoder runs for one train_step, micro-batches formed as the trainer does."""
+def micro_batches(batch: dict, mbs: int, shared: bool) -> list[list[int]]:
+    """Sample indices of each micro-batch, ordered as `Trainer.train_step` orders them."""
     p, r = batch["prompt_ids"], batch["response_ids"]
     idx = sorted(range(len(p)), key=lambda i: len(p[i]) + len(r[i]))
     if shared:
         idx = prefix_share.order_by_prompt(p, r, idx)
+    return [idx[s : s + mbs] for s in range(0, len(idx), mbs)]
+
+
+def decoder_tokens(batch: dict, mbs: int, layout: str) -> tuple[int, int]:
+    """(real, computed) tokens the decoder runs for one train_step with `layout` ("plain", "cache", "row")."""
+    p, r = batch["prompt_ids"], batch["response_ids"]
     real = padded = 0
-    for s in range(0, len(idx), mbs):
-        part = idx[s : s + mbs]
-        if shared and prefix_share.worth_sharing([p[i] for i in part]):
+    for part in micro_batches(batch, mbs, layout != "plain"):
+        if layout != "plain" and prefix_share.worth_sharing([p[i] for i in part]):
             uniq, _ = prefix_share.distinct_prompts([p[i] for i in part])
             real += sum(map(len, uniq)) + sum(len(r[i]) for i in part)
-            padded += len(uniq) * max(map(len, uniq)) + len(part) * max(len(r[i]) for i in part)
+            padded += (sum(map(len, uniq)) + sum(len(r[i]) for i in part) if layout == "row"
+                       else len(uniq) * max(map(len, uniq)) + len(part) * max(len(r[i]) for i in part))
         else:
             real += sum(len(p[i]) + len(r[i]) for i in part)
             padded += len(part) * max(len(p[i]) + len(r[i]) for i in part)
     return real, padded
+
+
+def profile_micro_batch(trainers: dict, batch: dict, mbs: int, top: int) -> None:
+    """torch.profiler (record_shapes) over forward + backward of sum(logprobs) of the first micro-batch,
+    each variant after one warm-up call; prints the top ops by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from actors.forward import collate
+
+    for name, t in trainers.items():
+        part = micro_batches(batch, mbs, name != "plain")[0]
+        prompts, responses = [batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part]
+        mb = collate(prompts, responses, pad_id=t.pad_id)
+
+        def step():
+            t.model.zero_grad(set_to_none=True)
+            prefix_share.micro_batch_logprobs(t, mb, prompts, responses).sum().backward()
+
+        step()
+        c0, w0 = time.process_time(), time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            step()
+        print(f"\n== {name}: one micro-batch of {len(part)} (prompt {len(prompts[0])}, responses "
+              f"{min(map(len, responses))}-{max(map(len, responses))}), forward + backward, profiled: "
+              f"{time.perf_counter() - w0:.2f} s wall, {time.process_time() - c0:.2f} s cpu")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=40))
 
 
 def main() -> None:
@@ -86,10 +123,17 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "configs/grpo_arith_cpu.yaml"))
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2, help="timed A B pairs")
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds (one step per variant each)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the demo trainer uses all cores)")
+    ap.add_argument("--variants", default="plain,cache,auto",
+                    help="comma-separated of plain, cache, row, auto (first must be plain)")
+    ap.add_argument("--profile", action="store_true", help="profile one micro-batch per variant instead")
+    ap.add_argument("--top", type=int, default=15, help="profile rows")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    variants = args.variants.split(",")
+    if variants[0] != "plain" or not set(variants) <= {"plain", "cache", "row", "auto"}:
+        ap.error(f"--variants: plain first, then any of cache, row, auto; got {args.variants!r}")
 
     cfg = load_config(args.config)
     model_path = str(resolve_model_path("default", ""))
@@ -97,26 +141,35 @@ def main() -> None:
     batch = demo_batch(cfg, tokenizer, args.prompts, args.samples, args.seed)
     tc = OmegaConf.merge(cfg.trainer, {"num_threads": args.threads, "precision": "fp32"})
     trainers = {}
-    for name, shared in (("A plain", False), ("B shared", True)):
-        trainers[name] = Trainer(model_path, OmegaConf.merge(tc, {"shared_prefix": shared}), cfg.algo,
-                                 temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
-                                 pad_id=tokenizer.pad_token_id or 0)
-    a, b = trainers.values()
-    lp_a = a.logprobs(batch["prompt_ids"], batch["response_ids"])
-    lp_b = b.logprobs(batch["prompt_ids"], batch["response_ids"])
-    diff = max(abs(x - y) for ra, rb in zip(lp_a, lp_b) for x, y in zip(ra, rb))
-    batch["rollout_logprobs"] = lp_a
+    for name in variants:
+        t = Trainer(model_path, OmegaConf.merge(tc, {"shared_prefix": name != "plain"}), cfg.algo,
+                    temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
+                    pad_id=tokenizer.pad_token_id or 0)
+        t._shared_prefix_layout = name if name != "plain" else "auto"
+        trainers[name] = t
     mbs = tc.micro_batch_size
-    print(f"model {model_path}\n{args.prompts} prompts x {args.samples} samples, prompt lengths "
+    uniq0 = prefix_share.distinct_prompts([batch["prompt_ids"][i] for i in micro_batches(batch, mbs, True)[0]])[0]
+    auto = prefix_share.choose_layout(trainers["plain"].model.config, [len(p) for p in uniq0],
+                                      [len(batch["response_ids"][i]) for i in micro_batches(batch, mbs, True)[0]])
+    print(f"model {model_path} ({trainers['plain'].model.config._attn_implementation} attention)\n"
+          f"{args.prompts} prompts x {args.samples} samples, prompt lengths "
           f"{sorted({len(p) for p in batch['prompt_ids']})}, response lengths {min(map(len, batch['response_ids']))}"
-          f"-{max(map(len, batch['response_ids']))}, micro_batch_size {mbs}, fp32, {args.threads} torch threads")
-    for name, shared in (("plain ", False), ("shared", True)):
-        real, padded = decoder_tokens(batch, mbs, shared)
-        print(f"decoder tokens per step, {name}: {real} real, {padded} with padding")
-    print(f"max |logprob difference| shared vs plain (same weights, fp32): {diff:.2e}")
-    print(f"shared prefix in use: A {a._shared_prefix_on}, B {b._shared_prefix_on}")
+          f"-{max(map(len, batch['response_ids']))}, micro_batch_size {mbs}, fp32, {args.threads} torch threads; "
+          f"auto picks {auto!r} for the first micro-batch")
+    for layout in ("plain", "cache", "row"):
+        real, padded = decoder_tokens(batch, mbs, layout)
+        print(f"decoder tokens per step, {layout:5s}: {real} real, {padded} computed (with padding)")
+    if args.profile:
+        profile_micro_batch(trainers, batch, mbs, args.top)
+        return
+    lps = {k: t.logprobs(batch["prompt_ids"], batch["response_ids"]) for k, t in trainers.items()}
+    batch["rollout_logprobs"] = lps["plain"]
+    for k in variants[1:]:
+        diff = max(abs(x - y) for ra, rb in zip(lps["plain"], lps[k]) for x, y in zip(ra, rb))
+        print(f"max |logprob difference| {k} vs plain (same weights, fp32): {diff:.2e}; "
+              f"shared prefix in use: {trainers[k]._shared_prefix_on}")
 
-    for t in (a, b):  # warm-up (allocator, oneDNN kernels), untimed
+    for t in trainers.values():  # warm-up (allocator, oneDNN kernels), untimed
         t.train_step(batch)
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in trainers}
     for r in range(args.rounds):
@@ -124,16 +177,17 @@ def main() -> None:
             w0, c0 = time.perf_counter(), time.process_time()
             t.train_step(batch)
             times[name].append((time.perf_counter() - w0, time.process_time() - c0))
-            print(f"round {r + 1} {name:9s} wall {times[name][-1][0]:6.2f} s  cpu {times[name][-1][1]:6.2f} s",
+            print(f"round {r + 1} {name:6s} wall {times[name][-1][0]:6.2f} s  cpu {times[name][-1][1]:6.2f} s",
                   flush=True)
     wall = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
-    print(f"median train_step: plain {wall['A plain']:.2f} s wall / {cpu['A plain']:.2f} s cpu, "
-          f"shared {wall['B shared']:.2f} s wall / {cpu['B shared']:.2f} s cpu")
-    print(f"speed-up plain/shared: {wall['A plain'] / wall['B shared']:.2f}x wall, "
-          f"{cpu['A plain'] / cpu['B shared']:.2f}x cpu")
-    wdiff = max(float((pa - pb).abs().max()) for pa, pb in zip(a.model.parameters(), b.model.parameters()))
-    print(f"max |weight difference| after {args.rounds + 1} equal steps: {wdiff:.2e}")
+    for k in variants:
+        print(f"median train_step {k:6s}: {wall[k]:6.2f} s wall / {cpu[k]:6.2f} s cpu; speed-up plain/{k}: "
+              f"{wall['plain'] / wall[k]:.2f}x wall, {cpu['plain'] / cpu[k]:.2f}x cpu")
+    ref = trainers["plain"].model.parameters
+    for k in variants[1:]:
+        wdiff = max(float((pa - pb).abs().max()) for pa, pb in zip(ref(), trainers[k].model.parameters()))
+        print(f"max |weight difference| plain vs {k} after {args.rounds + 1} equal steps: {wdiff:.2e}")
     print("note: the CPU may be shared with other work; ratios from a loaded machine are indicative")
 
 

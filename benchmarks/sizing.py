@@ -78,14 +78,18 @@ def after_warmup(values: list[float]) -> list[float]:
     return values[1:] if len(values) > 1 else list(values)
 
 
-def summarise(measured: dict[str, list[list[float]]], predicted: dict[str, float], roles: dict[str, str]) -> dict:
+def summarise(measured: dict[str, list[list[float]]], predicted: dict[str, float], roles: dict[str, str],
+              in_sample: frozenset = frozenset()) -> dict:
     """The result of the benchmark from per-placement step seconds and predictions.
 
     measured: placement -> one list of step seconds per run (all steps; step 1 dropped here); predicted:
-    placement -> the simulator's seconds per step; roles: {"equal", "sizer", "async"} -> placement name.
-    Returns {"rows": [{placement, measured_s, measured_sd, steps, predicted_s, error}], "equal_over_sizer",
-    "sync_over_async", "worst_error", "targets": {...}}: measured_s = mean of every run's steps 2..N,
-    error = predicted / measured - 1, ratios of measured seconds (> 1: the second is faster).
+    placement -> the simulator's seconds per step; roles: {"equal", "sizer", "async"} -> placement name;
+    in_sample: placements whose runs the sizer was fitted to (their errors are shown, but the error target
+    is judged on the other rows, the predictions the fit did not see, when there are any).
+    Returns {"rows": [{placement, measured_s, measured_sd, steps, predicted_s, error, in_sample}],
+    "equal_over_sizer", "sync_over_async", "worst_error", "targets": {...}}: measured_s = mean of every
+    run's steps 2..N, error = predicted / measured - 1, ratios of measured seconds (> 1: the second is
+    faster).
     Raises ValueError for a role naming a placement that was not measured."""
     rows = []
     means = {}
@@ -97,14 +101,15 @@ def summarise(measured: dict[str, list[list[float]]], predicted: dict[str, float
         pred = predicted.get(name)
         rows.append({"placement": name, "measured_s": means[name],
                      "measured_sd": statistics.stdev(vals) if len(vals) > 1 else 0.0, "steps": len(vals),
-                     "runs": len(runs), "predicted_s": pred,
+                     "runs": len(runs), "predicted_s": pred, "in_sample": name in in_sample,
                      "error": None if pred is None else pred / means[name] - 1.0})
     for role, name in roles.items():
         if name not in means:
             raise ValueError(f"role {role!r}: placement {name!r} was not measured")
     eq_sizer = means[roles["equal"]] / means[roles["sizer"]] if "sizer" in roles else None
     sync_async = means[roles["equal"]] / means[roles["async"]] if "async" in roles else None
-    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    judged = [r for r in rows if not r["in_sample"]] or rows
+    errors = [abs(r["error"]) for r in judged if r["error"] is not None]
     worst = max(errors) if errors else None
     return {"rows": rows, "equal_over_sizer": eq_sizer, "sync_over_async": sync_async, "worst_error": worst,
             "targets": {"sizer_speedup": TARGET_SPEEDUP, "max_error": TARGET_ERROR,
@@ -118,8 +123,9 @@ def markdown(result: dict) -> str:
     for r in result["rows"]:
         pred = "-" if r["predicted_s"] is None else f"{r['predicted_s']:.2f}"
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        lines.append(f"| {r['placement']} | {r['measured_s']:.2f} ± {r['measured_sd']:.2f} ({r['steps']}) | {pred} "
-                     f"| {err} |")
+        fitted = " (fitted to it)" if r.get("in_sample") else ""
+        lines.append(f"| {r['placement']}{fitted} | {r['measured_s']:.2f} ± {r['measured_sd']:.2f} ({r['steps']}) "
+                     f"| {pred} | {err} |")
     t = result["targets"]
 
     def verdict(ok):
@@ -130,8 +136,9 @@ def markdown(result: dict) -> str:
     if result["sync_over_async"] is not None:
         lines.append(f"sync / async: {result['sync_over_async']:.2f}x")
     if result["worst_error"] is not None:
-        lines.append(f"worst |prediction error|: {result['worst_error']:.1%} (target <= {t['max_error']:.0%}: "
-                     f"{verdict(t['error_met'])})")
+        scope = "placements the fit did not see" if any(r.get("in_sample") for r in result["rows"]) else "all"
+        lines.append(f"worst |prediction error| ({scope}): {result['worst_error']:.1%} (target <= "
+                     f"{t['max_error']:.0%}: {verdict(t['error_met'])})")
     return "\n".join(lines)
 
 
@@ -147,12 +154,15 @@ EQUAL = ["placement.mode=disaggregated", "rollout.num_workers=1", "trainer.num_w
 ASYNC = ["placement.mode=disaggregated_async", *EQUAL[1:]]
 
 
-def run_job(name: str, overrides: list[str], out: Path, timeout_s: float) -> Path:
+def run_job(name: str, overrides: list[str], out: Path, timeout_s: float, reuse: bool = False) -> Path:
     """`python -m orchestrator <config> overrides run.output_dir=<out>/<name>` in a subprocess (its own local
     Ray); returns the run folder (its checkpoints deleted: ~1.6 GB each). Retried up to 4 times when the
-    local Ray misses its fixed 30 s start-up window (a loaded machine). Raises RuntimeError with the log's
-    tail when it fails."""
+    local Ray misses its fixed 30 s start-up window (a loaded machine). reuse: keep a finished run of the
+    same overrides already in the folder (`_complete`). Raises RuntimeError with the log's tail when it fails."""
     folder = out / name
+    if reuse and _complete(folder, overrides):
+        print(f"[{time.strftime('%H:%M:%S')}] run {name}: reusing {folder} (--reuse)", flush=True)
+        return folder
     cmd = [sys.executable, "-m", "orchestrator", str(CONFIG), *overrides, f"run.output_dir={folder}",
            f"checkpoint.dir={folder}/checkpoints", f"run.name=sizing_{name}"]
     log_path = out / f"{name}.log"
@@ -175,79 +185,113 @@ def run_job(name: str, overrides: list[str], out: Path, timeout_s: float) -> Pat
     return folder
 
 
+def _complete(folder: Path, overrides: list[str]) -> bool:
+    """Whether `folder` holds a finished run of `overrides`: every one of them is in its config.yaml and its
+    metrics log has trainer.total_steps rows."""
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.load(folder / "config.yaml")
+        rows = read_rows(folder)
+    except (OSError, ValueError):
+        return False
+    wanted = OmegaConf.from_dotlist(overrides)  # a key given twice: the last value wins, as in the run
+    for item in overrides:
+        key = item.split("=", 1)[0]
+        if OmegaConf.select(cfg, key) != OmegaConf.select(wanted, key):
+            return False
+    return len(rows) == int(OmegaConf.select(cfg, "trainer.total_steps"))
+
+
 def read_rows(folder: Path) -> list[dict]:
     from orchestrator.metrics.jsonl import read_jsonl
 
     return read_jsonl(folder / "metrics.jsonl")
 
 
-def size_run(folder: Path, switch_s: float):
-    """(sizing, workload, notes, measurement) of a run's metrics, as `rl-orch size --gpus 2` computes them but
-    with the final checkpoint taken out and the modes colocated, disaggregated and async passed explicitly."""
-    from orchestrator.size_cli import recommend
+def measure_dir(folder: Path):
+    """The run's RunMeasurement as `rl-orch size --metrics <folder>/metrics.jsonl` reads it, with the final
+    checkpoint taken out (a one-off of the run's end, not a per-step cost of a placement)."""
     from orchestrator.sizing.measurements import config_gpus, measure_rows, timed_rows
 
     gpus, extra, _ = config_gpus(folder)
     rows = timed_rows(without_checkpoint(read_rows(folder)), str(folder))
-    run = measure_rows(rows, gpus, str(folder / "metrics.jsonl"), "config.yaml", extra)
-    sizing, workload, notes = recommend([run], GPUS, ("colocated", "disaggregated", "async"), switch_s=switch_s,
+    return measure_rows(rows, gpus, str(folder / "metrics.jsonl"), "config.yaml", extra)
+
+
+def size_runs(folders: list[Path], switch_s: float):
+    """(sizing, workload, notes, measurements) of the runs, as `rl-orch size --metrics a --metrics b --gpus 2`
+    computes them, with the modes colocated, disaggregated and async passed explicitly."""
+    from orchestrator.size_cli import recommend
+
+    runs = [measure_dir(f) for f in folders]
+    sizing, workload, notes = recommend(runs, GPUS, ("colocated", "disaggregated", "async"), switch_s=switch_s,
                                         staleness=1)
-    return sizing, workload, notes, run
+    return sizing, workload, notes, runs
 
 
 def placement_of(split_overrides: dict) -> list[str]:
     return [f"{k}={v}" for k, v in split_overrides.items()]
 
 
+EQUAL_NAME, FULL_NAME, ASYNC_NAME = "equal 1+1 (disaggregated)", "colocated 2 (both roles on both GPUs)", "async 1+1"
+SLUGS = {EQUAL_NAME: "equal", FULL_NAME: "coloc2", ASYNC_NAME: "async"}
+
+
 def plan(args, out: Path) -> dict:
-    """Round 1: the equal split, the sizer on it, then the sizer's and the async placements. Returns the
-    placements to run ({name: overrides}), the predictions, the roles and the sizer's printout."""
+    """Calibration: the equal split (every role on 1 GPU) and every role on both GPUs (colocated 2): the
+    throughput of each role at two sizes, from which the sizer fits how each phase scales (the issue's "fitted
+    from runs at two or more sizes"). Then the sizer's choice and async 1+1. Returns the placements to run
+    ({name: overrides}), the predictions of the fit, the roles, the calibration runs and the sizer's printout."""
     from orchestrator.config import load_config
     from orchestrator.replace import to_overrides
     from orchestrator.size_cli import format_sizing
     from orchestrator.sizing.workload import Split, evaluate
 
     base = job_overrides(args)
-    equal_dir = run_job("equal_r1", base + EQUAL, out, args.timeout_s)
-    sizing, w, notes, run = size_run(equal_dir, args.switch_s)
-    ph = run.phases
-    report = "\n".join(["sizer on the equal-split run (modes colocated, disaggregated, async; switch "
-                        f"{args.switch_s:g} s):", *[f"  {n}" for n in notes],
+    cfg = load_config(CONFIG, base + EQUAL)
+    full_over, why = to_overrides(cfg, Split("colocated", GPUS, GPUS))
+    if full_over is None:
+        raise RuntimeError(f"colocated {GPUS} cannot be expressed in the config: {why}")
+    known = {EQUAL_NAME: (Split("disaggregated", 1, 1), base + EQUAL),
+             FULL_NAME: (Split("colocated", GPUS, GPUS), base + EQUAL + placement_of(full_over)),
+             ASYNC_NAME: (Split("async", 1, 1), base + ASYNC)}
+    calib = {n: run_job(f"{SLUGS[n]}_r1", known[n][1], out, args.timeout_s, args.reuse) for n in (EQUAL_NAME, FULL_NAME)}
+    sizing, w, notes, runs = size_runs(list(calib.values()), args.switch_s)
+    ph = runs[0].phases
+    report = "\n".join([f"sizer fitted to the calibration runs ({', '.join(calib)}; modes colocated, disaggregated, "
+                        f"async; switch {args.switch_s:g} s):", *[f"  {n}" for n in notes],
                         format_sizing(sizing, w, ("colocated", "disaggregated", "async"))])
     print(report, flush=True)
     bound = ph.get("generate", 0.0) > ph.get("train", 0.0) + ph.get("sync", 0.0)
     print(f"equal split: generate {ph.get('generate', 0):.2f} s, train {ph.get('train', 0):.2f} s, sync "
           f"{ph.get('sync', 0):.2f} s per step -> {'rollout-bound' if bound else 'NOT rollout-bound'}", flush=True)
-    cfg = load_config(CONFIG, base + EQUAL)
     best = sizing.best.split
     over, why = to_overrides(cfg, best)
     if over is None:
         raise RuntimeError(f"the sizer's split {best.describe(w)} cannot be expressed in the config: {why}")
-    known = {"equal 1+1 (disaggregated)": (Split("disaggregated", 1, 1), base + EQUAL),
-             "async 1+1": (Split("async", 1, 1), base + ASYNC)}
-    sizer_name = next((n for n, (s, _) in known.items() if s == best), f"sizer: {best.describe(w)}")
-    order = dict.fromkeys(["equal 1+1 (disaggregated)", sizer_name, "async 1+1"])  # run order, no duplicate
+    sizer_name = next((n for n, (sp, _) in known.items() if sp == best), f"sizer: {best.describe(w)}")
+    SLUGS.setdefault(sizer_name, "sizer")
     known.setdefault(sizer_name, (best, base + EQUAL + placement_of(over)))
-    splits = {n: known[n][0] for n in order}
+    order = dict.fromkeys([EQUAL_NAME, FULL_NAME, sizer_name, ASYNC_NAME])  # run order, no duplicate
     placements = {n: known[n][1] for n in order}
-    predicted = {n: evaluate(w, s).step_s for n, s in splits.items()}
-    roles = {"equal": "equal 1+1 (disaggregated)", "sizer": sizer_name, "async": "async 1+1"}
-    return {"placements": placements, "predicted": predicted, "roles": roles, "first_equal": equal_dir,
+    predicted = {n: evaluate(w, known[n][0]).step_s for n in order}
+    roles = {"equal": EQUAL_NAME, "sizer": sizer_name, "async": ASYNC_NAME}
+    return {"placements": placements, "predicted": predicted, "roles": roles, "calibration": calib,
             "sizer_report": report, "rollout_bound": bound, "phases": ph, "sizer_split": best.describe(w)}
 
 
 def measure(args, out: Path, p: dict) -> tuple[dict, dict]:
-    """Every placement `args.repeats` times, alternating; the first equal run is reused. Returns
+    """Every placement `args.repeats` times, alternating; round 1's calibration runs are reused. Returns
     (placement -> step seconds per run, placement -> measured colocated switch seconds)."""
     measured: dict[str, list[list[float]]] = {n: [] for n in p["placements"]}
     switch: dict[str, float] = {}
-    slug = {n: f"p{i}" for i, n in enumerate(p["placements"])}
     for r in range(1, args.repeats + 1):
         for name, overrides in p["placements"].items():
-            if r == 1 and name == p["roles"]["equal"]:
-                folder = p["first_equal"]
+            if r == 1 and name in p["calibration"]:
+                folder = p["calibration"][name]
             else:
-                folder = run_job(f"{slug[name]}_r{r}", overrides, out, args.timeout_s)
+                folder = run_job(f"{SLUGS[name]}_r{r}", overrides, out, args.timeout_s, args.reuse)
             rows = read_rows(folder)
             measured[name].append(step_seconds(rows, drop_last="placement.mode=disaggregated_async" in overrides))
             sw = [float(x.get("colocate/sleep_s", 0)) + float(x.get("colocate/wake_s", 0)) for x in rows[1:]
@@ -266,6 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny and quick: 3 steps, 16 new tokens, 1 repeat")
     ap.add_argument("--out", default=str(ROOT / "runs" / "sizing_bench"))
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="longest one run may take")
+    ap.add_argument("--reuse", action="store_true", help="keep finished runs of the same overrides in --out")
     ap.add_argument("overrides", nargs="*", help="extra key=value config overrides for every run")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -277,7 +322,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     p = plan(args, out)
     measured, switch = measure(args, out, p)
-    result = summarise(measured, p["predicted"], p["roles"])
+    result = summarise(measured, p["predicted"], p["roles"], in_sample=frozenset(p["calibration"]))
     result.update({"command": " ".join(sys.argv), "steps": args.steps, "repeats": args.repeats,
                    "max_new_tokens": args.max_new_tokens, "switch_s_assumed": args.switch_s,
                    "switch_s_measured": switch, "rollout_bound": p["rollout_bound"],

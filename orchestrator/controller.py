@@ -248,6 +248,8 @@ class GRPOController:
         row["rollout/worker_generate_s_mean"] = sum(m["rollout/generate_s"] for _, m in results) / len(results)
         row["rollout/response_len_mean"] = sum(lengths) / len(lengths)
         row["rollout/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / len(trajs)
+        for key in sorted({k for _, m in results for k in m if k.startswith("memory/")}):  # the largest engine
+            row[key] = max(m.get(key, 0.0) for _, m in results)
         return trajs
 
     def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
@@ -300,8 +302,9 @@ class GRPOController:
 
     def sync_weights(self, step: int, row: dict) -> None:
         """Trainer -> every engine by `weight_sync.strategy`; then every engine's version and checksums
-        must equal the trainer's, or the step stops with an error naming the tensor group."""
-        row.update(self.syncer.sync(step))
+        must equal the trainer's; a failed verification is redone up to weight_sync.retries times (counted in
+        sync/failures), then the step stops with an error naming the tensor group."""
+        row.update(self.syncer.sync_with_retries(step, self.cfg.weight_sync.retries))
         self.version = step
 
     # ---- checkpoints ----------------------------------------------------------------------------

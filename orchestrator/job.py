@@ -25,7 +25,8 @@ _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"
 
 def connect_ray(cfg) -> None:
     """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
-    placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N})."""
+    placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N}; its metrics
+    agent serves Prometheus on metrics.ray_export_port when that is set)."""
     if ray.is_initialized():
         return
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
@@ -35,7 +36,8 @@ def connect_ray(cfg) -> None:
         p = cfg.placement
         fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": _QUIET_ENV}, resources=fake)
+                 runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
+                 _metrics_export_port=cfg.metrics.ray_export_port or None)
 
 
 @dataclass
@@ -97,7 +99,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
         reference = ReferenceActor.options(**opts("reference")).remote(
             str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads,
             micro_batch_tokens=cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None,
-            shared_prefix=cfg.trainer.shared_prefix)
+            shared_prefix=cfg.trainer.shared_prefix, attn_implementation=cfg.trainer.attn_implementation)
     functions = [(f.name, f.weight) for f in cfg.reward.functions]
     rm = cfg.reward.model_path
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None

@@ -10,6 +10,7 @@ rollout runs on stale or corrupted weights. Every call waits at most `weight_syn
 """
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Optional
@@ -17,6 +18,9 @@ from typing import Optional
 import ray
 
 from orchestrator.sync import WeightMismatchError, choose_strategy, compare_checksums, predict_sync, setup_from_fabric
+
+
+log = logging.getLogger(__name__)
 
 
 class WeightSyncer:
@@ -52,6 +56,25 @@ class WeightSyncer:
         metrics.update({"sync/seconds": seconds, "sync/version": version, "sync/bytes_full": meta["bytes"],
                         "sync/bytes": moved, "sync/gbps": moved * len(ids) / max(seconds, 1e-9) / 1e9})
         return metrics
+
+    def sync_with_retries(self, version: int, retries: int) -> dict:
+        """`sync(version)`, redone up to `retries` times (weight_sync.retries) when verification fails: a
+        corrupted or stale engine (WeightMismatchError). Returns the metrics of the attempt that passed, with
+        `sync/failures` = the failed attempts before it (Prometheus rl_orch_sync_failures_total). Raises the
+        last WeightMismatchError when every attempt failed; TimeoutError and other errors at once (a hung
+        transport is not retried)."""
+        for attempt in range(retries + 1):
+            try:
+                metrics = self.sync(version)
+            except WeightMismatchError as e:
+                if attempt == retries:
+                    raise
+                log.warning("weight sync to version %d failed verification (%s); redoing it (%d of %d)",
+                            version, e, attempt + 1, retries)
+                continue
+            metrics["sync/failures"] = attempt
+            return metrics
+        raise AssertionError("unreachable")
 
     def _transfer(self, version: int, ids: list[int]) -> tuple[dict, list[dict], dict]:
         raise NotImplementedError

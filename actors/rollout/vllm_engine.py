@@ -37,6 +37,10 @@ class VLLMEngine:
         self.llm = LLM(**engine_kwargs(model_path, rollout_cfg, seed), **placement)
         self.cfg = rollout_cfg
         self.tokenizer = self.llm.get_tokenizer()
+        if getattr(rollout_cfg, "ray_metrics", False):
+            from actors.rollout.vllm_metrics import export_to_ray
+
+            self.ray_metrics = export_to_ray(self.llm)  # vLLM's vllm:* metrics also as Prometheus ray_vllm_*
 
     def sleep(self, level: int = 1) -> None:
         """vLLM `LLM.sleep(level)` when sleep mode is on (GPU, colocated); otherwise nothing."""
@@ -111,12 +115,13 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
 
 
 def sampling_params(rollout_cfg, n: int):
-    """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens`, with the
-    sampled token's logprob (logprobs=0)."""
+    """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens` (exactly that many
+    with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0)."""
     from vllm import SamplingParams
 
     return SamplingParams(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0)
+                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0,
+                          ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
 
 
 def token_prompts(requests: Sequence[PromptRequest]) -> list:

@@ -9,6 +9,7 @@ from typing import Optional
 
 import ray
 
+from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env
 from actors.rollout.sleep_state import SleepState
 from actors.rollout.vllm_engine import VLLMEngine
@@ -41,7 +42,7 @@ class RolloutWorker:
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         return trajs, {"rollout/tokens": tokens, "rollout/generate_s": dt, "rollout/tokens_per_s": tokens / max(dt, 1e-9),
                        "rollout/prefill_tokens_requested": requested, "rollout/prefill_tokens_computed": requested - hits,
-                       "rollout/prefix_cache_hits": hits}
+                       "rollout/prefix_cache_hits": hits, **peak_memory_metrics("rollout")}
 
     def generate_multiturn(self, groups: list, env_cfg: dict, worker_id=0) -> tuple[list[Trajectory], dict[str, float]]:
         """Multi-turn episodes for the groups routed to this worker (GroupRequest or {"group_id", "sample",

@@ -105,6 +105,7 @@ def validate(cfg) -> None:
                     "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
                     "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens",
                     "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port",
+                    "weight_sync.retries",
                     "memory.device_gib", "algo.max_staleness", "placement.fake_gpus", "sizing.total_gpus"]
     for key in non_negative:
         value = _get(cfg, key)
@@ -129,8 +130,9 @@ def validate(cfg) -> None:
                           "must be in (0, 1]")
     if not 1 <= cfg.weight_sync.delta.zstd_level <= 22:
         raise ConfigError(f"weight_sync.delta.zstd_level={cfg.weight_sync.delta.zstd_level!r} must be in [1, 22]")
-    if not 0 <= cfg.metrics.prometheus_port <= 65535:
-        raise ConfigError(f"metrics.prometheus_port={cfg.metrics.prometheus_port!r} must be in [0, 65535]")
+    for key in ("prometheus_port", "ray_export_port"):
+        if not 0 <= getattr(cfg.metrics, key) <= 65535:
+            raise ConfigError(f"metrics.{key}={getattr(cfg.metrics, key)!r} must be in [0, 65535]")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
     if not 0 <= cfg.trainer.min_lr_ratio <= 1:

@@ -64,6 +64,10 @@ class RolloutConfig:
     # GPU, 128 on CPU). Multi-turn rollouts on CPU want a smaller block (e.g. 32) so short turns hit.
     block_size: int = 0
     seed: int = 0
+    # vLLM's own engine metrics (vllm:*) also go through Ray's metrics agent (Prometheus ray_vllm_*)
+    ray_metrics: bool = True
+    # Benchmarks: every response runs to max_new_tokens (vLLM ignore_eos), so each step does the same work
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -139,6 +143,9 @@ class TrainerConfig:
     # a boundary (case C11). micro_batch_size is then unused by the update.
     packing: bool = False
     micro_batch_tokens: int = 4096
+    # Attention kernel of the trainer and reference models: auto | sdpa | eager | flash_attention_2. auto =
+    # FlashAttention-2 varlen for packed rows on GPUs with flash_attn installed and bf16 compute, else sdpa.
+    attn_implementation: str = "auto"
     # Mixture-of-experts policies: weight of the router load-balancing loss (Switch Transformer,
     # Fedus et al. 2021, eq. 4), over real tokens only (case C12). Ignored for dense models.
     router_aux_loss_coef: float = 0.001
@@ -230,6 +237,7 @@ class WeightSyncConfig:
     bucket_mb: int = 256  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
     timeout_s: float = 600.0  # one sync (all buckets, all engines); past it the run stops with an error
     verify: bool = True  # every engine reports its version and per-group checksums after each sync
+    retries: int = 1  # a sync that fails verification is redone this many times (sync/failures counts them)
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
     fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)
@@ -240,6 +248,10 @@ class MetricsConfig:
     # Prometheus /metrics served by the controller; 0 = off. Bound to `host` (loopback unless set).
     prometheus_port: int = 0
     prometheus_host: str = "127.0.0.1"
+    # A local Ray only (no run.ray_address): the port of the node's Ray metrics agent, which serves Ray's and
+    # vLLM's metrics (ray_*, ray_vllm_*) to Prometheus; 0 = a port Ray picks. A cluster sets its own with
+    # `ray start --metrics-export-port`.
+    ray_export_port: int = 0
 
 
 @dataclass
@@ -277,6 +289,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.old_logprobs": ("trainer", "rollout"),
     "trainer.precision": ("fp32", "bf16-autocast"),
+    "trainer.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
     "rollout.dtype": ("bfloat16", "float32", "float16"),
     "placement.strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     "placement.mode": ("disaggregated", "colocated", "disaggregated_async"),

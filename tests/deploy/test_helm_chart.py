@@ -302,6 +302,25 @@ def test_entrypoint_config_loads(values_path, tmp_path):
         assert cfg.data.prompt_suffix == ""  # no preset: nothing of the demo config leaks in
 
 
+def test_7b_example_runs_fsdp2_trainer_ranks(tmp_path):
+    """The 7B example's rendered run config (what the RayJob entrypoint reads) shards the trainer over 8
+    GPUs with FSDP2 beside 8 one-GPU engines and the reference; tests/deploy/test_helm_7b_plan.py checks
+    that this fits 80 GB GPUs."""
+    objects = render(values_file(EXAMPLE_7B), name="grpo-7b")
+    config_file, overrides = run_config_and_argv(objects, tmp_path)
+    assert overrides == []
+    raw = yaml.safe_load(config_file.read_text())
+    assert raw["trainer"]["num_workers"] == 8 and raw["trainer"]["gradient_checkpointing"] is True
+    cfg = load_config(config_file, overrides)
+    t, p, r = cfg.trainer, cfg.placement, cfg.rollout
+    assert (t.num_workers, t.gradient_checkpointing, t.precision) == (8, True, "bf16-autocast")
+    assert (p.resource, p.mode, p.trainer_per_worker, p.reference_per_worker) == ("GPU", "disaggregated", 0.75, 0.25)
+    assert (r.num_workers, r.tensor_parallel_size, p.rollout_per_worker) == (8, 1, 1.0)
+    assert cfg.algo.kl_coef > 0 and cfg.memory.preflight and 0 < cfg.memory.device_gib <= 80
+    assert r.prompts_per_step * r.n % (t.num_workers * t.mini_batches) == 0  # every rank gets an equal share
+    assert "LIMIT" not in EXAMPLE_7B.read_text()  # the single-GPU trainer limit is gone with FSDP2
+
+
 def test_metrics_ports_annotations_and_scrape_config(tmp_path):
     objects = render()
     rayjob = one(objects, "RayJob")

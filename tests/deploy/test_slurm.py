@@ -8,6 +8,7 @@ Needs the Debian packages `slurm-wlm` and `munge` (`make system-deps`); about 5 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.deploy.slurm_cluster import free_port
 from tests.integration.conftest import tiny_overrides
@@ -40,8 +42,8 @@ def _launcher_env(tiny_model: Path, out: Path) -> dict[str, str]:
             "RAY_AUTH_TOKEN": secrets.token_hex(32), "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
-def _submit(cluster, tiny_model: Path, out: Path, steps: int) -> tuple[int, dict[str, str], Path]:
-    env = _launcher_env(tiny_model, out)
+def _submit(cluster, tiny_model: Path, out: Path, steps: int, **extra_env: str) -> tuple[int, dict[str, str], Path]:
+    env = {**_launcher_env(tiny_model, out), **extra_env}
     # the tiny run, given as script arguments; model and output dir come from RL_ORCH_MODEL / RL_ORCH_OUTPUT_DIR
     overrides = [o for o in tiny_overrides(tiny_model, out, **{"trainer.total_steps": steps})
                  if not o.startswith(("model.path=", "run.output_dir=", "checkpoint.dir="))]
@@ -90,7 +92,7 @@ def _assert_ray_gone(env: dict[str, str], timeout_s: float = 60.0) -> None:
 @pytest.mark.timeout(900)
 def test_sbatch_run_completes_with_checkpoint(slurm_cluster, tiny_model, tmp_path):
     out = tmp_path / "run"
-    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1)
+    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1, RL_ORCH_PROMETHEUS_PORT=str(free_port()))
     info = slurm_cluster.wait_until_done(job, timeout_s=600)
     text = _read(log)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-5000:]}"
@@ -104,8 +106,30 @@ def test_sbatch_run_completes_with_checkpoint(slurm_cluster, tiny_model, tmp_pat
     sd = json.loads((Path(env["RL_ORCH_RAY_TMPDIR"]) / "prom_metrics_service_discovery.json").read_text())
     targets = [t for group in sd for t in group["targets"]]
     assert any(t.endswith(f":{env['RL_ORCH_RAY_METRICS_PORT']}") for t in targets), targets
+    _assert_job_prometheus_config(job, env, out, text)
     _assert_ray_gone(env)
     shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)  # Ray's logs: kept where a test fails
+
+
+def _assert_job_prometheus_config(job: int, env: dict[str, str], out: Path, text: str) -> None:
+    """The launcher wrote this job's Prometheus config next to the run (RL_ORCH_OUTPUT_DIR), printed it and
+    the command, and the config scrapes the job's discovery file and the controller on the head node at
+    RL_ORCH_PROMETHEUS_PORT; `promtool check config` accepts it (alerts.yml loaded by absolute path)."""
+    config = out / f"rl_orch-{job}.prometheus.yml"
+    assert config.is_file(), text[-5000:]
+    assert f"rl_orch: Prometheus config of this job: {config}" in text, text[-5000:]
+    assert f"prometheus --config.file={config} " in text, text[-5000:]
+    head_ip = re.search(r"head \S+ \(([^)]+)\)", text).group(1)
+    parsed = yaml.safe_load(config.read_text())
+    jobs = {j["job_name"]: j for j in parsed["scrape_configs"]}
+    sd = Path(env["RL_ORCH_RAY_TMPDIR"]) / "prom_metrics_service_discovery.json"
+    assert jobs["ray"]["file_sd_configs"][0]["files"] == [str(sd)]
+    assert jobs["rl-orchestrator"]["static_configs"] == [{"targets": [f"{head_ip}:{env['RL_ORCH_PROMETHEUS_PORT']}"]}]
+    assert parsed["rule_files"] == [str(REPO / "deploy" / "prometheus" / "alerts.yml")]
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install the Debian package prometheus (scripts/install_system_deps.sh)"
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "WARNING" not in check.stdout + check.stderr, check.stdout + check.stderr
 
 
 @pytest.mark.timeout(900)

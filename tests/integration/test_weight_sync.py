@@ -142,6 +142,10 @@ def test_verification_catches_a_corrupted_bucket(ray_local, tiny_model, tmp_path
         ray.get(engines[1].extension_call.remote("inject_fault_next_load"))
         with pytest.raises(WeightMismatchError, match="rollout worker 1: tensor group '(lm_head|model.embed_tokens)'"):
             syncer.sync(2)
+        # weight_sync.retries: the controller redoes a failed verification and counts it
+        ray.get(engines[0].extension_call.remote("inject_fault_next_load"))
+        assert syncer.sync_with_retries(2, retries=1)["sync/failures"] == 1
+        assert [ray.get(e.checksums.remote())["version"] for e in engines] == [2, 2]
     finally:
         _kill(trainer, *engines)
 

@@ -156,6 +156,9 @@ def _get(cfg, dotted: str):
     ("algo.tis_cap=0.5", "algo.tis_cap=0.5 must be >= 1 or null"),
     ("trainer.betas=[0.9]", "trainer.betas=[0.9] must have 2 values"),
     ("reward.functions=[]", "reward.functions is empty"),
+    ("metrics.prometheus_port=65536", "metrics.prometheus_port=65536 must be in [0, 65535]"),
+    ("metrics.ray_export_port=70000", "metrics.ray_export_port=70000 must be in [0, 65535]"),
+    ("metrics.ray_export_port=-1", "metrics.ray_export_port=-1 must be in [0, 65535]"),
 ])
 def test_range_checks(override: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as e:

@@ -86,25 +86,35 @@ def test_distinct_prompts_and_order():
 
 
 # ---- logprobs and gradients of one micro-batch -------------------------------------------------
+@pytest.fixture(scope="module")
+def eager_model(tiny):
+    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32, attn_implementation="eager")
+
+
+@pytest.mark.parametrize("layout, attn", [("row", "sdpa"), ("cache", "sdpa"), ("row", "eager"), ("auto", "sdpa")])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_logprobs_equal_the_plain_forward(model, temperature):
+def test_logprobs_equal_the_plain_forward(model, eager_model, temperature, layout, attn):
+    model = model if attn == "sdpa" else eager_model
+    assert model.config._attn_implementation == attn
     responses = _responses()
     mb = collate(PROMPTS, responses)
     plain = forward_logprobs(model, mb, temperature)
-    shared = prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, mb.mask, temperature)
+    shared = prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, mb.mask, temperature, layout=layout)
     assert shared.shape == plain.shape and shared.dtype == torch.float32
     assert torch.equal(shared == 0, plain == 0)  # same layout: zero off the response positions
     assert torch.allclose(shared, plain, atol=1e-5, rtol=0)
     assert plain[mb.mask].abs().min() > 0.1  # real values compared, not zeros
 
 
-def test_loss_and_every_gradient_equal_the_plain_forward(model):
+@pytest.mark.parametrize("layout, attn", [("row", "sdpa"), ("cache", "sdpa"), ("row", "eager")])
+def test_loss_and_every_gradient_equal_the_plain_forward(model, eager_model, layout, attn):
+    model = model if attn == "sdpa" else eager_model
     responses = _responses(seed=3)
     mb = collate(PROMPTS, responses)
     weights = torch.randn(mb.mask.shape, generator=torch.Generator().manual_seed(0))
     grads, losses = [], []
     for fn in (lambda m: forward_logprobs(m, mb, 0.8),
-               lambda m: prefix_share.shared_prefix_logprobs(m, PROMPTS, responses, mb.mask, 0.8)):
+               lambda m: prefix_share.shared_prefix_logprobs(m, PROMPTS, responses, mb.mask, 0.8, layout=layout)):
         m = copy.deepcopy(model)
         loss = (fn(m) * weights)[mb.mask].sum() / mb.mask.sum()
         loss.backward()
@@ -117,17 +127,56 @@ def test_loss_and_every_gradient_equal_the_plain_forward(model):
         assert g.abs().max() > 0, n  # every parameter gets a gradient through both paths
 
 
-def test_prompt_runs_once_per_micro_batch(model):
+@pytest.mark.parametrize("layout", ["cache", "row"])
+def test_prompt_runs_once_per_micro_batch(model, layout):
     responses = _responses()
-    seen = []
+    seen, heads = [], []
     handle = model.get_input_embeddings().register_forward_hook(lambda mod, inp, out: seen.append(inp[0].numel()))
+    head = model.get_output_embeddings().register_forward_hook(lambda mod, inp, out: heads.append(inp[0].shape))
     try:
         mb = collate(PROMPTS, responses)
-        prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, mb.mask, 1.0)
+        prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, mb.mask, 1.0, layout=layout)
     finally:
         handle.remove()
-    # 3 distinct prompts right-padded to 7, then 12 responses right-padded to the longest
-    assert seen == [3 * 7, len(PROMPTS) * max(map(len, responses))]
+        head.remove()
+    if layout == "cache":  # 3 distinct prompts right-padded to 7, then 12 responses right-padded to the longest
+        assert seen == [3 * 7, len(PROMPTS) * max(map(len, responses))]
+    else:  # one row: the 3 distinct prompts (7 + 2 + 4 ids) and every response, no padding
+        assert seen == [7 + 2 + 4 + sum(map(len, responses))]
+    # the LM head sees the response-scoring hidden states only (one per response token)
+    assert heads == [torch.Size([sum(map(len, responses)), model.config.hidden_size])]
+
+
+def test_row_layout_and_mask_by_hand():
+    # prompts P0 = [1, 2], P1 = [3]; samples 0 and 2 have P0, sample 1 has P1
+    lay = prefix_share.row_layout([[1, 2], [3]], [0, 1, 0], [[4, 5], [6], [7]])
+    assert lay["ids"].tolist() == [1, 2, 4, 5, 7, 3, 6]  # P0, its responses (samples 0, 2), P1, sample 1
+    assert lay["position_ids"].tolist() == [0, 1, 2, 3, 2, 0, 1]
+    assert lay["prompt"].tolist() == [0, 0, 0, 0, 0, 1, 1]
+    assert lay["sample"].tolist() == [-1, -1, 0, 0, 2, -1, 1]
+    # samples in input order: 4 scored by P0's last token (row 1), 5 by 4 (row 2), 6 by P1 (row 5), 7 by row 1
+    assert lay["score"].tolist() == [1, 2, 5, 1] and lay["targets"].tolist() == [4, 5, 6, 7]
+    keep = prefix_share.row_mask(lay["prompt"], lay["sample"]).int().tolist()
+    assert keep == [[1, 0, 0, 0, 0, 0, 0],
+                    [1, 1, 0, 0, 0, 0, 0],
+                    [1, 1, 1, 0, 0, 0, 0],
+                    [1, 1, 1, 1, 0, 0, 0],
+                    [1, 1, 0, 0, 1, 0, 0],  # sample 2 sees P0 and itself, not sample 0
+                    [0, 0, 0, 0, 0, 1, 0],  # P1 sees nothing of P0's block
+                    [0, 0, 0, 0, 0, 1, 1]]
+
+
+def test_choose_layout_by_flops():
+    # SmolLM2-135M's dims: per token 2 * (2*576*12*64 + 3*576*1536) = 7,077,888 FLOPs, per pair 4*9*64 = 2304
+    smol = SimpleNamespace(_attn_implementation="sdpa", hidden_size=576, num_attention_heads=9,
+                           num_key_value_heads=3, head_dim=64, intermediate_size=1536)
+    demo = [15, 20, 25, 30, 35, 40, 45, 48]  # T = 49 + 258 = 307
+    # row: 307 * 7,077,888 + 307^2 * 2304 = 2.39e9 < cache: 433 * 7,077,888 + (49^2 + 8*48*97) * 2304 = 3.16e9
+    assert prefix_share.choose_layout(smol, [49], demo) == "row"
+    # 8 x 2048-token responses: row 16896 tokens but 16896^2 pairs (7.8e11) > cache (2.2e11)
+    assert prefix_share.choose_layout(smol, [512], [2048] * 8) == "cache"
+    flash = SimpleNamespace(**{**vars(smol), "_attn_implementation": "flash_attention_2"})
+    assert prefix_share.choose_layout(flash, [49], demo) == "cache"  # no custom 4-D mask there
 
 
 def test_bad_mask_is_refused(model):
@@ -139,6 +188,8 @@ def test_bad_mask_is_refused(model):
         prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, short, 1.0)
     with pytest.raises(ValueError, match="at least one token"):
         prefix_share.shared_prefix_logprobs(model, [[1], []], [[2], [3]], mb.mask[:2], 1.0)
+    with pytest.raises(ValueError, match="layout"):
+        prefix_share.shared_prefix_logprobs(model, PROMPTS, responses, mb.mask, 1.0, layout="tree")
 
 
 # ---- whole train steps ------------------------------------------------------------------------
@@ -168,12 +219,13 @@ def _pair(tiny, algo=None, **over):
 
 # mini_batches 2: old logprobs through `_old_logprobs`; a small lr keeps the first mini-batch's AdamW step
 # (which can flip rounding-sized gradient entries, see above) from separating the second one's weights
-@pytest.mark.parametrize("over", [{}, {"micro_batch_size": 12},
-                                  {"mini_batches": 2, "micro_batch_size": 3, "lr": 1e-6}])
-def test_train_step_on_and_off_give_the_same_weights(tiny, shared_calls, over):
+@pytest.mark.parametrize("over, layout", [({}, "auto"), ({}, "cache"), ({"micro_batch_size": 12}, "auto"),
+                                          ({"mini_batches": 2, "micro_batch_size": 3, "lr": 1e-6}, "auto")])
+def test_train_step_on_and_off_give_the_same_weights(tiny, shared_calls, over, layout):
     algo = OmegaConf.structured(AlgoConfig)
     algo.kl_coef = 0.1  # ref logprobs enter the loss too
     on, off = _pair(tiny, algo, **over)
+    on._shared_prefix_layout = layout  # "auto" picks "row" for these short rows
     batch = _batch()
     # reference logprobs near the policy's (k3 KL stays moderate): the plain path's, shifted by 0.1
     batch["ref_logprobs"] = [[v + 0.1 for v in r] for r in off.logprobs(batch["prompt_ids"], batch["response_ids"])]

@@ -76,7 +76,19 @@ def test_markdown_table_rows_and_verdicts() -> None:
     assert "| as | 8.00 ± 0.00 (1) | - | - |" in text
     assert "equal / sizer: 2.00x (target >= 1.2x: met)" in text
     assert "sync / async: 1.38x" in text
-    assert "worst |prediction error|: 10.0% (target <= 15%: met)" in text
+    assert "worst |prediction error| (all): 10.0% (target <= 15%: met)" in text
+
+
+def test_in_sample_rows_are_shown_but_not_judged() -> None:
+    """The sizer fitted to runs eq and co: their errors are in-sample; the target is judged on sz only."""
+    res = sb.summarise({"eq": [[0.0, 10.0]], "co": [[0.0, 8.0]], "sz": [[0.0, 5.0]]},
+                       {"eq": 10.0, "co": 12.0, "sz": 5.5}, {"equal": "eq", "sizer": "sz"},
+                       in_sample=frozenset({"eq", "co"}))
+    assert [r["in_sample"] for r in res["rows"]] == [True, True, False]
+    assert res["worst_error"] == pytest.approx(0.10)  # sz: 5.5 / 5 - 1; co's +50% is in-sample
+    text = sb.markdown(res)
+    assert "| co (fitted to it) | 8.00 ± 0.00 (1) | 12.00 | +50.0% |" in text
+    assert "worst |prediction error| (placements the fit did not see): 10.0%" in text
 
 
 def test_step_seconds_drop_last_for_async_runs() -> None:
