@@ -2,23 +2,24 @@
 
 On this machine with fake GPUs (placement.resource=fake_gpu, placement.fake_gpus=2: each fake GPU is one
 pinned core, orchestrator/placement_plan.py) it runs the default job (configs/grpo_arith_cpu.yaml, the
-default model) made rollout-bound (longer generations: rollout.max_new_tokens, a step-by-step prompt) in:
+default model, a step-by-step prompt, rollout.max_new_tokens; extra key=value overrides shape it, e.g. the
+rollout-bound job of benchmarks/RESULTS.md: rollout.prompts_per_step=2 rollout.n=4 rollout.ignore_eos=true,
+fixed-length responses so that every step does the same work) in:
 
-1. the equal split: disaggregated, rollout 1 + trainer 1 fake GPU (synchronous);
-2. the sizer's split: the equal-split run's metrics sized for 2 GPUs with `orchestrator.size_cli.recommend`
-   (what `rl-orch size --metrics <run>/metrics.jsonl --gpus 2` runs), realised as config overrides by
-   `orchestrator.replace.to_overrides` (the mapping placement.auto uses);
-3. disaggregated_async 1 + 1 (one step off-policy), the async side of the sync/async ratio (its sync side
-   is run 1).
+1. calibration at two sizes: the equal split (disaggregated, rollout 1 + trainer 1 fake GPU, synchronous)
+   and every role on both GPUs (colocated 2: 2 engines + 2 FSDP2 trainer ranks, time-sliced);
+2. the sizer fitted to both runs (`orchestrator.size_cli.recommend`: what `rl-orch size --metrics a
+   --metrics b --gpus 2` runs) and its split, realised as config overrides by
+   `orchestrator.replace.to_overrides` (the mapping placement.auto uses), when not already measured;
+3. disaggregated_async 1 + 1 (one step off-policy), the async side of the sync/async ratio.
 
-With --repeats R the rounds alternate (equal, sizer, async, equal, sizer, async, ...); a placement the sizer
-picks that is already in the list is run once per round. Per placement it prints the measured seconds per
-step (`timing/step_s` minus `timing/checkpoint_s`, mean of steps 2..N over the repeats: step 1 is warm-up
-and the only checkpoint is the final one; async runs also leave out step N, which no generation of a next
-batch overlaps), the simulator's prediction for that placement from the costs
-measured in the first equal-split run (`orchestrator.sizing.workload.evaluate`), the relative error, and
-the ratios equal/sizer and sync/async, against the targets (sizer >= 1.2x the equal split; predictions
-within 15%).
+With --repeats R the rounds alternate; a placement already in the list is run once per round. Per
+placement it prints the measured seconds per step (`timing/step_s` minus `timing/checkpoint_s`, mean of
+steps 2..N over the repeats: step 1 is warm-up and the only checkpoint is the final one; async runs also
+leave out step N, which no generation of a next batch overlaps), the simulator's prediction from the fit
+(`orchestrator.sizing.workload.evaluate`), the relative error (judged on the placements the fit did not
+see), and the ratios equal/sizer and sync/async, against the targets (sizer >= 1.2x the equal split;
+predictions within 15%). --reuse keeps finished runs of the same overrides.
 
 Modes searched: colocated, disaggregated and async are passed explicitly. The colocated wake/sleep switch
 is counted as --switch-s seconds (default 0: on CPU vLLM has no sleep mode and the hooks only make Ray
@@ -27,7 +28,7 @@ beside it. The final checkpoint is taken out of the rows the sizer reads (a one-
 a per-step cost of a placement).
 
     .venv/bin/python benchmarks/sizing.py [--steps 5] [--repeats 1] [--max-new-tokens 128] [--smoke]
-        [--out runs/sizing_bench] [key=value ...]
+        [--reuse] [--out runs/sizing_bench] [key=value ...]
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def markdown(result: dict) -> str:
 
 # ---- runs --------------------------------------------------------------------------------------------------
 def job_overrides(args) -> list[str]:
-    """The rollout-bound default job on the fake GPUs (every run shares these)."""
+    """The default job on the fake GPUs with the benchmark's overrides (every run shares these)."""
     return BASE + [f"trainer.total_steps={args.steps}", f"rollout.max_new_tokens={args.max_new_tokens}",
                    f"data.prompt_suffix={SUFFIX}", *args.overrides]
 
