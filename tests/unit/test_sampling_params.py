@@ -1,0 +1,19 @@
+"""actors/rollout/vllm_engine.sampling_params: the rollout config's sampling settings as vLLM SamplingParams."""
+from __future__ import annotations
+
+from orchestrator.config import load_config
+
+from actors.rollout.vllm_engine import sampling_params
+
+
+def test_sampling_params_follow_the_rollout_config():
+    cfg = load_config("configs/grpo_arith_cpu.yaml", ["rollout.temperature=0.7", "rollout.top_p=0.9"]).rollout
+    sp = sampling_params(cfg, 4)
+    assert (sp.n, sp.temperature, sp.top_p, sp.max_tokens, sp.logprobs) == (4, 0.7, 0.9, cfg.max_new_tokens, 0)
+    assert sp.ignore_eos is False
+
+
+def test_ignore_eos_runs_every_response_to_max_new_tokens():
+    cfg = load_config("configs/grpo_arith_cpu.yaml", ["rollout.ignore_eos=true", "rollout.max_new_tokens=16"]).rollout
+    sp = sampling_params(cfg, 2)
+    assert sp.ignore_eos is True and sp.max_tokens == 16
