@@ -12,7 +12,7 @@ restart per prompt (0..len-1) and continue per response (len(prompt) + 0..len-1)
 model as is (transformers passes 4-D masks through; bool for sdpa, additive float for eager). No KV
 cache, no padding, one embedding / decoder / LM-head call. Cost: T^2 attention pairs, so very long
 responses go to "cache". On the demo batch (benchmarks/RESULTS.md, issue 7) it removes the response
-padding (computed tokens 0.62x -> 0.48x of the plain path's) and the second decoder call: a full
+padding (computed tokens 0.62x -> 0.46x of the plain path's) and the second decoder call: a full
 train_step 1.77x faster than plain by CPU time, against 1.40x for "cache" (1 torch thread).
 
 "cache" (two decoder calls):

@@ -305,7 +305,7 @@ def measure(args, out: Path, p: dict) -> tuple[dict, dict]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=5, help="steps per run (step 1 is warm-up, left out)")
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of (equal, sizer, async) runs, alternating")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of (equal, colocated 2, the sizer's choice if new, async) runs, alternating")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--switch-s", type=float, default=0.0, help="colocated wake/sleep seconds per step for the sizer")
     ap.add_argument("--smoke", action="store_true", help="tiny and quick: 3 steps, 16 new tokens, 1 repeat")

@@ -219,10 +219,9 @@ def _candidates(run: RunShape) -> list:
 
 def _not_yet(run: RunShape, changes: dict) -> str:
     """A note when a change needs what rl-orch's trainer or engines cannot do yet (the plan is still right
-    for systems that can: FSDP CPU offload, tensor-parallel engines)."""
+    for systems that can: FSDP CPU offload)."""
     after = dataclasses.replace(run, **changes)
-    missing = [what for what, on in (("CPU offload", after.offload), ("tensor-parallel engines", after.engine_tp > 1))
-               if on]
+    missing = [what for what, on in (("CPU offload", after.offload),) if on]
     return f" [not in rl-orch yet: {', '.join(missing)}]" if missing else ""
 
 
