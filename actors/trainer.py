@@ -65,8 +65,10 @@ class Trainer:
         self.model.train()
         self.model = self._prepare_model(self.model)  # FSDP2 sharding with D > 1 (actors/distributed.py)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=trainer_cfg.lr,
-                                           betas=tuple(trainer_cfg.betas), weight_decay=trainer_cfg.weight_decay)
+        # fused: one kernel over all tensors (CPU and CUDA); 0.13 s against 0.55-0.65 s per step for the
+        # default per-tensor loop on SmolLM2-135M, 2 CPU threads (benchmarks/RESULTS.md, "AdamW")
+        self.optimizer = torch.optim.AdamW(trainable, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
+                                           weight_decay=trainer_cfg.weight_decay, fused=_fused_ok(trainable))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.step = 0  # optimizer steps taken
         self._senders: dict = {}
@@ -94,11 +96,7 @@ class Trainer:
             old_all = self._old_logprobs(batch)
         metrics: dict[str, list[float]] = {}
         for m in range(self.cfg.mini_batches):
-            # sorted by length so each micro-batch pads little; the global normaliser makes order irrelevant
-            idx = sorted(range(m * size, (m + 1) * size),
-                         key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
-            if prefix_share.enabled(self):  # a group's samples side by side: its prompt runs once per micro-batch
-                idx = prefix_share.order_by_prompt(batch["prompt_ids"], batch["response_ids"], idx)
+            idx = self._mini_batch_order(batch, range(m * size, (m + 1) * size))
             old = [old_all[i] for i in idx] if old_all is not None else None
             for k, v in self._mini_batch_update(batch, idx, old).items():
                 metrics.setdefault(k, []).append(v)
@@ -106,6 +104,15 @@ class Trainer:
         out["timing/train_s"] = time.perf_counter() - t0
         out.update(peak_memory_metrics("trainer"))
         return out
+
+    def _mini_batch_order(self, batch, rows: range) -> list[int]:
+        """The order in which a mini-batch's sequences fill micro-batches: sorted by length, so each padded
+        micro-batch pads little (the global loss normaliser makes the order irrelevant to the update); with
+        the shared-prompt forward, a group's samples side by side so its prompt runs once per micro-batch."""
+        idx = sorted(rows, key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
+        if prefix_share.enabled(self):
+            idx = prefix_share.order_by_prompt(batch["prompt_ids"], batch["response_ids"], idx)
+        return idx
 
     def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
         resp_mask = torch.zeros(len(idx), max(len(batch["response_ids"][i]) for i in idx), dtype=torch.bool)
@@ -344,6 +351,11 @@ class Trainer:
         for f in Path(model_path).iterdir():
             if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
                 shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+
+def _fused_ok(params: list) -> bool:
+    """torch's fused AdamW takes float CPU and CUDA tensors (DTensors of FSDP2 too)."""
+    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
 
 
 def _packing_budget(cfg) -> Optional[int]:

@@ -158,7 +158,7 @@ def child_env() -> dict:
 def run_ours(args, work: Path, prompt_tokens: list[int], rep: int) -> dict:
     """One run of `python -m orchestrator`; per-step rows in the common schema (see vs_trl_report)."""
     out_dir = work / f"ours_{rep}"
-    cmd = [sys.executable, "-m", "orchestrator", args.config, *our_overrides(args.steps, str(out_dir))]
+    cmd = [sys.executable, "-m", "orchestrator", args.config, *our_overrides(args.steps, str(out_dir)), *args.ours_set]
     log = work / f"ours_{rep}.log"
     for attempt in range(1, 6):  # Ray gives its raylet a fixed 30 s to register: on a loaded machine, try again
         try:
@@ -211,6 +211,9 @@ def parse_args(argv=None):
     p.add_argument("--trl-vllm", action="store_true", help="TRL generates with vLLM (colocate); default: transformers")
     p.add_argument("--out", default=str(REPO / "runs" / "vs_trl" / "result.json"))
     p.add_argument("--work-dir", default="", help="run outputs and logs; default: a new temp dir")
+    p.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an extra config override for our side only, e.g. rollout.enforce_eager=false (repeatable; "
+                        "matched settings such as lr or group size still go to TRL too)")
     args = p.parse_args(argv)
     if args.steps < 2 or args.repeats < 1 or args.k < 1:
         p.error("need --steps >= 2, --repeats >= 1, --k >= 1")
@@ -224,7 +227,7 @@ def main(argv=None) -> dict:
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
-    cfg = load_config(REPO / args.config, our_overrides(args.steps, str(work / "ours")))
+    cfg = load_config(REPO / args.config, our_overrides(args.steps, str(work / "ours")) + args.ours_set)
     settings = matched_settings(cfg)
     model_path = str(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     trl_python = ensure_trl_venv(Path(args.trl_venv), args.trl_vllm)
@@ -253,7 +256,10 @@ def report(args, work: Path, settings, ours: list[dict], trl: list[dict]) -> dic
     print(table)
     print("\n" + verdict(r))
     print("Settings that could not be matched:\n" + "\n".join(f"- {u}" for u in UNMATCHED))
+    if args.ours_set:
+        print("Our extra overrides: " + " ".join(args.ours_set))
     result = {"steps": args.steps, "repeats": args.repeats, "k": args.k, "config": args.config,
+              "ours_set": list(args.ours_set),
               "trl_generation": trl[0]["generation"], "trl_version": trl[0]["trl_version"],
               "settings": settings.__dict__, "ours": o, "trl": t, "ratios": r, "verdict": verdict(r),
               "unmatched": list(UNMATCHED), "table_markdown": table, "work_dir": str(work),

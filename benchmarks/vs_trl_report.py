@@ -70,12 +70,17 @@ def ratios(ours: dict, trl: dict) -> dict:
 
 
 def verdict(r: dict) -> str:
-    """One line on the issue's target: speedup >= SPEED_TARGET with last-k rewards within REWARD_TOLERANCE."""
+    """One line on the issue's target: speedup >= SPEED_TARGET at a reward at least TRL's: our last-k reward
+    no more than REWARD_TOLERANCE below TRL's (higher is fine: "equal reward" guards against buying speed
+    with learning)."""
     fast = r["speedup_s_per_step"] >= SPEED_TARGET
-    equal = abs(r["reward_last_k_diff"]) <= REWARD_TOLERANCE
-    return (f"target (>= {SPEED_TARGET:g}x faster per step at equal reward): speedup {r['speedup_s_per_step']:.2f}x "
-            f"({'met' if fast else 'NOT met'}), last-k reward difference {r['reward_last_k_diff']:+.3f} "
-            f"({'within' if equal else 'OUTSIDE'} +-{REWARD_TOLERANCE:g})")
+    d = r["reward_last_k_diff"]
+    equal = d >= -REWARD_TOLERANCE
+    where = "within" if abs(d) <= REWARD_TOLERANCE else ("above" if d > 0 else "below")
+    return (f"target (>= {SPEED_TARGET:g}x faster per step at equal or better reward): speedup "
+            f"{r['speedup_s_per_step']:.2f}x ({'met' if fast else 'NOT met'}), last-k reward difference {d:+.3f} "
+            f"({where} +-{REWARD_TOLERANCE:g}: reward {'not worse' if equal else 'NOT matched'}); "
+            f"{'both met' if fast and equal else 'NOT met'}")
 
 
 def markdown_table(ours: dict, trl: dict, r: dict, k: int, trl_label: str) -> str:

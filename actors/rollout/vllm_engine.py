@@ -22,6 +22,30 @@ def _set_cpu_env(kv_cache_space_gib: int) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
 
 
+def _engine_cpu_count(bind: str) -> int:
+    """How many cores the in-process engine's OpenMP threads get from VLLM_CPU_OMP_THREADS_BIND: its first
+    "|"-separated list ("0-3", "0,2,5-6"); all of this host's cores for "auto"/"nobind"/empty."""
+    first = bind.split("|")[0].strip()
+    if first in ("", "auto", "nobind"):
+        return os.cpu_count() or 1
+    cores: set[int] = set()
+    for part in first.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    return max(1, len(cores))
+
+
+def _size_cpu_threads() -> None:
+    """Size torch's OpenMP pool to the engine's cores before vLLM starts. Ray sets OMP_NUM_THREADS=1 in an
+    actor holding a fraction of a CPU, and the in-process CPU engine keeps the pool it finds: decoding on
+    one thread ran at 0.65-0.71x of bare vLLM on the same 2 cores (benchmarks/rollout_overhead.py)."""
+    import torch
+
+    n = _engine_cpu_count(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+
+
 class VLLMEngine:
     """A vLLM `LLM` with token-id prompts in and trajectories out."""
 
@@ -101,6 +125,7 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if not on_gpu:
         _set_cpu_env(rollout_cfg.kv_cache_space_gib)
+        _size_cpu_threads()
     kwargs: dict[str, Any] = dict(
         model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
         enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,

@@ -17,3 +17,15 @@ def test_ignore_eos_runs_every_response_to_max_new_tokens():
     cfg = load_config("configs/grpo_arith_cpu.yaml", ["rollout.ignore_eos=true", "rollout.max_new_tokens=16"]).rollout
     sp = sampling_params(cfg, 2)
     assert sp.ignore_eos is True and sp.max_tokens == 16
+
+
+def test_engine_cpu_count_reads_the_first_rank_of_the_vllm_bind_list():
+    import os
+
+    from actors.rollout.vllm_engine import _engine_cpu_count
+
+    assert _engine_cpu_count("0-1") == 2
+    assert _engine_cpu_count("0,2,5-6") == 4
+    assert _engine_cpu_count("3") == 1
+    assert _engine_cpu_count("0,1|2,3") == 2  # tensor-parallel ranks: this engine's own list
+    assert _engine_cpu_count("auto") == _engine_cpu_count("") == (os.cpu_count() or 1)

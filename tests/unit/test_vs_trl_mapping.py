@@ -120,6 +120,10 @@ def test_report_excludes_step_one_and_takes_ratios() -> None:
     assert r["gen_tokens_per_s"] == 4.0 and r["peak_rss"] == 1.5
     assert math.isclose(r["reward_last_k_diff"], 0.125)
     assert "met" in rep.verdict(r) and "NOT" not in rep.verdict(r)
+    assert "both met" in rep.verdict({**r, "reward_last_k_diff": 0.3})  # learning faster than TRL is fine
+    slower_learning = rep.verdict({**r, "reward_last_k_diff": -0.3})
+    assert "NOT matched" in slower_learning and slower_learning.endswith("NOT met")
+    assert rep.verdict({**r, "speedup_s_per_step": 1.5}).endswith("NOT met")
     table = rep.markdown_table(o, t, r, 2, "transformers generation")
     assert "| seconds per step (mean of steps 2..N) | 12.00 | 30.00 | 2.50x faster |" in table
 
