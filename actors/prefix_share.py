@@ -119,12 +119,18 @@ def worth_sharing(prompt_ids: Sequence[Sequence[int]]) -> bool:
 def order_by_prompt(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                     idx: Sequence[int]) -> list[int]:
     """`idx` reordered so that samples with the same prompt sit side by side (and so share one prompt
-    forward per micro-batch): prompts by (length, first appearance), each prompt's samples by response
-    length (little padding). The global loss normaliser makes the order irrelevant to the update."""
+    forward per micro-batch): prompt groups by their mean sequence length (prompt + response), then first
+    appearance; each group's samples by response length. Little padding either way: with distinct prompts
+    (groups of one) this is the plain length sort. The global loss normaliser makes the order irrelevant
+    to the update."""
     first: dict[tuple, int] = {}
+    total: dict[tuple, list[int]] = {}
     for k, i in enumerate(idx):
-        first.setdefault(tuple(prompt_ids[i]), k)
-    return sorted(idx, key=lambda i: (len(prompt_ids[i]), first[tuple(prompt_ids[i])], len(response_ids[i])))
+        key = tuple(prompt_ids[i])
+        first.setdefault(key, k)
+        total.setdefault(key, []).append(len(prompt_ids[i]) + len(response_ids[i]))
+    mean = {key: sum(v) / len(v) for key, v in total.items()}
+    return sorted(idx, key=lambda i: (mean[tuple(prompt_ids[i])], first[tuple(prompt_ids[i])], len(response_ids[i])))
 
 
 LAYOUTS = ("auto", "row", "cache")

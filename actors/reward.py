@@ -14,6 +14,7 @@ from typing import Optional
 
 import ray
 
+from actors.pinning import pin_from_env_count
 from orchestrator.reward.model import RewardModelScorer
 from orchestrator.reward.scorer import RewardResult, RewardScorer, StartMethod
 
@@ -41,6 +42,10 @@ class RewardActor:
         self._model = None
         self._model_weight = 0.0
         if reward_model:  # {"path", "weight", "batch_size"}
+            import torch
+
+            # Ray gives a fractional-CPU actor OMP_NUM_THREADS=1: a CPU reward model would score on one thread
+            torch.set_num_threads(pin_from_env_count())
             self._model = RewardModelScorer(reward_model["path"], batch_size=reward_model.get("batch_size", 8))
             self._model_weight = float(reward_model.get("weight", 1.0))
 

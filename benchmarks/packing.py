@@ -157,13 +157,13 @@ def main() -> None:
     lengths = [len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"])]
     mbs_avg = math.ceil(args.sequences / len(pack_first_fit_decreasing(lengths, args.budget)))
     print(f"padded-avg micro_batch_size {mbs_avg} (= ceil({args.sequences} / packed rows))")
-    runs = {"padded-mem": make_trainer(model, args.max_new_tokens, args.threads, micro_batch_size=mbs),
-            "padded-avg": make_trainer(model, args.max_new_tokens, args.threads, micro_batch_size=mbs_avg),
-            "padded-arrival": make_trainer(model, args.max_new_tokens, args.threads, arrival=True,
-                                           micro_batch_size=mbs),
-            "packed": make_trainer(model, args.max_new_tokens, args.threads, packing=True,
-                                   micro_batch_tokens=args.budget)}
-    runs = {k: v for k, v in runs.items() if k in args.variants.split(",")}
+    specs = {"padded-mem": dict(micro_batch_size=mbs), "padded-avg": dict(micro_batch_size=mbs_avg),
+             "padded-arrival": dict(arrival=True, micro_batch_size=mbs),
+             "packed": dict(packing=True, micro_batch_tokens=args.budget)}
+    chosen = args.variants.split(",")
+    if "packed" not in chosen or not set(chosen) <= set(specs):
+        ap.error(f"--variants: a comma-separated subset of {list(specs)} that includes packed, got {args.variants!r}")
+    runs = {k: make_trainer(model, args.max_new_tokens, args.threads, **v) for k, v in specs.items() if k in chosen}
     rates: dict[str, dict[str, list[float]]] = {"wall": {n: [] for n in runs}, "cpu": {n: [] for n in runs}}
     for r in range(args.rounds):
         for name, trainer in runs.items():  # A B C A B C
