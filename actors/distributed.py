@@ -68,7 +68,7 @@ from transformers import AutoModelForCausalLM
 
 from actors import lora
 from actors.forward import batch_logprobs, collate, forward_logprobs
-from actors.trainer import Trainer
+from actors.trainer import Trainer, keep_fused
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 _FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -343,6 +343,7 @@ class ShardedTrainer(Trainer):
             load_sharded(self.model, self.optimizer, folder / SHARDED_DIR)
         else:
             load_unsharded(self.model, self.optimizer, folder, self.peft)
+        keep_fused(self.optimizer)
         state = torch.load(folder / "trainer_state.pt", weights_only=False)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]

@@ -19,31 +19,47 @@ def _set_cpu_env(kv_cache_space_gib: int) -> None:
     """vLLM on CPU: in-process engine, all cores bound, a fixed KV-cache budget (setdefault: users win)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+
+
+def _host_cores() -> int:
+    """The cores this process may run on (its affinity mask: a container's or Slurm's cpuset, fake-GPU pinning)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _engine_cpu_count(bind: str) -> int:
     """How many cores the in-process engine's OpenMP threads get from VLLM_CPU_OMP_THREADS_BIND: its first
-    "|"-separated list ("0-3", "0,2,5-6"); all of this host's cores for "auto"/"nobind"/empty."""
+    "|"-separated list ("0-3", "0,2,5-6"); this process's cores for "auto"/"nobind"/empty.
+    Raises ValueError naming the variable for a malformed list."""
     first = bind.split("|")[0].strip()
     if first in ("", "auto", "nobind"):
-        return os.cpu_count() or 1
+        return _host_cores()
     cores: set[int] = set()
-    for part in first.split(","):
-        lo, _, hi = part.strip().partition("-")
-        cores.update(range(int(lo), int(hi or lo) + 1))
-    return max(1, len(cores))
+    try:
+        for part in first.split(","):
+            lo, _, hi = part.strip().partition("-")
+            lo_i, hi_i = int(lo), int(hi or lo)
+            if hi_i < lo_i:
+                raise ValueError
+            cores.update(range(lo_i, hi_i + 1))
+    except ValueError:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND={bind!r}: expected core lists like '0-3' or '0,2,5-6' "
+                         "('|' between tensor-parallel ranks)") from None
+    return len(cores)
 
 
 def _size_cpu_threads() -> None:
     """Size torch's OpenMP pool to the engine's cores before vLLM starts. Ray sets OMP_NUM_THREADS=1 in an
     actor holding a fraction of a CPU, and the in-process CPU engine keeps the pool it finds: decoding on
-    one thread ran at 0.65-0.71x of bare vLLM on the same 2 cores (benchmarks/rollout_overhead.py)."""
+    one thread ran at 0.65-0.71x of bare vLLM on the same 2 cores (benchmarks/rollout_overhead.py).
+    Several unpinned CPU engines on one host each take every core; pin them (fake GPUs) to split the cores.
+    Tensor-parallel CPU ranks run in vLLM's own processes and are not sized here."""
     import torch
 
     n = _engine_cpu_count(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
     os.environ["OMP_NUM_THREADS"] = str(n)
-    torch.set_num_threads(n)
+    if torch.get_num_threads() != n:  # vLLM stubs torch.set_num_threads out once an engine has started here
+        torch.set_num_threads(n)
 
 
 class VLLMEngine:

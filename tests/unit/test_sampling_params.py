@@ -1,6 +1,8 @@
 """actors/rollout/vllm_engine.sampling_params: the rollout config's sampling settings as vLLM SamplingParams."""
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.config import load_config
 
 from actors.rollout.vllm_engine import sampling_params
@@ -27,5 +29,9 @@ def test_engine_cpu_count_reads_the_first_rank_of_the_vllm_bind_list():
     assert _engine_cpu_count("0-1") == 2
     assert _engine_cpu_count("0,2,5-6") == 4
     assert _engine_cpu_count("3") == 1
-    assert _engine_cpu_count("0,1|2,3") == 2  # tensor-parallel ranks: this engine's own list
-    assert _engine_cpu_count("auto") == _engine_cpu_count("") == (os.cpu_count() or 1)
+    assert _engine_cpu_count("0,1|2,3") == 2  # tensor-parallel ranks: the first rank's list
+    cores = len(os.sched_getaffinity(0))
+    assert _engine_cpu_count("auto") == _engine_cpu_count("nobind") == _engine_cpu_count("") == cores
+    for bad in ("0,1,", "3-0", "a-b"):
+        with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND"):
+            _engine_cpu_count(bad)
