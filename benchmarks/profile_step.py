@@ -50,13 +50,13 @@ IDLE_LEAF = "Worker.main_loop ("  # the actor's main thread waiting for its next
 def make_controller(cfg, spy: "Optional[Spy]"):
     """A GRPOController whose step entry/exit and end-of-logging times are recorded in `.marks`."""
     from orchestrator import controller as ctl
+    from orchestrator.metrics import MetricSink, registry
 
     marks: dict[int, dict[str, float]] = {}
 
-    class TimedConsole(ctl.ConsoleProgress):
-        def step(self, row):
-            super().step(row)
-            marks[row["step"]]["logged"] = time.perf_counter()  # after JSONL log, Prometheus, console
+    class LoggedMark(MetricSink):  # the last of metrics.sinks: its time is after console, JSONL log, Prometheus
+        def log_row(self, row):
+            marks[row["step"]]["logged"] = time.perf_counter()
 
     class ProfiledController(ctl.GRPOController):
         def step(self, step):
@@ -67,7 +67,8 @@ def make_controller(cfg, spy: "Optional[Spy]"):
             marks[step]["exit"] = time.perf_counter()
             return out
 
-    ctl.ConsoleProgress = TimedConsole  # the controller looks it up in its module at run()
+    registry.SINKS["profile_logged_mark"] = LoggedMark
+    cfg.metrics.sinks = [*cfg.metrics.sinks, "profile_logged_mark"]
     c = ProfiledController(cfg)
     c.marks = marks
     return c

@@ -1,4 +1,14 @@
-"""Connect to Ray and start the job's actors inside its gang-scheduled placement groups.
+"""The job: the only object that owns the run's actor handles and placement groups.
+
+    job = Job(cfg, model_path, pad_id)
+    job.start(resume_from)                 # Ray, gang-scheduled placement groups, every actor, the weight syncer
+    job.wait(job.actors.trainer.get_step.remote())   # ray.get bounded by run.phase_timeout_s
+    job.sync_weights(version)              # verified trainer -> every engine (weight_sync.*)
+    path = job.checkpoint(folder, extra)   # trainer state + `extra` (atomic), tokenizer files beside the policy
+    state = job.restore(folder)            # trainer state back; returns `extra`
+    job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
+    job.shutdown()
+
 
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
 `fake_gpu` resources when placement.resource=fake_gpu); with either, it joins that cluster (this is what
@@ -16,7 +26,7 @@ from typing import Any, Optional
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
-from orchestrator.placement import remove_groups, reserve_groups, slot_options
+from orchestrator.placement import PlacementError, remove_groups, reserve_groups, slot_options
 from orchestrator.placement_plan import ActorSlot, JobPlan, plan_job
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
@@ -62,6 +72,84 @@ class Actors:
         for a in self.all:
             ray.kill(a)
         remove_groups(self.pgs or ([self.pg] if self.pg is not None else []))
+
+
+class Job:
+    """The run's actors, placement groups and weight syncer, behind a small public surface (module docstring).
+
+    Every actor call the controller, the rollout sources and the placement modes wait on goes through
+    `wait` (a hung actor becomes a TimeoutError naming run.phase_timeout_s, never a hang)."""
+
+    def __init__(self, cfg, model_path: Path, pad_id: int):
+        self.cfg, self.model_path, self.pad_id = cfg, Path(model_path), pad_id
+        self.actors: Optional[Actors] = None
+        self.syncer = None
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def start(self, resume_from: Optional[Path] = None) -> None:
+        """Reserve every placement group and start every actor (engines from `resume_from/policy` when set),
+        then set up the weight syncer (`weight_sync.strategy`; `auto` asks the cost model)."""
+        self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
+        self.syncer = self._make_syncer()
+
+    def replace(self, new_cfg, folder: Path) -> tuple[object, bool]:
+        """Re-place: stop every actor and group, then start `new_cfg`'s from checkpoint `folder`. When the new
+        placement cannot be reserved (PlacementError) the current config is started again from `folder`.
+        Returns (the config now running, whether it is `new_cfg`). The caller restores `folder` after it."""
+        old_cfg = self.cfg
+        self.shutdown()
+        try:
+            self.cfg, placed = new_cfg, True
+            self.start(folder)
+        except PlacementError as e:
+            print(f"placement.auto: the new placement cannot be reserved, back to the old one from {folder}: {e}",
+                  flush=True)
+            self.cfg, placed = old_cfg, False
+            self.start(folder)
+        return self.cfg, placed
+
+    def shutdown(self) -> None:
+        """Kill every actor and remove every placement group (idempotent)."""
+        if self.actors is not None:
+            self.actors.shutdown()
+        self.actors, self.syncer = None, None
+
+    # ---- calls -------------------------------------------------------------------------------------------
+    def wait(self, refs):
+        """ray.get with `run.phase_timeout_s`: a hung actor stops the run with an error, never a hang."""
+        timeout = self.cfg.run.phase_timeout_s
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"an actor call did not return within run.phase_timeout_s={timeout:g}s "
+                               "(see the per-step phase times for the phase that hung)") from None
+
+    def sync_weights(self, version: int) -> dict:
+        """Trainer -> every engine by `weight_sync.strategy`, verified (version and checksums); a failed
+        verification is redone up to weight_sync.retries times. Returns `sync/*` metrics."""
+        return self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries)
+
+    def checkpoint(self, folder: Path, extra: dict) -> str:
+        """Trainer state and `extra` into `folder` (written atomically), plus the tokenizer files beside the
+        policy so that `folder/policy` loads standalone. Returns the folder."""
+        path = self.wait(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
+        self.wait(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
+        return path
+
+    def restore(self, folder: Path) -> dict:
+        """Trainer weights, optimizer, scheduler and RNG from `folder`; returns the checkpoint's `extra` state.
+        The engines still hold what they started with: the caller syncs the weights next."""
+        return self.wait(self.actors.trainer.load_checkpoint.remote(str(folder)))
+
+    def _make_syncer(self):
+        from orchestrator.syncer import choose_for_config, make_syncer
+
+        strategy = self.cfg.weight_sync.strategy
+        if strategy == "auto":
+            numel, nbytes = self.wait(self.actors.trainer.sync_size.remote(self.cfg.rollout.dtype))
+            strategy, table = choose_for_config(self.cfg, numel, nbytes)
+            print(f"weight_sync.strategy=auto -> {strategy}\n{table}", flush=True)
+        return make_syncer(self.cfg, self.actors.trainer, self.actors.rollout, strategy)
 
 
 def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:

@@ -24,20 +24,21 @@ import ray
 SLEEP_LEVEL = 1  # vLLM: weights to host memory, KV cache dropped (level 2 would drop the weights: no delta sync)
 
 
-def time_slice(controller, phase: str, row: dict) -> None:
-    """Hook before `phase` ("train" or "weight_sync") of a step; a no-op unless placement.mode=colocated.
+def time_slice(job, phase: str, row: dict) -> None:
+    """Hook before `phase` ("train" or "weight_sync") of a step of `job` (orchestrator.job.Job); a no-op
+    unless placement.mode=colocated.
 
     Raises ValueError for another phase name; an engine's own error (e.g. a load into a sleeping engine)
-    comes back through `controller._get` (bounded by run.phase_timeout_s)."""
-    if controller.cfg.placement.mode != "colocated":
+    comes back through `job.wait` (bounded by run.phase_timeout_s)."""
+    if job.cfg.placement.mode != "colocated":
         return
-    workers = controller.actors.rollout
+    workers = job.actors.rollout
     t0 = time.perf_counter()
     if phase == "train":
-        controller._get([w.sleep_engine.remote(SLEEP_LEVEL) for w in workers])
+        job.wait([w.sleep_engine.remote(SLEEP_LEVEL) for w in workers])
         row["colocate/sleep_s"] = time.perf_counter() - t0
     elif phase == "weight_sync":
-        controller._get([w.wake_engine.remote(["weights"]) for w in workers])
+        job.wait([w.wake_engine.remote(["weights"]) for w in workers])
         row["colocate/wake_s"] = time.perf_counter() - t0
     else:
         raise ValueError(f"time_slice phase={phase!r}: use 'train' or 'weight_sync'")

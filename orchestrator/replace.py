@@ -19,10 +19,10 @@ None (nothing to do) when the measurement is insufficient (fewer than 2 timed ro
 when the sizer cannot size it, when the recommendation is the current placement, or when it is predicted
 less than MIN_GAIN faster than the current one (a re-placement costs a checkpoint and an actor restart).
 
-Mechanics (`replace_actors`): checkpoint the step (`GRPOController._checkpoint`, or the one the step just
-wrote) -> pending async batches discarded -> `Actors.shutdown` (actors killed, placement group removed) ->
-`start_actors` with the new config -> new weight syncer -> `GRPOController._restore` (trainer weights,
-optimizer, scheduler, RNG, loader; then a verified weight sync to every engine). When the new placement
+Mechanics (`replace_actors`): checkpoint the step (`GRPOController.checkpoint`, or the one the step just
+wrote) -> `GRPOController.replace`: pending async batches discarded -> `Job.replace` (actors killed, placement
+groups removed, the new config's actors and weight syncer started) -> `GRPOController.restore` (trainer
+weights, optimizer, scheduler, RNG, loader; then a verified weight sync to every engine). When the new placement
 cannot be reserved (PlacementError), the old config is started again from the same checkpoint; any other
 failure propagates with a note naming the checkpoint, which stays on disk (checkpoint.resume=<it>).
 """
@@ -204,9 +204,7 @@ def auto_replace(ctl, step: int, row: dict, ckpt: Optional[str] = None) -> dict:
     the fields to add to the step's row: `sizing/replaced` (1 or 0), and after a re-placement
     `sizing/predicted_step_s` and `sizing/previous_predicted_step_s` (seconds), `sizing/{rollout,trainer,
     reference}_gpus`, `sizing/split` (text) and `sizing/replace_s` (seconds the re-placement took)."""
-    from orchestrator.metrics import read_jsonl
-
-    rows = (read_jsonl(ctl.logger.path) if ctl.logger.path.exists() else []) + [row]
+    rows = ctl.rows() + [row]
     found, why = decide([r for r in rows if r.get("step", 0) <= step], ctl.cfg)
     print(why, flush=True)
     if found is None:
@@ -227,49 +225,22 @@ def replace_actors(ctl, step: int, overrides: dict[str, Any], ckpt: Optional[str
     placement (the new one could not be reserved: PlacementError) {"sizing/replaced": 0,
     "sizing/replace_failed": 1, ...}. Raises ConfigError before anything stops when the overrides are
     invalid; any other failure propagates with a note naming the checkpoint (it stays on disk)."""
-    from orchestrator.job import start_actors
-    from orchestrator.placement import PlacementError
-
     t0 = time.perf_counter()
     old_cfg = ctl.cfg
     new_cfg = with_overrides(old_cfg, overrides)
-    folder = Path(ckpt or ctl._checkpoint(step))
-    fields: dict[str, Any] = {"sizing/replaced": 1}
+    folder = Path(ckpt or ctl.checkpoint(step))
     try:
-        if getattr(ctl, "rollouts", None) is not None:  # disaggregated_async: pending batches are regenerated
-            ctl.rollouts.discard()
-        ctl.actors.shutdown()  # kills the actors, removes the placement group
-        ctl.actors = None
-        try:
-            ctl.actors = start_actors(new_cfg, ctl.model_path, folder, ctl.pad_id)
-            ctl.cfg = new_cfg
-        except PlacementError as e:
-            print(f"placement.auto: the new placement cannot be reserved, back to the old one from {folder}: {e}",
-                  flush=True)
-            fields = {"sizing/replaced": 0, "sizing/replace_failed": 1}
-            ctl.actors = start_actors(old_cfg, ctl.model_path, folder, ctl.pad_id)
-        ctl.syncer = ctl._make_syncer()
-        ctl._restore(folder)  # trainer state + loader, then a verified weight sync to every engine
+        placed = ctl.replace(new_cfg, folder)  # GRPOController.replace: Job.replace, restore, rollouts
     except BaseException as e:
         e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
                    f"resume with checkpoint.resume={folder}")
         raise
-    _restart_async(ctl)
+    fields: dict[str, Any] = {"sizing/replaced": 1} if placed else {"sizing/replaced": 0, "sizing/replace_failed": 1}
     fields["sizing/replace_s"] = time.perf_counter() - t0
-    if fields["sizing/replaced"]:
+    if placed:
         OmegaConf.save(ctl.cfg, Path(ctl.cfg.run.output_dir) / f"config_replaced_step_{step}.yaml", resolve=True)
         changed = ", ".join(f"{k}={OmegaConf.select(ctl.cfg, k)}" for k in overrides
                             if OmegaConf.select(old_cfg, k) != OmegaConf.select(ctl.cfg, k))
         print(f"placement.auto: re-placed after step {step} in {fields['sizing/replace_s']:.1f} s: "
               f"{changed or 'nothing changed'} (resumed from {folder})", flush=True)
     return fields
-
-
-def _restart_async(ctl) -> None:
-    """placement.mode=disaggregated_async: a fresh pipeline from the restored step (as on resume); else none."""
-    if ctl.cfg.placement.mode == "disaggregated_async":
-        from orchestrator.async_rollouts import AsyncRollouts
-
-        ctl.rollouts = AsyncRollouts(ctl)
-    elif hasattr(ctl, "rollouts"):
-        ctl.rollouts = None

@@ -130,6 +130,7 @@ def validate(cfg) -> None:
                           "must be in (0, 1]")
     if not 1 <= cfg.weight_sync.delta.zstd_level <= 22:
         raise ConfigError(f"weight_sync.delta.zstd_level={cfg.weight_sync.delta.zstd_level!r} must be in [1, 22]")
+    _check_sinks(cfg)
     for key in ("prometheus_port", "ray_export_port"):
         if not 0 <= getattr(cfg.metrics, key) <= 65535:
             raise ConfigError(f"metrics.{key}={getattr(cfg.metrics, key)!r} must be in [0, 65535]")
@@ -175,17 +176,14 @@ def _check_fake_gpus(cfg) -> None:
 
 
 def _check_async(cfg) -> None:
-    """placement.mode=disaggregated_async (orchestrator/async_pipeline.py): single-turn rollouts only, and
-    with algo.old_logprobs=trainer the staleness needs the TIS correction (algo.tis_cap set): the trainer's
+    """placement.mode=disaggregated_async (orchestrator/rollout/async_pipeline.py; single- or multi-turn): with
+    algo.old_logprobs=trainer the staleness needs the TIS correction (algo.tis_cap set): the trainer's
     current weights are the proximal policy, and only w = min(exp(old - rollout), tis_cap) accounts for the
     older engine weights that sampled (decoupled PPO, Hilton et al. 2022; AReaL). algo.old_logprobs=rollout
     is accepted: the ratio pi / pi_rollout is then the importance ratio to the sampling policy itself,
     clipped like any PPO ratio, so no separate correction is needed (tis_cap is unused with it)."""
     if cfg.placement.mode != "disaggregated_async":
         return
-    if cfg.env.name:
-        raise ConfigError(f"placement.mode=disaggregated_async with env.name={cfg.env.name!r}: multi-turn rollouts "
-                          "are not supported in the async pipeline; use placement.mode=disaggregated")
     if cfg.algo.max_staleness > 0 and cfg.algo.old_logprobs == "trainer" and cfg.algo.tis_cap is None:
         raise ConfigError("placement.mode=disaggregated_async with algo.old_logprobs=trainer needs algo.tis_cap "
                           "(got null): without truncated importance sampling nothing corrects for batches "
@@ -280,3 +278,18 @@ def _check_reward_functions(cfg) -> None:
             resolve_reward_fn(f.name)
         except ValueError as e:
             raise ConfigError(f"reward.functions[{i}].name: {e}") from None
+
+
+def _check_sinks(cfg) -> None:
+    """metrics.sinks: each a registered sink or an importable MetricSink class; jsonl present (the run's record)."""
+    from orchestrator.metrics.registry import resolve_sink
+
+    sinks = list(cfg.metrics.sinks)
+    for name in sinks:
+        try:
+            resolve_sink(str(name))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    if "jsonl" not in sinks:
+        raise ConfigError(f"metrics.sinks={sinks}: 'jsonl' is required (metrics.jsonl is the run's record: the plot, "
+                          "placement.auto and rl-orch size read it)")

@@ -252,6 +252,10 @@ class MetricsConfig:
     # vLLM's metrics (ray_*, ray_vllm_*) to Prometheus; 0 = a port Ray picks. A cluster sets its own with
     # `ray start --metrics-export-port`.
     ray_export_port: int = 0
+    # Where each step's metrics go, in order (orchestrator/metrics/registry.py): registered names
+    # (console, jsonl, prometheus) or dotted paths "pkg.module:Class" to a MetricSink subclass. "jsonl" writes
+    # <run.output_dir>/metrics.jsonl, which `rl-orch size`, placement.auto and the plot read: keep it.
+    sinks: list = field(default_factory=lambda: ["console", "jsonl", "prometheus"])
 
 
 @dataclass

@@ -1,8 +1,12 @@
 """Console progress: a progress bar over steps and a per-step table row (rich)."""
 from __future__ import annotations
 
+from typing import Optional
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from orchestrator.metrics.sink import MetricSink, SinkContext
 
 COLUMNS = [  # (header, metric key, format)
     ("step", "step", "{:d}"),
@@ -24,8 +28,13 @@ COLUMNS = [  # (header, metric key, format)
 ]
 
 
-class ConsoleProgress:
-    """Prints a header once, one table row per step, and keeps a progress bar at the bottom."""
+class ConsoleProgress(MetricSink):
+    """Prints a header once, one table row per step, and keeps a progress bar at the bottom (a metric sink;
+    `run.progress=false` keeps only the bar's bookkeeping, printing nothing)."""
+
+    @classmethod
+    def from_config(cls, cfg, ctx: SinkContext) -> Optional["ConsoleProgress"]:
+        return cls(ctx.total_steps, ctx.start_step, enabled=cfg.run.progress)
 
     def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
         self.console = Console(stderr=False, highlight=False)
@@ -42,7 +51,7 @@ class ConsoleProgress:
         self.progress.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def close(self) -> None:
         self.progress.stop()
 
     @staticmethod
@@ -54,7 +63,7 @@ class ConsoleProgress:
             cells.append(text.rjust(max(len(header), 7)))
         return " ".join(cells)
 
-    def step(self, row: dict) -> None:
+    def log_row(self, row: dict) -> None:
         if self.enabled:
             if not self._header:
                 self.console.print(" ".join(h.rjust(max(len(h), 7)) for h, _, _ in COLUMNS), style="bold")

@@ -2,14 +2,14 @@
 and histograms, served by the controller process.
 
     exporter = PrometheusExporter("127.0.0.1", 9400, run_name="grpo_arith")  # port 0: any free port
-    exporter.observe(row)         # after every step: {"step": 3, "timing/generate_s": 17.9, ...}
+    exporter.log_row(row)         # after every step: {"step": 3, "timing/generate_s": 17.9, ...}
     exporter.count_error("sync")  # a step that failed, by kind
     exporter.close()
     # curl http://127.0.0.1:9400/metrics
 
-The controller gets one from `exporter_for(cfg.metrics, cfg.run.name)` (a no-op exporter when
-`metrics.prometheus_port` is 0) and uses it as a context manager: an exception leaving the `with`
-block is counted by kind (`error_kind`) and re-raised, and the server stops. Every series carries the
+It is a metric sink (orchestrator/metrics/sink.py): the run builds it from config
+(`PrometheusExporter.from_config`: none when `metrics.prometheus_port` is 0); an exception that stops the
+run is counted by kind (`on_error` -> `error_kind`) and the server stops (`close`). Every series carries the
 label `run`; names are `rl_orch_<component>_<name>_<unit>` (DESIGN.md). Row keys that no table below
 names are ignored; a key missing from a row leaves its metric as it was. The Grafana dashboard
 (deploy/grafana/) and the alerts (deploy/prometheus/) read these names.
@@ -21,6 +21,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from orchestrator.metrics.sink import MetricSink, SinkContext
 from orchestrator.sync import WeightMismatchError
 
 # 0.01 s .. 1 h: from the fastest phase (advantages, sampling) to a long generation or checkpoint
@@ -129,48 +130,20 @@ def _make(kind: str, name: str, doc: str, labels: tuple, registry: CollectorRegi
     return Histogram(name, doc, ("run",) + labels, registry=registry, buckets=buckets)
 
 
-class _Exporter:
-    """Context-manager behaviour shared by the real and the no-op exporter."""
+class PrometheusExporter(MetricSink):
+    """Serves `/metrics` from its own registry on `host:port` (port 0: a free one, see `.port`); a metric sink
+    (orchestrator/metrics/sink.py): each step's row is mapped onto the metrics, a failure that stops the run
+    counts in `rl_orch_errors_total{kind}`, `close` stops serving."""
 
-    def observe(self, row: dict) -> None:
-        raise NotImplementedError
-
-    def count_error(self, kind: str) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        try:
-            if isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
-                self.count_error(error_kind(exc))
-        finally:
-            self.close()
-        return False  # re-raise
-
-
-class NullExporter(_Exporter):
-    """`metrics.prometheus_port: 0`: nothing served, every call a no-op."""
-
-    port = None
-    url = None
-
-    def observe(self, row: dict) -> None:
-        pass
-
-    def count_error(self, kind: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class PrometheusExporter(_Exporter):
-    """Serves `/metrics` from its own registry on `host:port` (port 0: a free one, see `.port`)."""
+    @classmethod
+    def from_config(cls, cfg, ctx: SinkContext) -> Optional["PrometheusExporter"]:
+        """A serving exporter when `metrics.prometheus_port > 0` (its URL printed once), else None."""
+        m = cfg.metrics
+        if m.prometheus_port <= 0:
+            return None
+        exporter = cls(m.prometheus_host, m.prometheus_port, ctx.run_name)
+        print(f"prometheus metrics: {exporter.url}", flush=True)
+        return exporter
 
     def __init__(self, host: str, port: int, run_name: str):
         self.run_name = run_name
@@ -197,7 +170,7 @@ class PrometheusExporter(_Exporter):
         self._series("rl_orch_actor_loss_nan").set(0)
 
     # ---- one step ---------------------------------------------------------------------------------
-    def observe(self, row: dict) -> None:
+    def log_row(self, row: dict) -> None:
         """Map one step's metrics row onto the metrics. Raises ValueError, naming the key and before any
         metric changes, for a `step` that is not a whole number >= 0, a count that is negative or not
         finite (e.g. `reward/errors: -1`), or a phase time that is negative or not finite."""
@@ -256,6 +229,10 @@ class PrometheusExporter(_Exporter):
         if kind == "sync":
             self._series("rl_orch_sync_failures_total").inc()
 
+    def on_error(self, exc: BaseException) -> None:
+        """The run stops with `exc`: one error of its kind (`error_kind`)."""
+        self.count_error(error_kind(exc))
+
     def close(self) -> None:
         """Stop serving (idempotent); the registry stays readable."""
         if self._server is None:
@@ -282,13 +259,3 @@ def _check_row(row: dict) -> None:
             if x is not None and (not math.isfinite(x) or x < 0):
                 what = "a count" if key in ROW_COUNTERS else "a phase time"
                 raise ValueError(f"metrics row key {key!r}: {what} must be a finite number >= 0, got {x!r}")
-
-
-def exporter_for(metrics_cfg, run_name: str) -> _Exporter:
-    """A serving `PrometheusExporter` when `metrics.prometheus_port > 0` (its URL printed once), else a
-    `NullExporter`. `metrics_cfg` is the config's `metrics` section (MetricsConfig)."""
-    if metrics_cfg.prometheus_port <= 0:
-        return NullExporter()
-    exporter = PrometheusExporter(metrics_cfg.prometheus_host, metrics_cfg.prometheus_port, run_name)
-    print(f"prometheus metrics: {exporter.url}", flush=True)
-    return exporter

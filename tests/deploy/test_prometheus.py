@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
+from omegaconf import OmegaConf
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.metrics import JsonlLogger, read_jsonl
-from orchestrator.metrics.prometheus import METRICS, NullExporter, PrometheusExporter, error_kind, exporter_for
+from orchestrator.metrics import SinkContext, registry
+from orchestrator.metrics.prometheus import METRICS, PrometheusExporter, error_kind
 from orchestrator.sync import WeightMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +113,7 @@ DEMO_EXPECTED = [
 
 def test_observe_demo_row_serves_expected_series(exporter):
     row = DEMO_ROWS[0]
-    exporter.observe(row)
+    exporter.log_row(row)
     assert exporter.port > 0
     samples = _samples(urllib.request.urlopen(exporter.url, timeout=5).read().decode())  # over HTTP
     for name, labels, key in DEMO_EXPECTED:
@@ -131,8 +133,8 @@ def test_observe_demo_row_serves_expected_series(exporter):
 
 def test_rows_accumulate_and_optional_keys_are_exported(exporter):
     for row in DEMO_ROWS[:3]:
-        exporter.observe(row)
-    exporter.observe({"rollout/prefix_cache_hit_rate": 0.75, "rollout/staleness": 1, "rollout/queue_depth": 2,
+        exporter.log_row(row)
+    exporter.log_row({"rollout/prefix_cache_hit_rate": 0.75, "rollout/staleness": 1, "rollout/queue_depth": 2,
                       "memory/trainer_peak_gib": 1.5, "memory/util_frac": 0.5, "sync/seconds": 3.0,
                       "unknown/key": 7.0, "sync/strategy": "nccl", "actor/kl": None})
     s = _registry_samples(exporter)
@@ -151,21 +153,21 @@ def test_rows_accumulate_and_optional_keys_are_exported(exporter):
 
 
 def test_nan_loss_sets_the_nan_gauge_and_keeps_the_raw_loss(exporter):
-    exporter.observe({"step": 1, "actor/loss": float("nan")})
+    exporter.log_row({"step": 1, "actor/loss": float("nan")})
     s = _registry_samples(exporter)
     assert _value(s, "rl_orch_actor_loss_nan") == 1
     assert math.isnan(_value(s, "rl_orch_actor_loss"))
-    exporter.observe({"step": 2, "actor/loss": 0.5})
+    exporter.log_row({"step": 2, "actor/loss": 0.5})
     assert _value(_registry_samples(exporter), "rl_orch_actor_loss_nan") == 0
-    exporter.observe({"step": 3, "actor/loss": None})  # the JSONL log's spelling of NaN / inf
+    exporter.log_row({"step": 3, "actor/loss": None})  # the JSONL log's spelling of NaN / inf
     assert _value(_registry_samples(exporter), "rl_orch_actor_loss_nan") == 1
-    exporter.observe({"step": 4, "actor/loss": float("inf")})
+    exporter.log_row({"step": 4, "actor/loss": float("inf")})
     assert _value(_registry_samples(exporter), "rl_orch_actor_loss_nan") == 1
 
 
 def test_errors_are_counted_by_kind(exporter):
-    exporter.observe({"step": 1, "reward/errors": 3.0, "reward/timeouts": 1.0})
-    exporter.observe({"step": 2, "reward/errors": 2.0, "reward/timeouts": 0.0})
+    exporter.log_row({"step": 1, "reward/errors": 3.0, "reward/timeouts": 1.0})
+    exporter.log_row({"step": 2, "reward/errors": 2.0, "reward/timeouts": 0.0})
     exporter.count_error("sync")
     exporter.count_error("timeout")
     exporter.count_error("timeout")
@@ -177,7 +179,7 @@ def test_errors_are_counted_by_kind(exporter):
     assert _value(s, "rl_orch_errors_total", kind="step") == 0
     assert _value(s, "rl_orch_sync_failures_total") == 1
     with pytest.raises(ValueError, match="reward/errors"):
-        exporter.observe({"reward/errors": -1})
+        exporter.log_row({"reward/errors": -1})
 
 
 @pytest.mark.parametrize("row, key", [({"step": "abc"}, "step"), ({"step": True}, "step"), ({"step": -1}, "step"),
@@ -186,9 +188,9 @@ def test_errors_are_counted_by_kind(exporter):
                                       ({"step": 3, "reward/errors": "2"}, "reward/errors"),
                                       ({"step": 3, "actor/loss": 5.0, "reward/errors": -1}, "reward/errors")])
 def test_a_bad_row_is_refused_whole_naming_the_key(exporter, row, key):
-    exporter.observe({"step": 1, "actor/loss": 0.5})
+    exporter.log_row({"step": 1, "actor/loss": 0.5})
     with pytest.raises(ValueError, match=key):
-        exporter.observe(row)
+        exporter.log_row(row)
     s = _registry_samples(exporter)
     assert _value(s, "rl_orch_trainer_step") == 1 and _value(s, "rl_orch_trainer_steps_total") == 1
     assert _value(s, "rl_orch_actor_loss") == 0.5  # nothing of the refused row was applied
@@ -209,16 +211,21 @@ def test_with_block_counts_the_error_by_kind_reraises_and_stops_serving(exc, kin
 
 def test_exporter_output_passes_promtool_check_metrics(exporter):
     for row in DEMO_ROWS[:2]:
-        exporter.observe(row)
+        exporter.log_row(row)
     r = _promtool("check", "metrics", stdin=generate_latest(exporter.registry).decode())
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
 
 
 # ---- the controller hook --------------------------------------------------------------------------
+def exporter_for(metrics_cfg, run_name):
+    """The sink the run's build_sinks makes from `metrics.prometheus_port` (None when off)."""
+    return PrometheusExporter.from_config(OmegaConf.create({"metrics": metrics_cfg}), SinkContext(Path("."), run_name, 1))
+
+
 def test_exporter_for_follows_metrics_prometheus_port(capsys):
     from orchestrator.config import load_config
 
-    assert isinstance(exporter_for(load_config().metrics, "r"), NullExporter)  # default: off
+    assert exporter_for(load_config().metrics, "r") is None  # default: off
     port = _free_port()
     e = exporter_for(load_config(None, [f"metrics.prometheus_port={port}"]).metrics, "r")
     try:
@@ -238,20 +245,27 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
                              "run.name=hooked", f"run.output_dir={tmp_path}"])
     made, scraped = [], []
 
-    def spy_exporter_for(*args, **kwargs):  # the real factory; keeps what it made
-        made.append(exporter_for(*args, **kwargs))
-        return made[-1]
+    class SpyExporter(PrometheusExporter):  # the real sink; keeps what the run's build_sinks made
+        @classmethod
+        def from_config(cls, cfg, ctx):
+            made.append(PrometheusExporter.from_config(cfg, ctx))
+            return made[-1]
 
-    monkeypatch.setattr(controller_mod, "exporter_for", spy_exporter_for)
-    monkeypatch.setattr(controller_mod, "start_actors", lambda *a, **k: None)
+    class StubJob:  # actors, syncer: not used by the stub steps
+        actors = None
+
+        def start(self, resume_from=None):
+            pass
+
+    monkeypatch.setitem(registry.SINKS, "prometheus", SpyExporter)
     monkeypatch.setattr(controller_mod, "preflight", lambda *a, **k: None)  # the memory plan has its own tests
     monkeypatch.setattr(controller_mod, "plot_run", lambda rows, path, title="": path)
     ctrl = object.__new__(controller_mod.GRPOController)
     ctrl.cfg, ctrl.out_dir, ctrl.resume_from = cfg, tmp_path, None
-    ctrl.start_step, ctrl.version, ctrl.actors = 0, 0, None
-    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids, ctrl.multiturn = tmp_path / "model", 0, [], None  # what __init__ would have found (start_actors is a stub)
-    ctrl.logger = JsonlLogger(tmp_path / "metrics.jsonl")
-    ctrl._make_syncer = lambda *a, **k: None  # the weight-sync strategy (not used by the stub steps)
+    ctrl.start_step, ctrl.version, ctrl.job = 0, 0, StubJob()
+    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids = tmp_path / "model", 0, []  # what __init__ would have found
+    ctrl.metrics_path = tmp_path / "metrics.jsonl"
+    ctrl._start_rollouts = lambda: None  # no rollout workers in the stub
 
     def step(k):
         if k > 1:  # the previous step's row is being served
@@ -398,7 +412,7 @@ def _wait_for(base: str, promql: str, want: float, proc: subprocess.Popen, log: 
 def test_real_prometheus_scrapes_the_exporter(tmp_path, exporter):
     binary = _binary("prometheus")
     for row in DEMO_ROWS[:3]:
-        exporter.observe(row)
+        exporter.log_row(row)
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(PROM_DIR / "alerts.yml")],
               "scrape_configs": [{"job_name": "rl-orchestrator",

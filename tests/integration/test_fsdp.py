@@ -141,7 +141,7 @@ def test_grpo_with_two_ranks_syncs_checkpoints_sharded_and_restores_exactly(ray_
         assert any(not torch.equal(moved[k], weights[k]) for k in weights)
         # ... and the controller's resume path (every rank loads `sharded/`, the engines are synced and
         # verified against the restored weights) brings back exactly the saved state
-        controller._restore(Path(result.checkpoint))
+        controller.restore(Path(result.checkpoint))
         w2, o2 = _snapshot(trainer)
         assert controller.start_step == 2 and ray.get(trainer.get_step.remote()) == 2
         assert ray.get(worker.checksums.remote())["version"] == 2

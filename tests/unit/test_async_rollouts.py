@@ -1,4 +1,4 @@
-"""AsyncRollouts (orchestrator/async_rollouts.py) against a fake controller: no Ray, engines simulated.
+"""AsyncRollouts (orchestrator/rollout/async_source.py) over a fake rollout source: no Ray, engines simulated.
 
 The fake engines stamp each sample with the version they hold at launch, as the real RolloutWorker does.
 """
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator.async_rollouts import AsyncRollouts
+from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.source import RolloutSource
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.sync import WeightMismatchError
@@ -24,29 +25,35 @@ class FakeController:
         return [PromptRequest(group_id=step * 2 + i, prompt_ids=[k + 3], answer="") for i, k in
                 enumerate(self.loader.next_batch())]
 
-    def _launch_generate(self, requests):
-        self.launches.append([r.group_id for r in requests])
-        trajs = [Trajectory(group_id=r.group_id, prompt_ids=r.prompt_ids, response_ids=[1], logprobs=[-1.0], text="",
-                            finish_reason="stop", answer="", weight_version=self.engine_version) for r in requests]
-        return [(trajs, {"rollout/generate_s": self.generate_s})]
-
-    def _get(self, refs):
-        return refs
-
-    def _collect_generate(self, results, expected_version, row):
-        trajs = [t for ts, _ in results for t in ts]
-        if any(t.weight_version != expected_version for t in trajs):
-            raise WeightMismatchError(f"expected {expected_version}")
-        return trajs
-
     def sync(self, step):  # weight sync `step`: trainer and engines move to it
         self.version = self.engine_version = step
+
+
+class FakeSource(RolloutSource):
+    """Engines that return at once, stamping each sample with the controller's engine version at launch."""
+
+    def __init__(self, ctl):
+        super().__init__(ctl.cfg, [None], wait=lambda refs: refs)
+        self.ctl = ctl
+
+    def _calls(self, requests):
+        self.ctl.launches.append([r.group_id for r in requests])
+        trajs = [Trajectory(group_id=r.group_id, prompt_ids=r.prompt_ids, response_ids=[1], logprobs=[-1.0], text="",
+                            finish_reason="stop", answer="", weight_version=self.ctl.engine_version) for r in requests]
+        return [(0, (trajs, {"rollout/generate_s": self.ctl.generate_s}))]
+
+    def _metrics(self, launched, trajs):
+        return {}
+
+
+def _rollouts(ctl):
+    return AsyncRollouts(FakeSource(ctl), ctl.sample_prompts, ctl.loader, ctl.cfg, ctl.start_step)
 
 
 def _step(ctl, rollouts, step):
     row = {}
     rollouts.launch(step)
-    trajs = rollouts.take(step, row)
+    trajs = rollouts.take(step, ctl.version, row)
     rollouts.finish_in_flight(row)
     ctl.sync(step)
     rollouts.synced(step)
@@ -55,7 +62,7 @@ def _step(ctl, rollouts, step):
 
 def test_one_step_off_rows_and_group_ids():
     ctl = FakeController()
-    rollouts = AsyncRollouts(ctl)
+    rollouts = _rollouts(ctl)
     rows = []
     for step in (1, 2, 3, 4):
         trajs, row = _step(ctl, rollouts, step)
@@ -71,27 +78,27 @@ def test_one_step_off_rows_and_group_ids():
 
 def test_a_wrong_engine_version_is_still_caught():
     ctl = FakeController()
-    rollouts = AsyncRollouts(ctl)
+    rollouts = _rollouts(ctl)
     _step(ctl, rollouts, 1)
     rollouts.launch(2)  # batch 3 launched on version 1
     ctl.engine_version = 7  # ...but the engines hold something else
-    rollouts.batches[3].refs = ctl._launch_generate(rollouts.batches[3].requests)
-    rollouts.take(2, {})
+    rollouts.batches[3].launched = rollouts.source.launch(rollouts.batches[3].launched.requests)
+    rollouts.take(2, ctl.version, {})
     rollouts.finish_in_flight({})
     ctl.sync(2)
     rollouts.synced(2)
     rollouts.launch(3)
     with pytest.raises(WeightMismatchError, match="expected 1"):
-        rollouts.take(3, {})
+        rollouts.take(3, ctl.version, {})
 
 
 def test_checkpoint_loader_state_and_discard_rewind_to_the_pending_batch():
     ctl = FakeController(total=5)
-    rollouts = AsyncRollouts(ctl)
+    rollouts = _rollouts(ctl)
     _step(ctl, rollouts, 1)
     after_batch_1 = rollouts.loader_state()  # batch 2 is pending: the loader before its prompts
     assert after_batch_1["position"] == 2 and ctl.loader.state_dict()["position"] == 4
-    pending = rollouts.batches[2].requests
+    pending = rollouts.batches[2].launched.requests
     assert rollouts.discard(engine_version=1) == [2]
     assert ctl.loader.state_dict() == after_batch_1
     trajs, row = _step(ctl, rollouts, 2)  # regenerated on the current weights: staleness 0, same prompts
@@ -102,7 +109,7 @@ def test_checkpoint_loader_state_and_discard_rewind_to_the_pending_batch():
 
 def test_max_staleness_zero_never_prefetches():
     ctl = FakeController(max_staleness=0)
-    rollouts = AsyncRollouts(ctl)
+    rollouts = _rollouts(ctl)
     for step in (1, 2, 3):
         _, row = _step(ctl, rollouts, step)
         assert row["async/staleness"] == 0 and row["async/overlap_s"] == 0.0

@@ -33,7 +33,7 @@ def test_exporter_serves_role_gauges():
 
     exporter = PrometheusExporter("127.0.0.1", 0, "t")
     try:
-        exporter.observe({"step": 1, **ROW, **role_utilisation(ROW)})
+        exporter.log_row({"step": 1, **ROW, **role_utilisation(ROW)})
         text = generate_latest(exporter.registry).decode()
     finally:
         exporter.close()

@@ -1,9 +1,10 @@
-"""Controller side of `placement.mode=disaggregated_async`: the in-flight generation calls (Ray ObjectRefs)
-of the one-step-off pipeline, scheduled by `orchestrator.async_pipeline.AsyncPipeline`.
+"""`placement.mode=disaggregated_async`: the in-flight batches of the one-step-off pipeline over any rollout
+source (single-turn or multi-turn, orchestrator/rollout/source.py), scheduled by
+`orchestrator.rollout.async_pipeline.AsyncPipeline`.
 
-    rollouts = AsyncRollouts(controller)
+    rollouts = AsyncRollouts(source, sample, loader, cfg, start_step)  # sample(step) -> the step's PromptRequests
     rollouts.launch(step)              # start of step k: launch the batch of k + 1 (and of k when none is in flight)
-    trajs = rollouts.take(step, row)   # the batch of step k: staleness checked, dropped + regenerated over the bound
+    trajs = rollouts.take(step, version, row)   # the batch of step k: staleness checked, dropped + regenerated over the bound
     ... reward, reference, advantages, train on it ...
     rollouts.finish_in_flight(row)     # wait for the k + 1 generation BEFORE the weight sync
     ... sync_weights(k) ...; rollouts.synced(k)
@@ -29,53 +30,53 @@ in-flight batch is discarded on resume, never half-applied.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from orchestrator.async_pipeline import AsyncPipeline, Ticket
+from orchestrator.rollout.async_pipeline import AsyncPipeline, Ticket
+from orchestrator.rollout.source import Launched, RolloutSource
 
 
 @dataclass
 class _Batch:
     ticket: Ticket
-    requests: list
     loader_state: dict  # the loader before these prompts were sampled
-    refs: list
-    results: Optional[list] = None  # the workers' (trajectories, metrics), once fetched
-    wait_s: float = 0.0  # the controller's blocked wait for it
+    launched: Launched  # the source's calls; `.results` once fetched, `.wait_s` the controller's blocked wait
 
 
 class AsyncRollouts:
-    """In-flight generations of the async pipeline for one `GRPOController` (see the module docstring)."""
+    """In-flight generations of the async pipeline over `source` (see the module docstring).
 
-    def __init__(self, controller):
-        self.ctl = controller
-        cfg = controller.cfg
-        self.pipe = AsyncPipeline(cfg.algo.max_staleness, cfg.trainer.total_steps, start_step=controller.start_step)
+    source: the rollout source; sample: step -> that step's PromptRequests (draws from `loader`);
+    loader: the prompt loader (state_dict / load_state_dict), rewound on discard and checkpointed before
+    the oldest pending batch; cfg: the run config (algo.max_staleness, trainer.total_steps)."""
+
+    def __init__(self, source: RolloutSource, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+        self.source, self.sample, self.loader = source, sample, loader
+        self.pipe = AsyncPipeline(cfg.algo.max_staleness, cfg.trainer.total_steps, start_step=start_step)
         self.batches: dict[int, _Batch] = {}
 
     def launch(self, step: int) -> None:
         """Sample prompts and launch generation for every batch the pipeline schedules at step `step`."""
         for ticket in self.pipe.to_launch(step):
-            state = self.ctl.loader.state_dict()
-            requests = self.ctl.sample_prompts(ticket.step)
-            self.batches[ticket.step] = _Batch(ticket, requests, state, self.ctl._launch_generate(requests))
+            state = self.loader.state_dict()
+            requests = self.sample(ticket.step)
+            self.batches[ticket.step] = _Batch(ticket, state, self.source.launch(requests))
 
-    def take(self, step: int, row: dict) -> list:
+    def take(self, step: int, version: int, row: dict) -> list:
         """The trajectories of step `step`'s batch, after the staleness check (a batch over the bound is
         dropped, counted, and regenerated with the current weights). Writes `async/*` and `rollout/*`.
         Raises WeightMismatchError when the engines stamped a version other than the expected one."""
         batch = self.batches[step]
         self._fetch(batch)
-        adm = self.pipe.admit(step, self.ctl.version)
+        adm = self.pipe.admit(step, version)
         if not adm.admitted:
-            ticket = self.pipe.regenerate(step)
-            batch.ticket, batch.refs, batch.results = ticket, self.ctl._launch_generate(batch.requests), None
+            batch.ticket = self.pipe.regenerate(step)
+            batch.launched = self.source.launch(batch.launched.requests)
             self._fetch(batch)
-            adm = self.pipe.admit(step, self.ctl.version)
+            adm = self.pipe.admit(step, version)
         del self.batches[step]
-        trajs = self.ctl._collect_generate(batch.results, batch.ticket.weight_version, row)
+        trajs = self.source.collect(batch.launched, batch.ticket.weight_version, row)
         row.update(self.pipe.metrics(adm))
         row["async/overlap_s"] = 0.0
         row["rollout/queue_depth"] = len(self.batches)  # batches generated or in flight, not yet trained
@@ -86,11 +87,11 @@ class AsyncRollouts:
         and `rollout/worker_generate_s_mean` of the generation that ran during this step."""
         hidden, wall, busy = 0.0, 0.0, []
         for batch in self.batches.values():
-            if batch.results is None:
+            if batch.launched.results is None:
                 self._fetch(batch)
-                seconds = [m["rollout/generate_s"] for _, m in batch.results]
+                seconds = [m["rollout/generate_s"] for _, m in batch.launched.results]
                 wall += max(seconds)
-                hidden += max(0.0, max(seconds) - batch.wait_s)
+                hidden += max(0.0, max(seconds) - batch.launched.wait_s)
                 busy.append(sum(seconds) / len(seconds))
         row["async/overlap_s"] = row.get("async/overlap_s", 0.0) + hidden
         row["async/generate_s"] = wall  # the whole generation (slowest worker), hidden or not
@@ -113,16 +114,17 @@ class AsyncRollouts:
         ignored. Returns the discarded steps (counted in `async/dropped_batches`)."""
         state = self.loader_state()
         steps = self.pipe.discard()
+        for batch in self.batches.values():
+            if batch.launched.results is None:
+                self.source.release(batch.launched)
         self.batches.clear()
         if state is not None:
-            self.ctl.loader.load_state_dict(state)
+            self.loader.load_state_dict(state)
         if engine_version is not None:
             self.pipe.synced(engine_version)
         return steps
 
     def _fetch(self, batch: _Batch) -> None:
-        if batch.results is None:
-            t0 = time.perf_counter()
-            batch.results = self.ctl._get(batch.refs)
-            batch.wait_s = time.perf_counter() - t0
+        if batch.launched.results is None:
+            self.source.fetch(batch.launched)
             self.pipe.arrived(batch.ticket.step)

@@ -1,17 +1,18 @@
-"""The controller's generate and reward phases for multi-turn rollouts (`env.name` set).
+"""Multi-turn rollouts (`env.name` set): a rollout source whose groups run whole episodes against an environment.
 
-    phase = MultiTurnPhase(cfg)                       # resolves env.name: a bad name fails before actors
-    trajs = phase.generate(workers, requests, version, row, get)
-    rewards = phase.score(trajs, row)
+    source = MultiTurnSource(cfg, workers, wait)     # resolves env.name: a bad name fails before any actor
+    trajs = source.generate(requests, version, row)  # or launch / collect, as the async pipeline does
+    rewards = source.rewards(trajs, row)             # the environment's rewards
 
-generate: every group (one dataset row, `rollout.n` samples) is placed on a rollout worker by
-`StickyRouter` (consistent hashing on the group id with a load cap, orchestrator/rollout/router.py);
-each worker runs all samples and turns of its groups on its own engine (`generate_multiturn`:
-continuous batching, prefix caching, environments in threads next to the engine). The episode's
-sample is ``{"prompt", "answer", "seed": group_id}`` from the step's dataset row.
+launch: every group (one dataset row, `rollout.n` samples) is placed on a rollout worker by `StickyRouter`
+(consistent hashing on the group id with a load cap, orchestrator/rollout/router.py); each worker runs all
+samples and turns of its groups on its own engine (`generate_multiturn`: continuous batching, prefix
+caching, environments in threads next to the engine). The episode's sample is
+``{"prompt", "answer", "seed": group_id}`` from the step's dataset row. The router releases the groups
+when their calls return (or fail).
 
-score: the environment's rewards: a trajectory's reward is the sum of its turn rewards
-(``extra["reward"]``); the RewardActor's functions are not called. Advantages stay per trajectory.
+rewards: a trajectory's reward is the sum of its turn rewards (``extra["reward"]``); the RewardActor's
+functions are not called. Advantages stay per trajectory.
 
 Metrics (into the step's row): rollout/turns_mean, rollout/turns_max, rollout/truncated_frac,
 rollout/trajectories, env/step_s (mean seconds inside env.step), env/errors, env/timeouts,
@@ -23,29 +24,33 @@ reward/std, reward/max, reward/min.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
-
 import torch
 from omegaconf import OmegaConf
 
 from orchestrator.rollout.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
+from orchestrator.rollout.source import Launched, RolloutSource, Wait
 from orchestrator.rollout.types import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
 
 
-class MultiTurnPhase:
+def check_env(cfg) -> dict:
+    """Resolve `env.name` and check `env.kwargs` against its signature (nothing is built); returns the `env`
+    section as a dict. Raises ValueError naming env.name / env.kwargs."""
+    _check_kwargs(resolve_env_factory(cfg.env.name, "env.name"), cfg.env)
+    env = OmegaConf.to_container(cfg.env, resolve=True) if OmegaConf.is_config(cfg.env) else dict(vars(cfg.env))
+    return dict(env)
+
+
+class MultiTurnSource(RolloutSource):
     """Routes groups to rollout workers and collects environment rewards (see the module docstring).
 
     Raises ValueError (naming env.name) when the environment cannot be resolved.
     """
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        _check_kwargs(resolve_env_factory(cfg.env.name, "env.name"), cfg.env)
-        env = OmegaConf.to_container(cfg.env, resolve=True) if OmegaConf.is_config(cfg.env) else dict(vars(cfg.env))
-        self.env_cfg: dict = dict(env)
-        self.router = StickyRouter(cfg.rollout.num_workers)
+    def __init__(self, cfg, workers: list, wait: Wait):
+        super().__init__(cfg, workers, wait)
+        self.env_cfg: dict = check_env(cfg)
+        self.router = StickyRouter(len(self.workers))
 
     def route(self, requests: list[PromptRequest]) -> dict[int, list[dict]]:
         """{worker index: [group dicts]}; every group's n samples (and all their turns) on one worker."""
@@ -56,32 +61,31 @@ class MultiTurnPhase:
             shards.setdefault(w, []).append({"group_id": r.group_id, "sample": sample, "n": self.cfg.rollout.n})
         return shards
 
-    def generate(self, workers: list, requests: list[PromptRequest], version: int, row: dict,
-                 get: Callable) -> list[Trajectory]:
-        """Run the step's groups on their workers; returns trajectories (group order as returned).
-
-        Raises WeightMismatchError for a trajectory sampled with another weight version, RuntimeError
-        when no trajectory came back (every environment reset failed).
-        """
+    def launch(self, requests: list[PromptRequest]) -> Launched:
         shards = self.route(requests)
-        try:
-            order = sorted(shards)
-            results = get([workers[w].generate_multiturn.remote(shards[w], self.env_cfg, w) for w in order])
-        finally:
-            for r in requests:
-                self.router.release(r.group_id)
-        trajs = [t for ts, _ in results for t in ts]
-        if not trajs:
+        refs = [self.workers[w].generate_multiturn.remote(shards[w], self.env_cfg, w) for w in sorted(shards)]
+        launched = Launched(requests, sorted(shards), refs)
+        launched.meta["groups_per_worker_max"] = max((len(s) for s in shards.values()), default=0)
+        return launched
+
+    def release(self, launched: Launched) -> None:
+        for r in launched.requests:
+            self.router.release(r.group_id)
+
+    def collect(self, launched: Launched, expected_version: int, row: dict) -> list[Trajectory]:
+        """As `RolloutSource.collect`; RuntimeError naming env.name when every environment reset failed."""
+        if not any(ts for ts, _ in self.fetch(launched)):
             raise RuntimeError(f"multi-turn rollout returned no trajectory: every reset of env.name="
                                f"{self.cfg.env.name!r} failed (see env/reset_failures and the worker logs)")
-        stale = [t.weight_version for t in trajs if t.weight_version != version]
-        if stale:
-            raise WeightMismatchError(f"rollout returned samples of weight version {stale[0]}, expected {version}")
-        row.update(_rollout_metrics(trajs, [(w, m) for w, (_, m) in zip(order, results)], len(workers)))
-        row["router/groups_per_worker_max"] = float(max(len(s) for s in shards.values()))
-        return trajs
+        return super().collect(launched, expected_version, row)
 
-    def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+    def _metrics(self, launched: Launched, trajs: list[Trajectory]) -> dict:
+        results = list(zip(launched.workers, (m for _, m in launched.results)))
+        row = _rollout_metrics(trajs, results, len(self.workers))
+        row["router/groups_per_worker_max"] = float(launched.meta["groups_per_worker_max"])
+        return row
+
+    def rewards(self, trajs: list[Trajectory], row: dict) -> list[float]:
         """Per-trajectory rewards from the environment (sum of turn rewards), and reward/* metrics."""
         rewards = [float(t.extra["reward"]) for t in trajs]
         r = torch.tensor(rewards, dtype=torch.float64)

@@ -1,10 +1,10 @@
-"""The controller's multi-turn phase without Ray: sticky placement, env rewards, metric aggregation."""
+"""The multi-turn rollout source without Ray: sticky placement, env rewards, metric aggregation."""
 from __future__ import annotations
 
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.multiturn_phase import MultiTurnPhase, _rollout_metrics
+from orchestrator.rollout.multi_turn_source import MultiTurnSource, _rollout_metrics
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 
@@ -13,7 +13,7 @@ def _cfg(*extra):
 
 
 def test_route_keeps_each_group_on_one_worker_under_the_load_cap():
-    phase = MultiTurnPhase(_cfg())
+    phase = MultiTurnSource(_cfg(), [None, None], wait=None)
     requests = [PromptRequest(group_id=g, prompt_ids=[1], answer=str(g), prompt=f"q{g}") for g in range(8)]
     shards = phase.route(requests)
     placed = [g["group_id"] for groups in shards.values() for g in groups]
@@ -26,7 +26,7 @@ def test_route_keeps_each_group_on_one_worker_under_the_load_cap():
 
 def test_bad_env_kwargs_fail_before_any_actor():
     with pytest.raises(ValueError, match="env.kwargs=.*do not fit env.name='calculator'"):
-        MultiTurnPhase(_cfg("env.name=calculator"))
+        MultiTurnSource(_cfg("env.name=calculator"), [None, None], wait=None)
 
 
 def _traj(group, reward, turns, mask, truncated=False, stop="done"):
@@ -36,9 +36,9 @@ def _traj(group, reward, turns, mask, truncated=False, stop="done"):
 
 
 def test_rewards_come_from_the_environment():
-    phase = MultiTurnPhase(_cfg())
+    phase = MultiTurnSource(_cfg(), [None, None], wait=None)
     row: dict = {}
-    assert phase.score([_traj(0, 1.0, 1, [1]), _traj(0, 0.0, 2, [1, 0, 1]), _traj(1, 0.5, 1, [1])], row) == [1.0, 0.0, 0.5]
+    assert phase.rewards([_traj(0, 1.0, 1, [1]), _traj(0, 0.0, 2, [1, 0, 1]), _traj(1, 0.5, 1, [1])], row) == [1.0, 0.0, 0.5]
     assert row["reward/mean"] == pytest.approx(0.5) and row["reward/std"] == pytest.approx(0.5)
     assert (row["reward/max"], row["reward/min"]) == (1.0, 0.0)
 
