@@ -1,5 +1,5 @@
 """The default job (SmolLM2-135M-Instruct, arithmetic GRPO) for two steps through `ray job submit`
-against a local head started with `ray start --head`, as the README shows."""
+against a local head started with `ray start --head`, as docs/deployment.md shows."""
 from __future__ import annotations
 
 import json
@@ -34,7 +34,7 @@ def _wait_for_dashboard(timeout_s: float = 120.0) -> None:
 
 @pytest.fixture
 def ray_head():
-    # Ray's token authentication, as the README shows: the head makes a token, the clients send it
+    # Ray's token authentication, as docs/deployment.md shows: the head makes a token, the clients send it
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "token"}
     subprocess.run([RAY, "start", "--head", "--num-cpus=2", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                     "--dashboard-port=8265", "--disable-usage-stats"], check=True, env=env, capture_output=True)
