@@ -2,7 +2,8 @@
 
 Three one-step-off steps: every batch's staleness within algo.max_staleness (0 on step 1, then 1), the
 verified weight sync passes every step, engines and trainer agree at the end, a wrong weight version is
-still caught, and a resume regenerates the batch that was in flight at the checkpoint.
+still caught, and a resume regenerates the batch that was in flight at the checkpoint. Multi-turn rollouts
+(the guessing environment) run in the same pipeline: the async pipeline wraps any rollout source.
 """
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ def test_async_staleness_never_exceeds_its_bound(ray_local, tiny_model, tmp_path
         assert ray.get(trainer.get_step.remote()) == 3
         # the version check still catches a batch of a version other than the expected one
         req = PromptRequest(group_id=0, prompt_ids=[1, 2, 3, 4, 5], answer="")
-        results = ray.get(controller._launch_generate([req]))
-        assert controller._collect_generate(results, 3, {})[0].weight_version == 3
+        launched = controller.rollout.launch([req])
+        assert controller.rollout.collect(launched, 3, {})[0].weight_version == 3
         with pytest.raises(WeightMismatchError, match="version 3, expected 2"):
-            controller._collect_generate(results, 2, {})
+            controller.rollout.collect(launched, 2, {})
     finally:
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]
@@ -80,3 +81,28 @@ def test_resume_regenerates_the_batch_in_flight_at_the_checkpoint(ray_local, tin
     row = result.rows[-1]
     assert row["step"] == 3 and row["async/staleness"] == 0 and row["async/weight_version"] == 2
     assert second.loader.state_dict() == final_loader  # the same prompts were sampled again for step 3
+
+
+def test_async_multi_turn_guessing_game(ray_local, tiny_model, tmp_path):
+    """placement.mode=disaggregated_async with env.name=guessing: episodes of the next step play while the
+    trainer trains; staleness within its bound, the verified sync every step, sticky groups, env rewards."""
+    cfg = load_config("configs/grpo_guessing_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
+        "placement.mode=disaggregated_async", "algo.tis_cap=2.0", "trainer.total_steps=3", "rollout.num_workers=2",
+        "rollout.max_new_tokens=8", "env.max_turns=3", "env.max_tokens=320", "checkpoint.every_steps=0"])
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+        trainer, _ = assert_engine_holds_trainer_weights(controller, 3)
+        assert ray.get(trainer.get_step.remote()) == 3
+        placed = controller.rollout.router.loads()
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
+    assert [r["sync/version"] for r in rows] == [1, 2, 3]
+    assert all(1.0 <= r["rollout/turns_mean"] <= 3.0 for r in rows)  # multi-turn episodes, env metrics logged
+    assert all("env/step_s" in r and "reward/mean" in r and r["router/groups_per_worker_max"] >= 1 for r in rows)
+    assert all(r["actor/tis_weight_mean"] > 0 for r in rows)
+    assert rows[0]["async/overlap_s"] >= 0 and rows[-1]["async/overlap_s"] == 0
+    assert sum(placed.values()) == 0  # every routed group was released once its episodes returned
