@@ -1,7 +1,7 @@
 """Pin an actor's process to the CPU cores of its fake GPUs (CPU runs with `placement.fake_gpus`).
 
 With `placement.resource=fake_gpu` and `placement.fake_gpus=N`, each fake GPU stands for one CPU core
-(orchestrator/placement_plan.py maps bundles to core ids). The job passes an actor its cores in the
+(orchestrator/placement/plan.py maps bundles to core ids). The job passes an actor its cores in the
 environment variable `RL_ORCH_CPU_CORES` ("0,1"); the actor calls `pin_from_env` first thing in its
 constructor, before torch makes its thread pool (threads inherit the mask): `os.sched_setaffinity` and
 `torch.set_num_threads(len(cores))`. (Ray's per-actor `worker_process_setup_hook` did not run in Ray 2.60,

@@ -1,16 +1,16 @@
 """The sizer's split against the equal split, the simulator against the clock, async against sync (issue 5).
 
 On this machine with fake GPUs (placement.resource=fake_gpu, placement.fake_gpus=2: each fake GPU is one
-pinned core, orchestrator/placement_plan.py) it runs the default job (configs/grpo_arith_cpu.yaml, the
+pinned core, orchestrator/placement/plan.py) it runs the default job (configs/grpo_arith_cpu.yaml, the
 default model, a step-by-step prompt, rollout.max_new_tokens; extra key=value overrides shape it, e.g. the
 rollout-bound job of benchmarks/RESULTS.md: rollout.prompts_per_step=2 rollout.n=4 rollout.ignore_eos=true,
 fixed-length responses so that every step does the same work) in:
 
 1. calibration at two sizes: the equal split (disaggregated, rollout 1 + trainer 1 fake GPU, synchronous)
    and every role on both GPUs (colocated 2: 2 engines + 2 FSDP2 trainer ranks, time-sliced);
-2. the sizer fitted to both runs (`orchestrator.size_cli.recommend`: what `rl-orch size --metrics a
+2. the sizer fitted to both runs (`orchestrator.sizing.recommend.recommend`: what `rl-orch size --metrics a
    --metrics b --gpus 2` runs) and its split, realised as config overrides by
-   `orchestrator.replace.to_overrides` (the mapping placement.auto uses), when not already measured;
+   `orchestrator.placement.replace.to_overrides` (the mapping placement.auto uses), when not already measured;
 3. disaggregated_async 1 + 1 (one step off-policy), the async side of the sync/async ratio.
 
 With --repeats R the rounds alternate; a placement already in the list is run once per round. Per
@@ -23,7 +23,7 @@ predictions within 15%). --reuse keeps finished runs of the same overrides.
 
 Modes searched: colocated, disaggregated and async are passed explicitly. The colocated wake/sleep switch
 is counted as --switch-s seconds (default 0: on CPU vLLM has no sleep mode and the hooks only make Ray
-calls, orchestrator/placement_modes.py); the colocated run's measured `colocate/sleep_s + wake_s` is printed
+calls, orchestrator/placement/modes.py); the colocated run's measured `colocate/sleep_s + wake_s` is printed
 beside it. The final checkpoint is taken out of the rows the sizer reads (a one-off of the run's end, not
 a per-step cost of a placement).
 
@@ -223,7 +223,7 @@ def measure_dir(folder: Path):
 def size_runs(folders: list[Path], switch_s: float):
     """(sizing, workload, notes, measurements) of the runs, as `rl-orch size --metrics a --metrics b --gpus 2`
     computes them, with the modes colocated, disaggregated and async passed explicitly."""
-    from orchestrator.size_cli import recommend
+    from orchestrator.sizing.recommend import recommend
 
     runs = [measure_dir(f) for f in folders]
     sizing, workload, notes = recommend(runs, GPUS, ("colocated", "disaggregated", "async"), switch_s=switch_s,
@@ -245,8 +245,8 @@ def plan(args, out: Path) -> dict:
     from runs at two or more sizes"). Then the sizer's choice and async 1+1. Returns the placements to run
     ({name: overrides}), the predictions of the fit, the roles, the calibration runs and the sizer's printout."""
     from orchestrator.config import load_config
-    from orchestrator.replace import to_overrides
-    from orchestrator.size_cli import format_sizing
+    from orchestrator.placement.replace import to_overrides
+    from orchestrator.sizing.recommend import format_sizing
     from orchestrator.sizing.workload import Split, evaluate
 
     base = job_overrides(args)

@@ -28,8 +28,8 @@ from orchestrator.metrics import METRICS_FILE, SinkContext, plot_run, read_jsonl
 from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
 from orchestrator.metrics.registry import build_sinks
 from orchestrator.models import resolve_model_path
-from orchestrator.placement_modes import time_slice
-from orchestrator.replace import auto_replace
+from orchestrator.placement.modes import time_slice
+from orchestrator.placement.replace import auto_replace
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -121,7 +121,7 @@ class GRPOController:
         with build_sinks(self.cfg, ctx) as sinks:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
-                if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:  # orchestrator/replace.py
+                if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:  # orchestrator/placement/replace.py
                     row.update(auto_replace(self, step, row, ckpt))
                 last_ckpt = ckpt or last_ckpt
                 sinks.log_row(row)
@@ -156,7 +156,7 @@ class GRPOController:
             trajs = self.generate(requests, row)
         advantages, ref = self._score(trajs, timer, row)
         with timer.phase("train"):
-            time_slice(self.job, "train", row)  # colocated: engines sleep (orchestrator/placement_modes.py)
+            time_slice(self.job, "train", row)  # colocated: engines sleep (orchestrator/placement/modes.py)
             row.update(self.train(trajs, advantages, ref))
         with timer.phase("weight_sync"):
             time_slice(self.job, "weight_sync", row)  # colocated: engines wake their weights

@@ -12,7 +12,7 @@
 
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
 `fake_gpu` resources when placement.resource=fake_gpu); with either, it joins that cluster (this is what
-`ray job submit` gives the entrypoint). The groups and slots come from orchestrator/placement_plan.py;
+`ray job submit` gives the entrypoint). The groups and slots come from orchestrator/placement/plan.py;
 pinned actors (fake GPUs) get their cores in RL_ORCH_CPU_CORES (actors/pinning.py).
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Optional
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
-from orchestrator.placement import PlacementError, remove_groups, reserve_groups, slot_options
-from orchestrator.placement_plan import ActorSlot, JobPlan, plan_job
+from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups, slot_options
+from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
 _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
@@ -62,7 +62,7 @@ class Actors:
     all: list = field(default_factory=list)
     trainer_ranks: list = field(default_factory=list)  # all D trainer ranks, rank 0 first
     pgs: list = field(default_factory=list)
-    plan: Any = None  # the JobPlan (orchestrator/placement_plan.py)
+    plan: Any = None  # the JobPlan (orchestrator/placement/plan.py)
 
     def shutdown(self) -> None:
         try:

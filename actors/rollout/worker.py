@@ -87,7 +87,7 @@ class RolloutWorker:
         """Other worker-extension methods: keep_shadow, record_digests, loaded_digests, inject_fault_next_load."""
         return self.engine.extension_call(method, *args)
 
-    # ---- colocated time-slicing (orchestrator/placement_modes.py) -------------------------------
+    # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------
     def sleep_engine(self, level: int = 1) -> None:
         """vLLM sleep (level 1: weights to host memory, KV cache dropped) while the trainer trains."""
         self.sleep_state.sleep(level)

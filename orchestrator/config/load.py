@@ -160,7 +160,7 @@ def validate(cfg) -> None:
 
 def _check_fake_gpus(cfg) -> None:
     """placement.fake_gpus > 0 needs placement.resource=fake_gpu (the local Ray advertises that resource) and
-    at most this host's cores (each fake GPU is one core its actors are pinned to; orchestrator/placement_plan.py)."""
+    at most this host's cores (each fake GPU is one core its actors are pinned to; orchestrator/placement/plan.py)."""
     n = cfg.placement.fake_gpus
     if n <= 0:
         return
@@ -192,7 +192,7 @@ def _check_async(cfg) -> None:
 
 
 def _check_auto_placement(cfg) -> None:
-    """placement.auto re-places the actors after sizing.warmup_steps steps (orchestrator/replace.py): that
+    """placement.auto re-places the actors after sizing.warmup_steps steps (orchestrator/placement/replace.py): that
     step must come before the run's last one, or the measurement is never used."""
     if cfg.placement.auto and cfg.sizing.warmup_steps >= cfg.trainer.total_steps:
         raise ConfigError(f"sizing.warmup_steps={cfg.sizing.warmup_steps} with placement.auto=true must be below "

@@ -18,7 +18,7 @@ from orchestrator.memory.estimate import GIB
 from orchestrator.memory.params import PRESETS, count_params
 from orchestrator.memory.planner import format_plan
 from orchestrator.memory.preflight import plan_for_config
-from orchestrator.placement_plan import plan_job, total_asked
+from orchestrator.placement.plan import plan_job, total_asked
 from tests.deploy.test_helm_chart import EXAMPLE_7B, one, render, run_config_and_argv, values_file
 
 GPUS = 2 * 8  # worker.replicas x worker.gpus of the example

@@ -14,8 +14,8 @@ import torch
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.job import actor_options
-from orchestrator.placement import remove_groups, reserve_groups
-from orchestrator.placement_plan import plan_job
+from orchestrator.placement.groups import remove_groups, reserve_groups
+from orchestrator.placement.plan import plan_job
 from orchestrator.rollout import PromptRequest
 from tests.integration.conftest import ray_local, tiny_model, tiny_overrides  # noqa: F401 (fixtures)
 

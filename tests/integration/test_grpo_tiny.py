@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.placement import PlacementError
+from orchestrator.placement.groups import PlacementError
 from orchestrator.rollout import PromptRequest
 from orchestrator.sync import WeightMismatchError, compare_checksums
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides

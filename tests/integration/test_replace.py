@@ -13,7 +13,7 @@ import pytest
 import ray
 import torch
 
-import orchestrator.replace as replace
+import orchestrator.placement.replace as replace
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.sizing.workload import Split

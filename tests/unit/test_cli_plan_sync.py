@@ -4,7 +4,7 @@ import json
 import pytest
 
 from orchestrator.cli import build_parser, main
-from orchestrator.plan_cli import format_sync_table
+from orchestrator.cli.plan_sync import format_sync_table
 from orchestrator.sync.cost_model import STRATEGIES, choose_strategy, predict_sync, setup_from_fabric
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.placement import plan_bundles
+from orchestrator.placement.groups import plan_bundles
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 

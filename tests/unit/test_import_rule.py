@@ -6,7 +6,7 @@ import pytest
 
 PURE = ["orchestrator.algo", "orchestrator.config", "orchestrator.sync", "orchestrator.data",
         "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint", "orchestrator.memory",
-        "orchestrator.sizing.sizer", "orchestrator.sizing.measurements", "orchestrator.size_cli"]
+        "orchestrator.sizing.sizer", "orchestrator.sizing.measurements", "orchestrator.cli.size", "orchestrator.sizing.recommend", "orchestrator.placement.plan"]
 
 
 @pytest.mark.parametrize("module", PURE)

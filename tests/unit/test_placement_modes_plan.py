@@ -1,4 +1,4 @@
-"""Unit tests of the placement modes (orchestrator/placement_plan.py): bundles per mode, tensor-parallel
+"""Unit tests of the placement modes (orchestrator/placement/plan.py): bundles per mode, tensor-parallel
 engine groups, the fake-GPU core mapping, node hints, the config checks, and the engine's sleep/wake
 bookkeeping (actors/rollout/sleep_state.py). No Ray, no vLLM; every expectation is worked out by hand."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ from actors.pinning import engine_env, engine_placement_kwargs, parse_cores
 from actors.rollout.sleep_state import SleepState
 from orchestrator.config import load_config
 from orchestrator.config.load import ConfigError
-from orchestrator.placement import plan_bundles
-from orchestrator.placement_plan import GroupPlan, PlacementError, engine_node_hints, map_cores, plan_job, total_asked
+from orchestrator.placement.groups import plan_bundles
+from orchestrator.placement.plan import GroupPlan, PlacementError, engine_node_hints, map_cores, plan_job, total_asked
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 

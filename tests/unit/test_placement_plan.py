@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.placement import RolePlan, missing_resources, plan_bundles
+from orchestrator.placement.groups import RolePlan, missing_resources, plan_bundles
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 

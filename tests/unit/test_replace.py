@@ -1,4 +1,4 @@
-"""placement.auto's decision (orchestrator/replace.py `decide`): warm-up metrics rows + the run config -> config
+"""placement.auto's decision (orchestrator/placement/replace.py `decide`): warm-up metrics rows + the run config -> config
 overrides, or None with the reason. Expected splits are computed by hand from the sizer's laws (one measured
 size: generate t = G / g, train t = T / g^0.9, sync constant; disaggregated step = G/r + T/t^0.9 + S,
 colocated step = G/g + switch/2 + T/g^0.9 + S + switch/2, orchestrator/sizing/sizer.py `proxy_step_s`)."""
@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.config import load_config
 from orchestrator.config.load import ConfigError
-from orchestrator.replace import MIN_GAIN, decide, default_modes, held_devices, with_overrides
+from orchestrator.placement.replace import MIN_GAIN, decide, default_modes, held_devices, with_overrides
 
 CPU_RUN = "configs/grpo_arith_cpu.yaml"  # rollout.num_workers 1, trainer.num_workers 1, 32 samples per step
 

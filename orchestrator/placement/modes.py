@@ -1,7 +1,7 @@
 """What a placement mode changes in the step: colocated time-slicing of the rollout engines.
 
 In `placement.mode=colocated` the trainer ranks, the rollout engines and the reference share devices
-(orchestrator/placement_plan.py). The engines hold device memory (weights + KV cache) that the trainer
+(orchestrator/placement/plan.py). The engines hold device memory (weights + KV cache) that the trainer
 needs while it trains, so the controller calls two hooks:
 
     ... generate -> reward -> reference -> [time_slice "train": engines sleep(level=1)] -> train

@@ -7,7 +7,7 @@
 Decision (`decide`, no Ray): the warm-up rows are measured as `rl-orch size` measures a metrics.jsonl
 (orchestrator.sizing.measurements: first step dropped, medians), at the GPUs per role the current config
 holds (`role_gpus`), and sized for `sizing.total_gpus` devices, or the devices the current placement holds
-(`held_devices`), with `orchestrator.size_cli.recommend`. The simulated candidates are taken shortest step
+(`held_devices`), with `orchestrator.sizing.recommend.recommend`. The simulated candidates are taken shortest step
 first; the first one this config can express becomes the overrides: rollout.num_workers (engines =
 rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, placement.mode and, on device resources
 (`placement.resource` other than CPU), the per-worker amounts (`device_amounts`). Not expressible: a
@@ -47,7 +47,7 @@ SIZER_MODE = {v: k for k, v in CONFIG_MODE.items()}
 # Re-place only when the recommendation is predicted at least this much faster (fraction of the current
 # predicted step): a smaller gain does not pay for the checkpoint and actor restart (tens of seconds).
 MIN_GAIN = 0.05
-# colocated wake/sleep seconds of a step (orchestrator/placement_modes.py): the sizer's switch cost
+# colocated wake/sleep seconds of a step (orchestrator/placement/modes.py): the sizer's switch cost
 SWITCH_KEYS = ("colocate/sleep_s", "colocate/wake_s")
 
 
@@ -128,7 +128,7 @@ def to_overrides(cfg, split: Split) -> tuple[Optional[dict[str, Any]], str]:
 
 def without_switch(row: dict) -> dict:
     """The row with the colocated sleep / wake seconds taken out of the train / weight-sync phase times that
-    hold them (orchestrator/placement_modes.py), so the sizer counts them once, as its switch cost."""
+    hold them (orchestrator/placement/modes.py), so the sizer counts them once, as its switch cost."""
     out = dict(row)
     for phase, key in (("timing/train_s", "colocate/sleep_s"), ("timing/weight_sync_s", "colocate/wake_s")):
         if phase in out and key in out:
@@ -153,7 +153,7 @@ def decide(rows: list[dict], cfg, modes: Optional[tuple[str, ...]] = None) -> tu
     """The re-placement for the warm-up `rows` (metrics rows, `timing/*_s` seconds) of a run with config `cfg`
     (see the module docstring), and one line saying what was decided and why. `modes` (sizer names:
     colocated, disaggregated, async) overrides the modes searched. Returns (None, why) when nothing is to do."""
-    from orchestrator.size_cli import recommend  # pure; imported here to keep size_cli's argparse out of the way
+    from orchestrator.sizing.recommend import recommend  # pure
 
     current = current_split(cfg)
     total = cfg.sizing.total_gpus or held_devices(cfg)

@@ -15,22 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Callable, Optional
-
-from orchestrator.sizing.measurements import MeasurementError, RunMeasurement, fit_workload, measure_run
+from orchestrator.sizing.measurements import MeasurementError, RunMeasurement, measure_run
+from orchestrator.sizing.recommend import format_sizing, recommend, sizing_warnings
 from orchestrator.sizing.simulator import MODES
-from orchestrator.sizing.sizer import Candidate, Sizing, equal_split, fewest_gpus, size
 from orchestrator.sizing.sync_law import sync_law_from_cost_model
-from orchestrator.sizing.workload import SizingError, Workload, all_splits, evaluate
+from orchestrator.sizing.workload import SizingError, Workload
 from orchestrator.sync.cost_model import FABRICS, STRATEGIES
-
-MODE_WORDS = {"colocated": "colocated (roles time-slice the same GPUs)",
-              "disaggregated": "disaggregated, synchronous",
-              "async": "disaggregated, async (rollouts of step k+1 overlap training of step k)"}
 
 
 def add_size_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `size` on the top-level subparsers (orchestrator/cli.py)."""
+    """Register `size` on the top-level subparsers (orchestrator/cli/__init__.py)."""
     p = sub.add_parser("size", help="recommend the rollout/trainer/reference GPU split from measured phase times",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Fit per-role scaling laws to measured phase times and pick the split and "
@@ -114,61 +108,6 @@ def _run_lines(runs: list[RunMeasurement]) -> list[str]:
     return lines
 
 
-def _utilisation(c: Candidate, w: Workload) -> str:
-    res = c.result
-    if c.split.mode == "colocated":
-        kinds = ["generate", "reference", "train", "sync", "switch_a", "switch_b"]
-        share = {k: res.phase_share(k) for k in kinds}
-        share["switch"] = share.pop("switch_a") + share.pop("switch_b")
-        parts = [f"{k} {v:.0%}" for k, v in share.items() if v > 0 and (k != "reference" or w.reference)]
-        return (f"shared GPUs {res.busy.get('gpus', 0):.0%} busy ({', '.join(parts)}), "
-                f"reward CPU {res.busy.get('cpu', 0):.0%}")
-    parts = [f"rollout GPUs {res.busy.get('rollout', 0):.0%}", f"trainer GPUs {res.busy.get('trainer', 0):.0%}"]
-    if "reference" in res.busy:
-        parts.append(f"reference GPUs {res.busy['reference']:.0%}")
-    return ", ".join(parts) + f", reward CPU {res.busy.get('cpu', 0):.0%}"
-
-
-def format_sizing(s: Sizing, w: Workload, modes: tuple[str, ...], top: int = 3) -> str:
-    """The recommendation, runner-ups, the equal-split comparison and the search effort, as text."""
-    b = s.best
-    mode = MODE_WORDS[b.split.mode] + (f", staleness {w.staleness}" if b.split.mode == "async" else "")
-    lines = [f"recommendation for {s.total} GPUs: {b.split.describe(w)}", f"  mode: {mode}",
-             f"  predicted step time: {b.step_s:.4g} s", f"  utilisation: {_utilisation(b, w)}"]
-    if b.result.max_staleness:
-        lines.append(f"  samples at most {b.result.max_staleness} weight version(s) old")
-    ups = s.runner_ups(top)
-    if ups:
-        lines.append("runner-ups:")
-        lines += [f"  {c.step_s:10.4g} s  (+{c.step_s / b.step_s - 1:.1%})  {c.split.describe(w)}" for c in ups]
-    eq = equal_split(w, s.total, b.split.mode)
-    if eq is not None and (eq.mode in modes):
-        e = evaluate(w, eq).step_s
-        lines.append(f"equal split ({eq.describe(w)}): {e:.4g} s -> the recommendation is {e / b.step_s:.2f}x "
-                     "as fast")
-    space = sum(1 for m in modes if w.min_gpus(m) <= s.total for _ in all_splits(w, s.total, m))
-    lines.append(f"searched: {s.simulations} splits simulated of {space} valid ones")
-    return "\n".join(lines)
-
-
-def recommend(runs: list[RunMeasurement], total: int, modes: tuple[str, ...] = MODES, *, switch_s: float = 0.0,
-              rollout_unit: Optional[int] = None, trainer_unit: int = 1, reference_unit: int = 1,
-              staleness: Optional[int] = None, target_step_s: Optional[float] = None,
-              adjust: Optional[Callable[[Workload, list[str]], Workload]] = None) -> tuple[Sizing, Workload, list[str]]:
-    """Fit the runs' workload (orchestrator.sizing.measurements.fit_workload), optionally `adjust` it (e.g. the
-    cost model's sync), then search the splits of `total` GPUs in `modes` (sizer.size), or with
-    `target_step_s` the fewest GPUs up to `total` meeting it (sizer.fewest_gpus). Returns (sizing, workload,
-    notes on how each law was obtained). Raises MeasurementError / SizingError / FitError (ValueErrors) on
-    bad input; used by `rl-orch size` and by placement.auto (orchestrator/replace.py)."""
-    w, notes = fit_workload(runs, switch_s=switch_s, rollout_unit=rollout_unit, trainer_unit=trainer_unit,
-                            reference_unit=reference_unit, staleness=staleness)
-    if adjust is not None:
-        w = adjust(w, notes)
-    if target_step_s is not None:
-        return fewest_gpus(w, target_step_s, total, modes), w, notes
-    return size(w, total, modes), w, notes
-
-
 def run_size(args: argparse.Namespace) -> int:
     """`rl-orch size`: 0, or 2 with a message naming the input on bad input."""
     modes = MODES if args.mode == "auto" else (args.mode,)
@@ -187,24 +126,5 @@ def run_size(args: argparse.Namespace) -> int:
         lines.append("  colocated: wake/sleep switch cost not measured, counted as 0 s (set --switch-s)")
     if args.target_step_s is not None:
         lines.append(f"fewest GPUs for a step of at most {args.target_step_s:g} s: {s.total}")
-    print("\n".join(lines + [format_sizing(s, w, modes, args.top)] + _warnings(runs, s, w)))
+    print("\n".join(lines + [format_sizing(s, w, modes, args.top)] + sizing_warnings(runs, s, w)))
     return 0
-
-
-def _warnings(runs: list[RunMeasurement], s: Sizing, w: Workload) -> list[str]:
-    """What makes the recommendation less trustworthy: missing phases, far extrapolation, a sync-bound step."""
-    out = []
-    for r in runs:
-        missing = [k for k in ("generate", "train", "sync") if k not in r.phases]
-        if missing:
-            out.append(f"warning: {r.path} has no timing for {', '.join(missing)}: counted as 0 s")
-    measured = max(sum(r.gpus.values()) for r in runs)
-    if s.total > 16 * measured:
-        out.append(f"warning: the laws were fitted on runs of at most {measured} GPU(s) and are extrapolated to "
-                   f"{s.total}: measure at a larger size before trusting this split")
-    costs = w.costs(s.best.split)
-    if costs.sync_s > max(costs.generate_s, costs.train_s):
-        out.append(f"warning: sync-bound: weight sync ({costs.sync_s:.3g} s) outweighs generate "
-                   f"({costs.generate_s:.3g} s) and train ({costs.train_s:.3g} s), so the split matters little; "
-                   "see `rl-orch plan sync` for a faster weight_sync.strategy")
-    return out

@@ -1,6 +1,6 @@
 """Placement groups and gang scheduling: every group of the job is reserved together, or the job fails.
 
-The plan (orchestrator/placement_plan.py) gives the job group (trainer ranks, rollout engines with t = 1,
+The plan (orchestrator/placement/plan.py) gives the job group (trainer ranks, rollout engines with t = 1,
 the reference when KL is on, the reward actor; or, colocated, one bundle per shared device) and one
 STRICT_PACK group per tensor-parallel engine. The resource each bundle asks for comes from config
 (`placement.resource`: "GPU" on GPU clusters, "CPU" or a custom resource such as "fake_gpu" on CPU
@@ -17,7 +17,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.placement_plan import (ActorSlot, GroupPlan, PlacementError, engine_node_hints, plan_job,
+from orchestrator.placement.plan import (ActorSlot, GroupPlan, PlacementError, engine_node_hints, plan_job,
                                          total_asked)
 
 __all__ = ["PlacementError", "RolePlan", "plan_bundles", "missing_resources", "reserve", "reserve_groups",

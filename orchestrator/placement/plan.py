@@ -7,7 +7,7 @@ Modes (`placement.mode`):
 - colocated: one bundle per device, {resource: 1.0}, max(D, R*t) of them; device d holds trainer rank d,
   the rollout engine (rank) on it and, on device 0, the reference; the actors sharing a device each ask
   for an equal fraction of it (1/k, rounded down to Ray's 1e-4 resource grain) and take turns
-  (time-slicing: vLLM sleeps while the trainer trains, see orchestrator/placement_modes.py).
+  (time-slicing: vLLM sleeps while the trainer trains, see orchestrator/placement/modes.py).
 
 Tensor-parallel engines (`rollout.tensor_parallel_size` t > 1), the way OpenRLHF and verl give vLLM its
 GPUs: the engine actor (the vLLM driver, in-process engine core) sits in its first bundle asking for no

@@ -5,7 +5,7 @@
 
 `plan sync` prints the weight-sync cost model's prediction for every strategy (orchestrator.sync.
 cost_model) and marks the one `weight_sync.strategy: auto` would choose. Bad input: a message naming
-the option on stderr, exit code 2. `plan memory` (the VRAM planner) lives in orchestrator/plan_memory_cli.py.
+the option on stderr, exit code 2. `plan memory` (the VRAM planner) lives in orchestrator/cli/plan_memory.py.
 """
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def _add_sync_parser(plan_sub: argparse._SubParsersAction) -> None:
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     """Register `plan <what>` on the top-level subparsers: `plan sync` and `plan memory`
-    (orchestrator/plan_memory_cli.py)."""
-    from orchestrator.plan_memory_cli import add_memory_parser
+    (orchestrator/cli/plan_memory.py)."""
+    from orchestrator.cli.plan_memory import add_memory_parser
 
     plan = sub.add_parser("plan", help="predictions before a run: plan sync | plan memory")
     plan_sub = plan.add_subparsers(dest="what", required=True)
