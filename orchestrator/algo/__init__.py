@@ -8,9 +8,9 @@ estimator or a loss (one function in one file; docs/algorithms.md), selected by 
 
 from orchestrator.algo.advantages import (
     ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, broadcast_to_tokens, compute_advantages,
-    compute_token_advantages, group_stats, register_advantage_estimator,
+    compute_token_advantages, group_stats, register_advantage_estimator, sequence_abs_mean,
 )
-from orchestrator.algo.batch import TrainBatch
+from orchestrator.algo.batch import TrainBatch, response_mask_tensor, token_rows
 from orchestrator.algo.kl import kl_penalty
 from orchestrator.algo.logprobs import position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.loss import (
@@ -53,5 +53,8 @@ __all__ = [
     "position_ids_from_attention_mask",
     "register_advantage_estimator",
     "register_policy_loss",
+    "response_mask_tensor",
+    "sequence_abs_mean",
     "token_logprobs",
+    "token_rows",
 ]

@@ -30,7 +30,7 @@ from orchestrator.algo.registry import Registry
 
 AdvantageEstimatorFn = Callable[["AdvantageInputs", Any], Tensor]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estimator", "algo.estimator")
-AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo"]  # the built-in names; the registry may hold more
+AdvantageEstimator = Literal["grpo", "rloo", "dr_grpo"]  # the built-in names; the registry may hold more
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
@@ -103,7 +103,8 @@ def compute_token_advantages(estimator: str, inputs: AdvantageInputs, cfg: Any) 
     Args:
         estimator: a name in ``ADVANTAGE_ESTIMATORS`` (``algo.estimator``).
         inputs: the batch, see ``AdvantageInputs``.
-        cfg: the ``algo`` config passed to the estimator (reads ``adv_eps`` for the built-ins).
+        cfg: the ``algo`` config passed to the estimator (reads ``adv_eps`` for the built-ins); its
+            ``plugins`` (optional) are imported first when ``estimator`` is not registered yet.
 
     Returns:
         ``[B, T]`` float32; exactly 0.0 where ``response_mask`` is 0.
@@ -112,7 +113,7 @@ def compute_token_advantages(estimator: str, inputs: AdvantageInputs, cfg: Any) 
         ValueError: unknown ``estimator`` (naming ``algo.estimator`` and listing the registered names),
             an estimator returning another shape or a non-finite value.
     """
-    fn = ADVANTAGE_ESTIMATORS.get(estimator)
+    fn = ADVANTAGE_ESTIMATORS.resolve(estimator, getattr(cfg, "plugins", None) or ())
     adv = fn(inputs, cfg)
     if adv.shape != inputs.response_mask.shape:
         raise ValueError(f"algo.estimator={estimator!r} returned shape {tuple(adv.shape)}, expected [B, T] = "
@@ -139,7 +140,7 @@ def compute_advantages(
         rewards: ``[B]`` float, one scalar reward per sample; must be finite.
         group_ids: ``[B]`` integer (int64 usually); samples with equal ids form one group. Any order,
             e.g. interleaved ``[g1, g2, g1, g2]``. Prompt content plays no part.
-        estimator: a registered per-sequence estimator: ``"grpo"``, ``"dr_grpo"``, ``"rloo"`` (see each).
+        estimator: a registered per-sequence estimator: ``"grpo"``, ``"rloo"``, ``"dr_grpo"`` (see each).
         eps: added to the group std for ``"grpo"``; >= 0.
 
     Returns:
@@ -227,6 +228,17 @@ def grpo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
     return _finish(s.centred / (std + cfg.adv_eps), s, inputs.response_mask)
 
 
+@register_advantage_estimator("rloo")
+def rloo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
+    """``r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_g)`` (leave-one-out baseline).
+
+    RLOO, Ahmadian et al. 2024 ("Back to Basics: Revisiting REINFORCE Style Optimization for RLHF"),
+    after Kool et al. 2019. Returns ``[B, T]`` float32.
+    """
+    s = group_stats(inputs.rewards, inputs.group_ids)
+    return _finish(s.count / s.n_minus_1 * s.centred, s, inputs.response_mask)
+
+
 @register_advantage_estimator("dr_grpo")
 def dr_grpo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
     """``r_i - mean_g``, no std division.
@@ -238,12 +250,20 @@ def dr_grpo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
     return _finish(s.centred, s, inputs.response_mask)
 
 
-@register_advantage_estimator("rloo")
-def rloo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
-    """``r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - mean_g)`` (leave-one-out baseline).
+def sequence_abs_mean(advantages: Tensor, response_mask: Tensor) -> float:
+    """Mean over samples of each sample's token-mean ``|A|``: ``actor/advantage_abs_mean``.
 
-    RLOO, Ahmadian et al. 2024 ("Back to Basics: Revisiting REINFORCE Style Optimization for RLHF"),
-    after Kool et al. 2019. Returns ``[B, T]`` float32.
+    For a per-sequence estimator this is exactly the mean of ``|A_i|`` over samples (the token mean of
+    copies is computed in float64, where it is exact). Samples without a trained token are left out;
+    0.0 when none has one.
+
+    Args:
+        advantages: ``[B, T]`` float; response_mask: ``[B, T]``, nonzero on trained tokens.
     """
-    s = group_stats(inputs.rewards, inputs.group_ids)
-    return _finish(s.count / s.n_minus_1 * s.centred, s, inputs.response_mask)
+    m = response_mask != 0
+    count = m.sum(dim=-1)
+    keep = count > 0
+    if not bool(keep.any()):
+        return 0.0
+    per_seq = torch.where(m, advantages.abs().to(torch.float64), torch.zeros((), dtype=torch.float64)).sum(dim=-1)
+    return float((per_seq[keep] / count[keep]).to(advantages.dtype).mean())

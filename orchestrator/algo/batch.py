@@ -1,8 +1,8 @@
 """The training batch the controller hands to the trainer: one typed object instead of a dict of lists.
 
 Every per-token field is a list per sample with one entry per response token (``len(response_ids[i])``),
-as the rollout reports its logprobs; the trainer collates them into ``[B, T]`` tensors. Pure Python; no
-Ray, no vLLM.
+as the rollout reports its logprobs; the trainer collates them into ``[B, T]`` tensors
+(``response_mask_tensor`` and ``token_rows`` convert between the two forms). No Ray, no vLLM.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
+
+import torch
+from torch import Tensor
 
 
 @dataclass
@@ -68,3 +71,30 @@ class TrainBatch:
         if len(advantages) != len(prompt_ids):
             raise ValueError(f"TrainBatch.advantages: {len(advantages)} samples, prompt_ids has {len(prompt_ids)}")
         return cls(prompt_ids, response_ids, rollout_logprobs, per_token, ref_logprobs, response_mask)
+
+
+def response_mask_tensor(response_ids: Sequence[Sequence[int]],
+                         response_mask: Optional[Sequence[Sequence[int]]] = None) -> Tensor:
+    """The ``[B, T]`` bool mask of trained response tokens, ``T`` the longest response (at least 1).
+
+    Args:
+        response_ids: ``[B][*]`` response ids (only their lengths are read).
+        response_mask: ``[B][len(response_i)]`` 1 = trained, 0 = not (multi-turn observation ids); None = all.
+    Raises:
+        ValueError: a ``response_mask`` row whose length differs from its response's (naming the sample).
+    """
+    width = max((len(r) for r in response_ids), default=0)
+    mask = torch.zeros(len(response_ids), max(width, 1), dtype=torch.bool)
+    for i, r in enumerate(response_ids):
+        if response_mask is None:
+            mask[i, : len(r)] = True
+            continue
+        if len(response_mask[i]) != len(r):
+            raise ValueError(f"response_mask[{i}]: {len(response_mask[i])} values for {len(r)} response tokens")
+        mask[i, : len(r)] = torch.tensor([bool(v) for v in response_mask[i]], dtype=torch.bool)
+    return mask
+
+
+def token_rows(values: Tensor, response_ids: Sequence[Sequence[int]]) -> list[list[float]]:
+    """``[B, T]`` tensor -> ``[B][len(response_i)]`` python floats (the ``TrainBatch`` form)."""
+    return [values[i, : len(r)].tolist() for i, r in enumerate(response_ids)]

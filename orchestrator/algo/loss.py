@@ -105,7 +105,8 @@ def compute_policy_loss(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str,
     Args:
         inputs: see ``LossInputs``.
         cfg: the ``algo`` config: ``policy_loss``, ``loss_agg``, ``clip_low``, ``clip_high``, ``kl_coef``,
-            ``kl_estimator``, ``tis_cap`` and whatever a custom loss reads.
+            ``kl_estimator``, ``tis_cap`` and whatever a custom loss reads; ``plugins`` (optional) are
+            imported first when ``policy_loss`` is not registered in this process (a trainer actor).
 
     Returns:
         ``(loss, metrics)``: a float32 scalar tensor and python floats (see the loss).
@@ -115,7 +116,7 @@ def compute_policy_loss(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str,
             names), unknown ``loss_agg`` / missing ``max_response_len``, a negative clip or ``kl_coef``,
             ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``.
     """
-    fn = POLICY_LOSSES.get(cfg.policy_loss)
+    fn = POLICY_LOSSES.resolve(cfg.policy_loss, getattr(cfg, "plugins", None) or ())
     check_loss_agg(cfg.loss_agg, inputs.max_response_len)
     _check_config(cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.tis_cap, inputs.ref_logprobs)
     return fn(inputs, cfg)

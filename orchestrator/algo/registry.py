@@ -69,6 +69,17 @@ class Registry(Generic[F]):
         except KeyError:
             raise ValueError(f"{self.config_key}: unknown {self.kind} {name!r}; allowed: {list(self._entries)}") from None
 
+    def resolve(self, name: str, plugins: Iterable[str] = ()) -> F:
+        """``get(name)``, first importing ``plugins`` (``algo.plugins``) when ``name`` is not registered in
+        this process yet: a Ray actor is a fresh process that has not run the driver's imports.
+
+        Raises:
+            ValueError: as ``get`` and ``import_plugins``.
+        """
+        if name not in self._entries:
+            import_plugins(plugins)
+        return self.get(name)
+
     def names(self) -> tuple[str, ...]:
         """Registered names in registration order (built-ins first)."""
         return tuple(self._entries)

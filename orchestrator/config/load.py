@@ -15,6 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.algo.registry import import_plugins
 from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
 
 
@@ -85,7 +86,12 @@ def _get(cfg, dotted: str):
 
 
 def validate(cfg) -> None:
-    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values."""
+    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
+    Imports `algo.plugins` first, so that the names they register are allowed."""
+    try:
+        import_plugins(cfg.algo.plugins)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
