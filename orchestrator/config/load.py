@@ -85,13 +85,18 @@ def _get(cfg, dotted: str):
     return node
 
 
-def validate(cfg) -> None:
-    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
-    Imports `algo.plugins` first, so that the names they register are allowed."""
+def _import_algo_plugins(cfg) -> None:
+    """Run the `@register_...` decorators of the modules in `algo.plugins` (orchestrator/algo/registry.py)."""
     try:
         import_plugins(cfg.algo.plugins)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def validate(cfg) -> None:
+    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
+    Imports `algo.plugins` first, so that the names they register are allowed."""
+    _import_algo_plugins(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:
