@@ -69,6 +69,7 @@ from transformers import AutoModelForCausalLM
 from actors import lora
 from actors.forward import batch_logprobs, collate, forward_logprobs
 from actors.trainer import Trainer, keep_fused
+from orchestrator.algo import TrainBatch
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 _FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -188,12 +189,12 @@ class ShardedTrainer(Trainer):
     def _mine(self, indices) -> list[int]:
         return [i for i in indices if i % self.dp_size == self.rank]
 
-    def _old_logprobs(self, batch) -> list:
-        mine = self._mine(range(len(batch["prompt_ids"])))
-        lps = batch_logprobs(self.model, [batch["prompt_ids"][i] for i in mine],
-                             [batch["response_ids"][i] for i in mine], self.temperature,
+    def _old_logprobs(self, batch: TrainBatch) -> list:
+        mine = self._mine(range(len(batch)))
+        lps = batch_logprobs(self.model, [batch.prompt_ids[i] for i in mine],
+                             [batch.response_ids[i] for i in mine], self.temperature,
                              self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
-        out: list = [None] * len(batch["prompt_ids"])  # other ranks' samples: never read on this rank
+        out: list = [None] * len(batch)  # other ranks' samples: never read on this rank
         for i, lp in zip(mine, lps):
             out[i] = lp
         return out
@@ -255,7 +256,7 @@ class ShardedTrainer(Trainer):
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"a trainer rank did not finish within {self.timeout_s:g}s") from None
 
-    def train_step(self, batch: dict) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """`Trainer.train_step` on all D ranks, each on its shard; returns the global metrics (rank 0's
         copy of the all-reduced sums, plus rank 0's `timing/train_s`)."""
         refs = self._fan_out("train_step_local", ray.put(batch))
@@ -316,7 +317,7 @@ class ShardedTrainer(Trainer):
         return out
 
     # ---- what every rank runs (rank 0 directly, the peers through the calls above) ------------
-    def train_step_local(self, batch: dict) -> dict[str, float]:
+    def train_step_local(self, batch: TrainBatch) -> dict[str, float]:
         return Trainer.train_step(self, batch)
 
     def logprobs_local(self, prompt_ids, response_ids) -> list[list[float]]:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import ray
 import torch
@@ -35,7 +35,7 @@ from actors.forward import LOSS_MASK, apply_loss_mask
 from actors import lora
 from actors import prefix_share
 from actors.moe_loss import RouterAux
-from orchestrator.algo import loss_normalizer, lr_multiplier, policy_loss
+from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.sync import group_checksums
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -79,15 +79,13 @@ class Trainer:
                              min_lr_ratio=self.cfg.min_lr_ratio)
 
     # ---- training -------------------------------------------------------------------------
-    def train_step(self, batch: dict[str, Any]) -> dict[str, float]:
-        """One policy update on a global batch.
-
-        batch: prompt_ids [B][*], response_ids [B][*], rollout_logprobs [B][*] (per response token),
-        advantages [B], optionally ref_logprobs [B][*]. Returns `actor/*` and `timing/*` metrics.
-        Raises FloatingPointError when the loss is not finite (nothing is applied then).
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One policy update on a global batch (orchestrator/algo/batch.py: ids, and per response token the
+        rollout logprobs, advantages, optional reference logprobs and loss mask). Returns `actor/*` and
+        `timing/*` metrics. Raises FloatingPointError when the loss is not finite (nothing is applied then).
         """
         t0 = time.perf_counter()
-        n = len(batch["advantages"])
+        n = len(batch)
         size = n // self.cfg.mini_batches
         old_all = None
         if self.cfg.mini_batches > 1 and self.algo.old_logprobs == "trainer":
@@ -109,39 +107,40 @@ class Trainer:
         """The order in which a mini-batch's sequences fill micro-batches: sorted by length, so each padded
         micro-batch pads little (the global loss normaliser makes the order irrelevant to the update); with
         the shared-prompt forward, a group's samples side by side so its prompt runs once per micro-batch."""
-        idx = sorted(rows, key=lambda i: len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]))
+        idx = sorted(rows, key=lambda i: len(batch.prompt_ids[i]) + len(batch.response_ids[i]))
         if prefix_share.enabled(self):
-            idx = prefix_share.order_by_prompt(batch["prompt_ids"], batch["response_ids"], idx)
+            idx = prefix_share.order_by_prompt(batch.prompt_ids, batch.response_ids, idx)
         return idx
 
-    def _mini_batch_update(self, batch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
-        resp_mask = torch.zeros(len(idx), max(len(batch["response_ids"][i]) for i in idx), dtype=torch.bool)
-        trained = batch.get("response_mask")  # multi-turn: 0 on observation ids (never trained); None = all
+    def _mini_batch_update(self, batch: TrainBatch, idx: list[int], old_lp: Optional[list]) -> dict[str, float]:
+        resp_mask = torch.zeros(len(idx), max(len(batch.response_ids[i]) for i in idx), dtype=torch.bool)
+        trained = batch.response_mask  # multi-turn: 0 on observation ids (never trained); None = all
         for j, i in enumerate(idx):
-            resp_mask[j, : len(batch["response_ids"][i])] = (torch.tensor(trained[i], dtype=torch.bool)
-                                                              if trained is not None else True)
+            resp_mask[j, : len(batch.response_ids[i])] = (torch.tensor(trained[i], dtype=torch.bool)
+                                                          if trained is not None else True)
         norm = loss_normalizer(resp_mask, self.algo.loss_agg, max_response_len=self.max_new_tokens,
                                dp_size=self.dp_size)
         idx, old_lp = self._local_shard(idx, old_lp)  # this rank's part of the mini-batch (all of it when D = 1)
         if self._moe is not None:
-            self._moe.start(sum(len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]) for i in idx))
+            self._moe.start(sum(len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         # padded groups of micro_batch_size, or packed rows of micro_batch_tokens (trainer.packing, case C11)
         groups, occupancy = split_micro_batches(
-            [len(batch["prompt_ids"][i]) + len(batch["response_ids"][i]) for i in idx], self.cfg.micro_batch_size,
+            [len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx], self.cfg.micro_batch_size,
             _packing_budget(self.cfg))
         empty = self._empty_micro_batches(len(groups))  # D > 1 packed: the busiest rank's count minus ours
         for pos in groups:
             part = [idx[j] for j in pos]
-            per_token = {"rollout": [batch["rollout_logprobs"][i] for i in part]}
+            # advantages per response token [B][T], laid out (padded or packed) like the rollout logprobs
+            per_token = {"rollout": [batch.rollout_logprobs[i] for i in part], "adv": [batch.advantages[i] for i in part]}
             if old_lp is not None:
                 per_token["old"] = [old_lp[j] for j in pos]
-            if batch.get("ref_logprobs") is not None:
-                per_token["ref"] = [batch["ref_logprobs"][i] for i in part]
+            if batch.ref_logprobs is not None:
+                per_token["ref"] = [batch.ref_logprobs[i] for i in part]
             if trained is not None:
                 per_token[LOSS_MASK] = [trained[i] for i in part]
-            prompts, responses = [batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part]
+            prompts, responses = [batch.prompt_ids[i] for i in part], [batch.response_ids[i] for i in part]
             mb = (collate_packed(prompts, responses, per_token) if self.cfg.packing
                   else collate(prompts, responses, per_token, self.pad_id))
             for k, v in self._micro_batch_backward(mb, batch, part, norm).items():
@@ -168,13 +167,13 @@ class Trainer:
         self.step += 1
         return out
 
-    def _micro_batch_backward(self, mb, batch, part: list[int], norm: float) -> dict[str, float]:
+    def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self._moe is not None else None  # MoE: per-layer router logits of this forward
         # each distinct prompt once when trainer.shared_prefix applies (actors/prefix_share.py), else forward_logprobs
-        logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch["prompt_ids"][i] for i in part],
-                                                     [batch["response_ids"][i] for i in part], router)
+        logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch.prompt_ids[i] for i in part],
+                                                     [batch.response_ids[i] for i in part], router)
         real_tokens_mask = mb.attention_mask
-        if mb.segments is not None:  # packed row -> one sequence per row: policy_loss aggregates per row
+        if mb.segments is not None:  # packed row -> one sequence per row: the loss aggregates per row
             logprobs, mb = per_sequence(logprobs, mb)
         mb = apply_loss_mask(mb)  # multi-turn: observation/template ids leave the loss, KL and metrics
         device = logprobs.device
@@ -184,14 +183,11 @@ class Trainer:
             old = rollout
         else:
             old = mb.values["old"].to(device) if "old" in mb.values else logprobs.detach()
-        adv = torch.tensor([batch["advantages"][i] for i in part], dtype=torch.float32, device=device)
         use_tis = self.algo.old_logprobs == "trainer" and self.algo.tis_cap is not None
-        loss, m = policy_loss(
-            logprobs, old, adv, mask, clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-            loss_agg=self.algo.loss_agg, normalizer=norm, max_response_len=self.max_new_tokens,
-            ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
-            kl_coef=self.algo.kl_coef, kl_estimator=self.algo.kl_estimator,
-            rollout_logprobs=rollout if use_tis else None, tis_cap=self.algo.tis_cap if use_tis else None)
+        inputs = LossInputs(logprobs, old, mb.values["adv"].to(device), mask, norm, self.max_new_tokens,
+                            ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
+                            rollout_logprobs=rollout if use_tis else None)  # TIS against the sampler's logprobs
+        loss, m = compute_policy_loss(inputs, self.algo)  # the registered `algo.policy_loss` (orchestrator/algo/loss.py)
         if self._moe is not None:  # router load-balancing loss over real tokens (case C12)
             loss = loss + self._moe.add(router, real_tokens_mask)
         if not torch.isfinite(loss):
@@ -213,9 +209,9 @@ class Trainer:
     def _prepare_model(self, model):
         return model
 
-    def _old_logprobs(self, batch) -> list:
+    def _old_logprobs(self, batch: TrainBatch) -> list:
         """Response-token logprobs of every sample of `batch` under the current policy, [B][*]."""
-        return prefix_share.trainer_batch_logprobs(self, batch["prompt_ids"], batch["response_ids"])
+        return prefix_share.trainer_batch_logprobs(self, batch.prompt_ids, batch.response_ids)
 
     def _local_shard(self, idx: list[int], old_lp: Optional[list]) -> tuple[list[int], Optional[list]]:
         return idx, old_lp

@@ -50,20 +50,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.forward import split_micro_batches  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
+from orchestrator.algo import TrainBatch  # noqa: E402
 from orchestrator.algo.packing import pack_first_fit_decreasing, token_occupancy  # noqa: E402
 from orchestrator.config.schema import AlgoConfig, TrainerConfig  # noqa: E402
 
 
-def skewed_batch(n: int, max_new: int, vocab: int, seed: int) -> dict:
+def skewed_batch(n: int, max_new: int, vocab: int, seed: int) -> TrainBatch:
     """n sequences: prompts uniform in [24, 40] tokens, responses lognormal(ln 24, 1.1) clipped to
     [4, max_new] tokens; random token ids in [10, vocab)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(10, vocab) for _ in range(rng.randint(24, 40))] for _ in range(n)]
     lens = [min(max_new, max(4, round(rng.lognormvariate(math.log(24), 1.1)))) for _ in range(n)]
     responses = [[rng.randrange(10, vocab) for _ in range(k)] for k in lens]
-    return {"prompt_ids": prompts, "response_ids": responses,
-            "rollout_logprobs": [[-2.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return TrainBatch.with_sequence_advantages(prompts, responses, [[-2.0] * len(r) for r in responses],
+                                               [rng.choice([-1.0, 1.0]) for _ in range(n)], ref_logprobs=None)
 
 
 def tiny_model(folder: str) -> str:
@@ -89,7 +89,7 @@ def make_trainer(model: str, max_new: int, threads: int, arrival: bool = False, 
     return cls(model, tc, OmegaConf.structured(AlgoConfig), temperature=1.0, max_new_tokens=max_new)
 
 
-def timed_step(trainer: Trainer, batch: dict) -> tuple[float, float, dict]:
+def timed_step(trainer: Trainer, batch: TrainBatch) -> tuple[float, float, dict]:
     """(wall seconds, CPU seconds of this process, metrics) of one train_step."""
     t0, c0 = time.perf_counter(), time.process_time()
     m = trainer.train_step(batch)
@@ -102,7 +102,7 @@ def ffd_occupancy(n: int, max_new: int, budget: int, batches: int = 200) -> None
     occ, at_bound, sorted_occ, unsorted_occ = [], 0, [], []
     for seed in range(1000, 1000 + batches):
         b = skewed_batch(n, max_new, 1000, seed)
-        lengths = [len(p) + len(r) for p, r in zip(b["prompt_ids"], b["response_ids"])]
+        lengths = [len(p) + len(r) for p, r in zip(b.prompt_ids, b.response_ids)]
         rows = len(pack_first_fit_decreasing(lengths, budget))
         occ.append(token_occupancy(sum(lengths), rows, budget))
         at_bound += rows == math.ceil(sum(lengths) / budget)
@@ -146,15 +146,15 @@ def main() -> None:
     mbs = max(1, args.budget // max_len)
     from transformers import AutoConfig
     batch = skewed_batch(args.sequences, args.max_new_tokens, AutoConfig.from_pretrained(model).vocab_size, args.seed)
-    resp = sorted(len(r) for r in batch["response_ids"])
-    real = sum(len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"]))
+    resp = sorted(len(r) for r in batch.response_ids)
+    real = sum(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids))
     print(f"model {model}; {args.sequences} sequences, {real} real tokens; response lengths min/median/p90/max "
           f"{resp[0]}/{resp[len(resp) // 2]}/{resp[int(0.9 * len(resp))]}/{resp[-1]}; budget {args.budget} tokens; "
           f"padded-mem micro_batch_size {mbs} (= {args.budget} // {max_len}); torch threads {args.threads or 'all'}")
 
     for n in sorted({args.sequences, *args.occupancy_sizes}):  # occupancy grows with the rows per batch
         ffd_occupancy(n, args.max_new_tokens, args.budget)
-    lengths = [len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"])]
+    lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
     mbs_avg = math.ceil(args.sequences / len(pack_first_fit_decreasing(lengths, args.budget)))
     print(f"padded-avg micro_batch_size {mbs_avg} (= ceil({args.sequences} / packed rows))")
     specs = {"padded-mem": dict(micro_batch_size=mbs), "padded-avg": dict(micro_batch_size=mbs_avg),

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors import prefix_share  # noqa: E402
 from actors.trainer import Trainer  # noqa: E402
+from orchestrator.algo import TrainBatch  # noqa: E402
 from orchestrator.config.load import load_config  # noqa: E402
 from orchestrator.data.chat import render_prompt_ids  # noqa: E402
 from orchestrator.data.datasets import load_examples  # noqa: E402
@@ -48,12 +49,12 @@ from orchestrator.models import resolve_model_path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def demo_batch(cfg, tokenizer, prompts: int, samples: int, seed: int) -> dict:
+def demo_batch(cfg, tokenizer, prompts: int, samples: int, seed: int) -> TrainBatch:
     """`prompts` arith questions x `samples` responses of 15-48 tokens (rollout logprobs filled later)."""
     rng = random.Random(seed)
     examples = rng.sample(load_examples(cfg.data), prompts)
-    prompt_ids, response_ids, groups = [], [], []
-    for g, ex in enumerate(examples):
+    prompt_ids, response_ids = [], []
+    for ex in examples:
         ids = render_prompt_ids(tokenizer, ex.prompt, cfg.data.system_prompt)
         text = (f"To solve {ex.prompt.split('?')[0]}, I work it out step by step. First I look at the two "
                 f"numbers, then I apply the operation carefully and check the result once more. "
@@ -62,23 +63,23 @@ def demo_batch(cfg, tokenizer, prompts: int, samples: int, seed: int) -> dict:
         for _ in range(samples):
             prompt_ids.append(list(ids))
             response_ids.append(answer_ids[: rng.randint(15, 48)])
-            groups.append(g)
-    return {"prompt_ids": prompt_ids, "response_ids": response_ids, "group_ids": groups,
-            "advantages": [rng.choice([-1.0, 1.0]) for _ in response_ids], "ref_logprobs": None}
+    # rollout logprobs: placeholders, replaced by the plain trainer's before any train_step
+    return TrainBatch.with_sequence_advantages(prompt_ids, response_ids, [[0.0] * len(r) for r in response_ids],
+                                               [rng.choice([-1.0, 1.0]) for _ in response_ids], ref_logprobs=None)
 
 
-def micro_batches(batch: dict, mbs: int, shared: bool) -> list[list[int]]:
+def micro_batches(batch: TrainBatch, mbs: int, shared: bool) -> list[list[int]]:
     """Sample indices of each micro-batch, ordered as `Trainer.train_step` orders them."""
-    p, r = batch["prompt_ids"], batch["response_ids"]
+    p, r = batch.prompt_ids, batch.response_ids
     idx = sorted(range(len(p)), key=lambda i: len(p[i]) + len(r[i]))
     if shared:
         idx = prefix_share.order_by_prompt(p, r, idx)
     return [idx[s : s + mbs] for s in range(0, len(idx), mbs)]
 
 
-def decoder_tokens(batch: dict, mbs: int, layout: str) -> tuple[int, int]:
+def decoder_tokens(batch: TrainBatch, mbs: int, layout: str) -> tuple[int, int]:
     """(real, computed) tokens the decoder runs for one train_step with `layout` ("plain", "cache", "row")."""
-    p, r = batch["prompt_ids"], batch["response_ids"]
+    p, r = batch.prompt_ids, batch.response_ids
     real = padded = 0
     for part in micro_batches(batch, mbs, layout != "plain"):
         if layout != "plain" and prefix_share.worth_sharing([p[i] for i in part]):
@@ -92,7 +93,7 @@ def decoder_tokens(batch: dict, mbs: int, layout: str) -> tuple[int, int]:
     return real, padded
 
 
-def profile_micro_batch(trainers: dict, batch: dict, mbs: int, top: int) -> None:
+def profile_micro_batch(trainers: dict, batch: TrainBatch, mbs: int, top: int) -> None:
     """torch.profiler (record_shapes) over forward + backward of sum(logprobs) of the first micro-batch,
     each variant after one warm-up call; prints the top ops by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -101,7 +102,7 @@ def profile_micro_batch(trainers: dict, batch: dict, mbs: int, top: int) -> None
 
     for name, t in trainers.items():
         part = micro_batches(batch, mbs, name != "plain")[0]
-        prompts, responses = [batch["prompt_ids"][i] for i in part], [batch["response_ids"][i] for i in part]
+        prompts, responses = [batch.prompt_ids[i] for i in part], [batch.response_ids[i] for i in part]
         mb = collate(prompts, responses, pad_id=t.pad_id)
 
         def step():
@@ -148,13 +149,13 @@ def main() -> None:
         t._shared_prefix_layout = name if name != "plain" else "auto"
         trainers[name] = t
     mbs = tc.micro_batch_size
-    uniq0 = prefix_share.distinct_prompts([batch["prompt_ids"][i] for i in micro_batches(batch, mbs, True)[0]])[0]
+    uniq0 = prefix_share.distinct_prompts([batch.prompt_ids[i] for i in micro_batches(batch, mbs, True)[0]])[0]
     auto = prefix_share.choose_layout(trainers["plain"].model.config, [len(p) for p in uniq0],
-                                      [len(batch["response_ids"][i]) for i in micro_batches(batch, mbs, True)[0]])
+                                      [len(batch.response_ids[i]) for i in micro_batches(batch, mbs, True)[0]])
     print(f"model {model_path} ({trainers['plain'].model.config._attn_implementation} attention)\n"
           f"{args.prompts} prompts x {args.samples} samples, prompt lengths "
-          f"{sorted({len(p) for p in batch['prompt_ids']})}, response lengths {min(map(len, batch['response_ids']))}"
-          f"-{max(map(len, batch['response_ids']))}, micro_batch_size {mbs}, fp32, {args.threads} torch threads; "
+          f"{sorted({len(p) for p in batch.prompt_ids})}, response lengths {min(map(len, batch.response_ids))}"
+          f"-{max(map(len, batch.response_ids))}, micro_batch_size {mbs}, fp32, {args.threads} torch threads; "
           f"auto picks {auto!r} for the first micro-batch")
     for layout in ("plain", "cache", "row"):
         real, padded = decoder_tokens(batch, mbs, layout)
@@ -162,8 +163,8 @@ def main() -> None:
     if args.profile:
         profile_micro_batch(trainers, batch, mbs, args.top)
         return
-    lps = {k: t.logprobs(batch["prompt_ids"], batch["response_ids"]) for k, t in trainers.items()}
-    batch["rollout_logprobs"] = lps["plain"]
+    lps = {k: t.logprobs(batch.prompt_ids, batch.response_ids) for k, t in trainers.items()}
+    batch.rollout_logprobs = lps["plain"]
     for k in variants[1:]:
         diff = max(abs(x - y) for ra, rb in zip(lps["plain"], lps[k]) for x, y in zip(ra, rb))
         print(f"max |logprob difference| {k} vs plain (same weights, fp32): {diff:.2e}; "

@@ -282,6 +282,7 @@ def transport(label: str, num_params: float, repeats: int, bucket_mb: float, tmp
 def delta_after_real_step(lr: float) -> dict:
     """Part 2: one real optimizer step of the default model; bf16 delta size against the full set."""
     from actors.trainer import Trainer
+    from orchestrator.algo import TrainBatch
     from orchestrator.config import load_config
     from orchestrator.data import load_examples, render_prompt_ids
     from orchestrator.models import resolve_model_path
@@ -302,8 +303,8 @@ def delta_after_real_step(lr: float) -> dict:
     trainer.scheduler.last_epoch = max(cfg.trainer.warmup_steps, 1)  # past warmup: the full learning rate
     for group in trainer.optimizer.param_groups:
         group["lr"] = lr
-    trainer.train_step({"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-1.0] * 24] * len(prompts),
-                        "advantages": advantages, "ref_logprobs": None})
+    trainer.train_step(TrainBatch.with_sequence_advantages(prompts, responses, [[-1.0] * 24] * len(prompts),
+                                                           advantages))
     after = {n: t.clone() for n, t in trainer.weights_for_sync("bfloat16")[0]}
     t0 = time.perf_counter()
     payload = encode_delta(before, after, 0, 1)

@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from orchestrator.algo import compute_advantages
+from orchestrator.algo import (AdvantageInputs, TrainBatch, compute_token_advantages, response_mask_tensor,
+                               sequence_abs_mean, token_rows)
 from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.job import Actors, Job
@@ -183,7 +184,7 @@ class GRPOController:
             self.rollouts.synced(step)
         return self._end_step(step, timer, row, t0)
 
-    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict) -> tuple[list[float], Optional[list]]:
+    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict) -> tuple[list[list[float]], Optional[list]]:
         """The reward, reference and advantages phases of a step: (advantages, reference logprobs or None)."""
         with timer.phase("reward"):
             rewards = self.score(trajs, row)
@@ -241,23 +242,30 @@ class GRPOController:
         return self.job.wait(self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs],
                                                              [t.response_ids for t in trajs]))
 
-    def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[float]:
-        """Per-trajectory advantages from group ids (never from prompt content, case C04)."""
+    def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[list[float]]:
+        """Advantages per response token, [B][len(response_i)], by the registered `algo.estimator`
+        (orchestrator/algo/advantages.py), from rollout group ids (never from prompt content, case C04);
+        0 on multi-turn observation ids."""
         gids = torch.tensor([t.group_id for t in trajs], dtype=torch.long)
         r = torch.tensor(rewards, dtype=torch.float32)
-        adv = compute_advantages(r, gids, self.cfg.algo.estimator, self.cfg.algo.adv_eps)
+        responses = [t.response_ids for t in trajs]
+        mask = response_mask_tensor(responses, self._loss_masks(trajs))
+        adv = compute_token_advantages(self.cfg.algo.estimator, AdvantageInputs(r, gids, mask), self.cfg.algo)
         _, inverse = torch.unique(gids, return_inverse=True)
         groups = inverse.max().item() + 1
         mixed = sum(bool(r[inverse == g].max() > r[inverse == g].min()) for g in range(groups))
         row["rollout/groups_mixed_frac"] = mixed / groups
-        row["actor/advantage_abs_mean"] = float(adv.abs().mean())
-        return adv.tolist()
+        row["actor/advantage_abs_mean"] = sequence_abs_mean(adv, mask)
+        return token_rows(adv, responses)
 
-    def train(self, trajs: list[Trajectory], advantages: list[float], ref) -> dict:
-        batch = {"prompt_ids": [t.prompt_ids for t in trajs], "response_ids": [t.response_ids for t in trajs],
-                 "rollout_logprobs": [t.logprobs for t in trajs], "advantages": advantages, "ref_logprobs": ref,
-                 # multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained
-                 "response_mask": ([t.extra["loss_mask"] for t in trajs] if self.cfg.env.name else None)}
+    def _loss_masks(self, trajs: list[Trajectory]) -> Optional[list[list[int]]]:
+        """Multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained."""
+        return [t.extra["loss_mask"] for t in trajs] if self.cfg.env.name else None
+
+    def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref) -> dict:
+        batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],
+                           rollout_logprobs=[t.logprobs for t in trajs], advantages=advantages, ref_logprobs=ref,
+                           response_mask=self._loss_masks(trajs))
         return self.job.wait(self.actors.trainer.train_step.remote(batch))
 
     def sync_weights(self, step: int, row: dict) -> None:

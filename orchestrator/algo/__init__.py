@@ -1,21 +1,60 @@
-"""Pure torch math of GRPO-style RL post-training: advantages, logprobs, KL, policy loss, lr schedule.
+"""Pure torch math of RL post-training and its registries: advantages, logprobs, KL, policy losses, lr schedule.
 
 Nothing here imports Ray, vLLM or ``actors``; every function takes and returns plain tensors or floats.
+The algorithm seam: ``@register_advantage_estimator(name)`` and ``@register_policy_loss(name)`` add an
+estimator or a loss (one function in one file; docs/algorithms.md), selected by ``algo.estimator`` and
+``algo.policy_loss``.
 """
 
-from orchestrator.algo.advantages import compute_advantages
+from orchestrator.algo.advantages import (
+    ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, broadcast_to_tokens, compute_advantages,
+    compute_token_advantages, group_stats, register_advantage_estimator, sequence_abs_mean,
+)
+from orchestrator.algo.batch import TrainBatch, response_mask_tensor, token_rows
 from orchestrator.algo.kl import kl_penalty
 from orchestrator.algo.logprobs import position_ids_from_attention_mask, token_logprobs
-from orchestrator.algo.loss import LossAgg, loss_normalizer, policy_loss
+from orchestrator.algo.loss import (
+    POLICY_LOSSES, LossAgg, LossConfig, LossInputs, compute_policy_loss, loss_normalizer, policy_loss,
+    register_policy_loss,
+)
+from orchestrator.algo.loss_parts import (
+    add_kl, aggregate, clipped_surrogate, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
+)
+from orchestrator.algo.registry import import_plugins
 from orchestrator.algo.schedule import lr_multiplier
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AdvantageConfig",
+    "AdvantageInputs",
     "LossAgg",
+    "LossConfig",
+    "LossInputs",
+    "TrainBatch",
+    "add_kl",
+    "aggregate",
+    "broadcast_to_tokens",
+    "clipped_surrogate",
     "compute_advantages",
+    "compute_policy_loss",
+    "compute_token_advantages",
+    "group_stats",
+    "import_plugins",
+    "importance_weight",
     "kl_penalty",
+    "kl_term",
+    "loss_metrics",
     "loss_normalizer",
     "lr_multiplier",
+    "masked",
     "policy_loss",
+    "policy_ratio",
     "position_ids_from_attention_mask",
+    "register_advantage_estimator",
+    "register_policy_loss",
+    "response_mask_tensor",
+    "sequence_abs_mean",
     "token_logprobs",
+    "token_rows",
 ]

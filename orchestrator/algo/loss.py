@@ -1,80 +1,172 @@
-"""GRPO policy loss (PPO clipped surrogate) and its global-batch normalisation.
+"""Policy losses: a registry of small functions over ``LossInputs`` (``"ppo_clip"`` built in).
 
-The normaliser is computed once for the whole global batch, before it is split into data-parallel
-shards and micro-batches, so that gradient accumulation plus DDP/FSDP gradient averaging reproduces the
-un-split batch's loss and gradient exactly (correctness cases C01, C02). Pure torch; no Ray, no vLLM::
+A loss is ``fn(inputs: LossInputs, cfg) -> (loss, metrics)``: ``inputs`` holds the micro-batch's
+``[B, T]`` tensors and the global normaliser, ``cfg`` is the run's ``algo`` config (``AlgoConfig``, or
+``LossConfig`` for callers without one). It is assembled from the parts in
+orchestrator/algo/loss_parts.py (ratio, clipping, importance correction, KL term, aggregation);
+``algo.policy_loss`` selects one by name. The trainer calls ``compute_policy_loss``, which checks the
+config once and dispatches. Adding one (docs/examples/custom_loss.py is a worked example)::
 
-    n = loss_normalizer(global_mask, "token-mean", dp_size=D)   # once, on the global batch
-    for mb in this_rank_micro_batches:
-        loss, metrics = policy_loss(..., loss_agg="token-mean", normalizer=n)
-        loss.backward()                                         # accumulate; no further division
+    @register_policy_loss("my_loss")
+    def my_loss(inputs: LossInputs, cfg) -> tuple[Tensor, dict[str, float]]: ...
+
+``policy_loss(...)`` keeps the keyword API with one advantage per sequence ``[B]`` for existing callers.
+Pure torch; no Ray, no vLLM.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Optional
 
-import torch
 from torch import Tensor
 
-from orchestrator.algo.kl import kl_penalty
+from orchestrator.algo.loss_parts import (
+    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, importance_weight, kl_term,
+    loss_metrics, loss_normalizer, masked, policy_ratio,
+)
+from orchestrator.algo.registry import Registry
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-_LOG_RATIO_CLAMP = 20.0  # |log ratio| bound before exp() in the policy ratio and the TIS weight
+__all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "compute_policy_loss",
+           "loss_normalizer", "policy_loss", "ppo_clip", "register_policy_loss"]
 
-
-def _check_loss_agg(loss_agg: str, max_response_len: int | None) -> None:
-    if loss_agg not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg: unknown value {loss_agg!r}; allowed: {list(LOSS_AGG_MODES)}")
-    if loss_agg == "seq-mean-token-sum-norm" and (max_response_len is None or max_response_len <= 0):
-        raise ValueError(
-            "max_response_len: a positive int is required for loss_agg='seq-mean-token-sum-norm' "
-            f"(Dr. GRPO), got {max_response_len!r}"
-        )
+PolicyLossFn = Callable[["LossInputs", Any], "tuple[Tensor, dict[str, float]]"]
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
 
 
-def loss_normalizer(
-    response_mask: Tensor, loss_agg: str, *, max_response_len: int | None = None, dp_size: int = 1
-) -> float:
-    """Denominator ``N`` of the loss for one global batch, computed before any split.
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering ``fn(inputs: LossInputs, cfg) -> (loss scalar, metrics)`` as ``algo.policy_loss=name``.
 
-    Contract: ``policy_loss(..., normalizer=N)`` on any micro-batch returns ``sum(units) / N``, a unit
-    being a token's loss (``"token-mean"``), a sequence's token-mean loss (``"seq-mean-token-mean"``)
-    or a sequence's token sum / ``max_response_len`` (``"seq-mean-token-sum-norm"``, Dr. GRPO, Liu et
-    al. 2025). Summing micro-batch losses on a rank and averaging gradients over ``dp_size`` ranks then
-    gives exactly the un-split batch's mean over units. So ``N = units in global batch / dp_size``,
-    counting response tokens, or sequences with at least one response token (empty sequences
-    contribute nothing, so padding rows do not change the loss).
+    The loss must be ``sum(units) / inputs.normalizer`` (use ``aggregate``) so that micro-batches and
+    data-parallel ranks add up to the global batch's loss; metrics are python floats over this
+    micro-batch's response tokens (``loss_metrics``). Raises ValueError when ``name`` is taken.
+    """
+    return POLICY_LOSSES.register(name)
 
-    Args:
-        response_mask: ``[B, T]`` bool / int / float, nonzero on response tokens of the WHOLE global
-            batch (all ranks, all micro-batches).
-        loss_agg: ``"token-mean"``, ``"seq-mean-token-mean"`` or ``"seq-mean-token-sum-norm"``.
-        max_response_len: required (> 0) for ``"seq-mean-token-sum-norm"``; checked here so that a
-            misconfiguration fails before training (``policy_loss`` uses it).
-        dp_size: number of data-parallel ranks whose gradients are averaged, >= 1.
 
-    Returns:
-        ``N`` as a python float, > 0.
+@dataclass(frozen=True)
+class LossConfig:
+    """The ``algo`` fields the built-in loss reads, for callers without a run config (same names)."""
+
+    policy_loss: str = "ppo_clip"
+    loss_agg: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    tis_cap: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's loss inputs, checked on construction.
+
+    Attributes:
+        logprobs: ``[B, T]`` float, current policy logprobs of the sampled tokens (differentiable).
+        old_logprobs: ``[B, T]`` float, logprobs of the policy the advantages refer to (detached).
+        advantages: ``[B, T]`` float, per response token (a per-sequence estimator repeats its value).
+        mask: ``[B, T]`` bool / int / float, nonzero on trained response tokens.
+        normalizer: ``loss_normalizer(global_mask, loss_agg, ..., dp_size=D)``, finite and > 0.
+        max_response_len: constant divisor of ``"seq-mean-token-sum-norm"`` (Dr. GRPO).
+        ref_logprobs: ``[B, T]`` reference-model logprobs (KL term), or None.
+        rollout_logprobs: ``[B, T]`` sampler logprobs for the importance correction (TIS), or None: the
+            caller passes them only when the correction applies.
 
     Raises:
-        ValueError: unknown ``loss_agg``, missing ``max_response_len`` for Dr. GRPO, ``dp_size < 1``,
-            a mask that is not 2-D or has no response token.
+        ValueError: a tensor whose shape differs from ``logprobs`` (naming it), ``logprobs`` not 2-D,
+            a non-finite or non-positive ``normalizer``.
     """
-    _check_loss_agg(loss_agg, max_response_len)
-    if dp_size < 1:
-        raise ValueError(f"dp_size: must be >= 1, got {dp_size}")
-    if response_mask.dim() != 2:
-        raise ValueError(f"response_mask: expected [B, T], got shape {tuple(response_mask.shape)}")
-    mask = response_mask != 0
-    num_tokens = int(mask.sum().item())
-    if num_tokens == 0:
-        raise ValueError("response_mask: the global batch has no response tokens; the loss is undefined")
-    if loss_agg == "token-mean":
-        return num_tokens / dp_size
-    return int(mask.any(dim=-1).sum().item()) / dp_size
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    normalizer: float
+    max_response_len: Optional[int] = None
+    ref_logprobs: Optional[Tensor] = None
+    rollout_logprobs: Optional[Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.logprobs.dim() != 2:
+            raise ValueError(f"logprobs: expected [B, T], got shape {tuple(self.logprobs.shape)}")
+        for name in ("mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.logprobs.shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)} != logprobs shape {tuple(self.logprobs.shape)}")
+        if not (math.isfinite(self.normalizer) and self.normalizer > 0):
+            raise ValueError(f"normalizer: must be finite and > 0, got {self.normalizer}")
+
+
+def compute_policy_loss(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
+    """The registered loss ``cfg.policy_loss`` on one micro-batch: the trainer's entry point.
+
+    Args:
+        inputs: see ``LossInputs``.
+        cfg: the ``algo`` config: ``policy_loss``, ``loss_agg``, ``clip_low``, ``clip_high``, ``kl_coef``,
+            ``kl_estimator``, ``tis_cap`` and whatever a custom loss reads; ``plugins`` (optional) are
+            imported first when ``policy_loss`` is not registered in this process (a trainer actor).
+
+    Returns:
+        ``(loss, metrics)``: a float32 scalar tensor and python floats (see the loss).
+
+    Raises:
+        ValueError: unknown ``policy_loss`` (naming ``algo.policy_loss`` and listing the registered
+            names), unknown ``loss_agg`` / missing ``max_response_len``, a negative clip or ``kl_coef``,
+            ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``.
+    """
+    fn = POLICY_LOSSES.resolve(cfg.policy_loss, getattr(cfg, "plugins", None) or ())
+    check_loss_agg(cfg.loss_agg, inputs.max_response_len)
+    _check_config(cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.tis_cap, inputs.ref_logprobs)
+    return fn(inputs, cfg)
+
+
+def _check_config(clip_low: float, clip_high: float, kl_coef: float, tis_cap: Optional[float],
+                  ref_logprobs: Optional[Tensor]) -> None:
+    if not (clip_low >= 0 and clip_high >= 0):
+        raise ValueError(f"clip_low / clip_high: must be >= 0, got {clip_low} / {clip_high}")
+    if not kl_coef >= 0:
+        raise ValueError(f"kl_coef: must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("ref_logprobs: required when kl_coef > 0")
+    if tis_cap is not None and not tis_cap > 0:
+        raise ValueError(f"tis_cap: must be > 0, got {tis_cap}")
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric clipping, optional KL penalty and truncated IS (GRPO's loss).
+
+    Per response token, with ``ratio = exp(logprobs - old_logprobs)`` (log ratio clamped to [-20, 20])::
+
+        pg = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high)) * w
+        loss_token = pg + kl_coef * kl_penalty(logprobs, ref_logprobs, kl_estimator)
+
+    PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; Clip-Higher, DAPO, Yu et al. 2025,
+    section 3.1. ``w = min(exp(old_logprobs - rollout_logprobs), tis_cap)``, detached (TIS, Yao et al.
+    2025), weights only the policy-gradient term and is 1 unless ``inputs.rollout_logprobs`` and
+    ``cfg.tis_cap`` are both set. Tokens are aggregated per ``cfg.loss_agg`` and divided by
+    ``inputs.normalizer``.
+
+    Returns:
+        ``(loss, metrics)``: float32 scalar; ``actor/pg_loss``, ``actor/kl``, ``actor/clip_frac`` (fraction
+        where the clipped branch is strictly larger), ``actor/ratio_mean``, ``actor/tis_weight_mean``
+        (TIS only), ``actor/tokens``.
+    """
+    m = inputs.mask != 0
+    lp, old, adv = masked(inputs.logprobs, m), masked(inputs.old_logprobs, m), masked(inputs.advantages, m)
+    ratio = policy_ratio(lp, old)
+    pg, clipped = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high)
+    weight = None
+    if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
+        weight = importance_weight(old, masked(inputs.rollout_logprobs, m), cfg.tis_cap)
+        pg = pg * weight
+    ref = masked(inputs.ref_logprobs, m) if inputs.ref_logprobs is not None else None
+    kl = kl_term(lp, ref, cfg.kl_estimator)
+    per_token = add_kl(pg, kl, cfg.kl_coef)
+    loss = aggregate(per_token.float(), m, cfg.loss_agg, inputs.normalizer, inputs.max_response_len)
+    return loss, loss_metrics(m, pg, ratio, kl=kl, clipped=clipped, weight=weight)
 
 
 def policy_loss(
@@ -87,138 +179,40 @@ def policy_loss(
     clip_high: float,
     loss_agg: str,
     normalizer: float,
-    max_response_len: int | None = None,
-    ref_logprobs: Tensor | None = None,
+    max_response_len: Optional[int] = None,
+    ref_logprobs: Optional[Tensor] = None,
     kl_coef: float = 0.0,
     kl_estimator: str = "k3",
-    rollout_logprobs: Tensor | None = None,
-    tis_cap: float | None = None,
+    rollout_logprobs: Optional[Tensor] = None,
+    tis_cap: Optional[float] = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """PPO clipped surrogate with asymmetric clipping, optional KL penalty and truncated IS.
-
-    Per response token, with ``ratio = exp(logprobs - old_logprobs)`` (log ratio clamped to [-20, 20])::
-
-        pg = max(-A * ratio, -A * clamp(ratio, 1 - clip_low, 1 + clip_high)) * w
-        loss_token = pg + kl_coef * kl_penalty(logprobs, ref_logprobs, kl_estimator)
-
-    PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3 (each token gets its sequence's
-    advantage); separate ``clip_low`` / ``clip_high`` is Clip-Higher (DAPO, Yu et al. 2025, section
-    3.1). ``w = min(exp(old_logprobs - rollout_logprobs), tis_cap)``, detached, is truncated importance
-    sampling between sampler and trainer (TIS, Yao et al. 2025, "Your efficient RL framework secretly
-    brings you off-policy RL training"); it weights only the policy-gradient term and is 1 unless both
-    ``rollout_logprobs`` and ``tis_cap`` are given. Tokens are aggregated per ``loss_agg`` and divided
-    by ``normalizer`` (see ``loss_normalizer``). Masked-out tokens contribute exactly nothing: NaN/inf
-    there reach neither the loss nor the gradients (``torch.where``, never multiplication).
+    """``ppo_clip`` with one advantage per sequence, keyword arguments instead of ``LossInputs`` / config.
 
     Args:
-        logprobs: ``[B, T]`` float, current policy logprobs of the sampled tokens (differentiable).
-        old_logprobs: ``[B, T]`` float, logprobs of the policy the advantages refer to (detached).
-        advantages: ``[B]`` float, one advantage per sequence.
-        mask: ``[B, T]`` bool / int / float, nonzero on response tokens.
-        clip_low, clip_high: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``; both >= 0.
-        loss_agg: ``"token-mean"``, ``"seq-mean-token-mean"`` or ``"seq-mean-token-sum-norm"``.
-        normalizer: ``loss_normalizer(global_mask, loss_agg, ..., dp_size=D)``, > 0.
-        max_response_len: constant divisor of ``"seq-mean-token-sum-norm"`` (Dr. GRPO); required there.
-        ref_logprobs: ``[B, T]`` reference-model logprobs; required when ``kl_coef > 0``.
-        kl_coef: weight of the KL penalty, >= 0; ``kl_estimator``: ``"k1"``, ``"k2"`` or ``"k3"``.
-        rollout_logprobs: ``[B, T]`` logprobs reported by the sampler, for TIS.
-        tis_cap: cap of the TIS weight, > 0; needs ``rollout_logprobs``.
+        logprobs, old_logprobs, mask, ref_logprobs, rollout_logprobs: ``[B, T]`` as in ``LossInputs``.
+        advantages: ``[B]`` float, one advantage per sequence (repeated over its tokens).
+        clip_low, clip_high, loss_agg, kl_coef, kl_estimator, tis_cap: as the ``algo`` config fields.
+        normalizer, max_response_len: as in ``LossInputs``.
 
     Returns:
-        ``(loss, metrics)``: a float32 scalar tensor, and python floats over this micro-batch's
-        response tokens: ``actor/pg_loss`` (token mean of pg), ``actor/kl`` (token mean; 0.0 without
-        ``ref_logprobs``), ``actor/clip_frac`` (fraction where the clipped branch is strictly larger),
-        ``actor/ratio_mean``, ``actor/tis_weight_mean`` (TIS only), ``actor/tokens`` (count).
+        ``ppo_clip``'s ``(loss, metrics)``, the same numbers bit for bit.
 
     Raises:
-        ValueError: a shape mismatch (naming the argument), unknown ``loss_agg`` / ``kl_estimator``,
-            missing ``max_response_len``, ``kl_coef > 0`` without ``ref_logprobs``, ``tis_cap``
-            without ``rollout_logprobs``, a non-positive ``normalizer`` / ``tis_cap``, a negative clip.
+        ValueError: as ``compute_policy_loss``, plus ``advantages`` not ``[B]`` and ``tis_cap`` without
+            ``rollout_logprobs``.
     """
-    _check_loss_agg(loss_agg, max_response_len)
-    _check_shapes(logprobs, advantages, mask, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                  rollout_logprobs=rollout_logprobs)
-    _check_scalars(clip_low, clip_high, normalizer, kl_coef, tis_cap, ref_logprobs, rollout_logprobs)
-    m = mask != 0
-    lp, old = _masked(logprobs, m), _masked(old_logprobs, m)
-    adv = _masked(advantages.unsqueeze(-1).expand_as(logprobs), m)
-    ratio = torch.exp(torch.clamp(lp - old, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg = torch.maximum(unclipped, clipped)
-    weight = None
-    if tis_cap is not None and rollout_logprobs is not None:
-        log_w = torch.clamp(old - _masked(rollout_logprobs, m), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        weight = torch.clamp(torch.exp(log_w), max=tis_cap).detach()
-        pg = pg * weight
-    kl = kl_penalty(lp, _masked(ref_logprobs, m), kl_estimator) if ref_logprobs is not None else None
-    per_token = pg + kl_coef * kl if (kl is not None and kl_coef > 0) else pg
-    loss = _aggregate(per_token.float(), m, loss_agg, normalizer, max_response_len)
-    return loss, _metrics(m, pg, kl, unclipped, clipped, ratio, weight)
-
-
-def _masked(x: Tensor, mask: Tensor) -> Tensor:
-    """``x`` with masked-out entries replaced by 0 (``where``: their NaN/inf and gradients vanish)."""
-    return torch.where(mask, x, torch.zeros_like(x))
-
-
-def _aggregate(
-    per_token: Tensor, mask: Tensor, loss_agg: str, normalizer: float, max_len: int | None
-) -> Tensor:
-    """Sum of this micro-batch's units (see ``loss_normalizer``) divided by ``normalizer``."""
-    seq_sum = _masked(per_token, mask).sum(dim=-1)
-    if loss_agg == "token-mean":
-        return seq_sum.sum() / normalizer
-    if loss_agg == "seq-mean-token-mean":
-        count = mask.sum(dim=-1)
-        seq_mean = torch.where(count > 0, seq_sum / count.clamp(min=1), torch.zeros_like(seq_sum))
-        return seq_mean.sum() / normalizer
-    assert max_len is not None  # checked by _check_loss_agg
-    return (seq_sum / max_len).sum() / normalizer
-
-
-def _check_shapes(logprobs: Tensor, advantages: Tensor, mask: Tensor, **others: Tensor | None) -> None:
+    check_loss_agg(loss_agg, max_response_len)
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs: expected [B, T], got shape {tuple(logprobs.shape)}")
-    for name, tensor in {"mask": mask, **others}.items():
-        if tensor is not None and tensor.shape != logprobs.shape:
-            raise ValueError(f"{name}: shape {tuple(tensor.shape)} != logprobs shape {tuple(logprobs.shape)}")
+    for name, t in {"mask": mask, "old_logprobs": old_logprobs, "ref_logprobs": ref_logprobs,
+                    "rollout_logprobs": rollout_logprobs}.items():
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)} != logprobs shape {tuple(logprobs.shape)}")
     if advantages.shape != logprobs.shape[:1]:
-        expected = tuple(logprobs.shape[:1])
-        raise ValueError(f"advantages: expected [B] = {expected}, got shape {tuple(advantages.shape)}")
-
-
-def _check_scalars(
-    clip_low: float, clip_high: float, normalizer: float, kl_coef: float, tis_cap: float | None,
-    ref_logprobs: Tensor | None, rollout_logprobs: Tensor | None,
-) -> None:
-    if not (clip_low >= 0 and clip_high >= 0):
-        raise ValueError(f"clip_low / clip_high: must be >= 0, got {clip_low} / {clip_high}")
-    if not (math.isfinite(normalizer) and normalizer > 0):
-        raise ValueError(f"normalizer: must be finite and > 0, got {normalizer}")
-    if not kl_coef >= 0:
-        raise ValueError(f"kl_coef: must be >= 0, got {kl_coef}")
-    if kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs: required when kl_coef > 0")
+        raise ValueError(f"advantages: expected [B] = {tuple(logprobs.shape[:1])}, got shape {tuple(advantages.shape)}")
     if tis_cap is not None and rollout_logprobs is None:
         raise ValueError("rollout_logprobs: required when tis_cap is set (truncated IS)")
-    if tis_cap is not None and not tis_cap > 0:
-        raise ValueError(f"tis_cap: must be > 0, got {tis_cap}")
-
-
-@torch.no_grad()
-def _metrics(mask: Tensor, pg: Tensor, kl: Tensor | None, unclipped: Tensor, clipped: Tensor,
-             ratio: Tensor, weight: Tensor | None) -> dict[str, float]:
-    """Token means over one micro-batch's response tokens, fetched with a single device sync."""
-    count = mask.sum().to(torch.float32)
-    denom = count.clamp(min=1.0)
-
-    def mean(x: Tensor) -> Tensor:
-        return _masked(x.float(), mask).sum() / denom
-
-    metrics = {"actor/pg_loss": mean(pg), "actor/kl": mean(kl) if kl is not None else count.new_zeros(()),
-               "actor/clip_frac": mean((clipped > unclipped).float()), "actor/ratio_mean": mean(ratio),
-               "actor/tokens": count}
-    if weight is not None:
-        metrics["actor/tis_weight_mean"] = mean(weight)
-    return dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))
+    inputs = LossInputs(logprobs, old_logprobs, advantages.unsqueeze(-1).expand_as(logprobs), mask, normalizer,
+                        max_response_len, ref_logprobs, rollout_logprobs)
+    cfg = LossConfig("ppo_clip", loss_agg, clip_low, clip_high, kl_coef, kl_estimator, tis_cap)
+    return compute_policy_loss(inputs, cfg)

@@ -15,6 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from orchestrator.algo.registry import import_plugins
 from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
 
 
@@ -84,8 +85,18 @@ def _get(cfg, dotted: str):
     return node
 
 
+def _import_algo_plugins(cfg) -> None:
+    """Run the `@register_...` decorators of the modules in `algo.plugins` (orchestrator/algo/registry.py)."""
+    try:
+        import_plugins(cfg.algo.plugins)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg) -> None:
-    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values."""
+    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
+    Imports `algo.plugins` first, so that the names they register are allowed."""
+    _import_algo_plugins(cfg)
     for key, allowed in CHOICES.items():
         value = _get(cfg, key)
         if value not in allowed:

@@ -7,9 +7,14 @@ choices, naming the key path and the allowed values.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from orchestrator.algo.advantages import ADVANTAGE_ESTIMATORS
+from orchestrator.algo.kl import KL_ESTIMATORS
+from orchestrator.algo.loss import POLICY_LOSSES
+from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.rollout.env_config import EnvConfig
 
 
@@ -89,7 +94,13 @@ class RewardConfig:
 
 @dataclass
 class AlgoConfig:
-    estimator: str = "grpo"  # grpo | rloo | dr_grpo
+    # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
+    # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip, plus any registered by a module in `plugins`.
+    estimator: str = "grpo"
+    policy_loss: str = "ppo_clip"
+    # Modules that register estimators / losses: dotted names importable by every process, or absolute
+    # paths to .py files; imported by config validation and, when needed, by the trainer actor.
+    plugins: list = field(default_factory=list)
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
     clip_low: float = 0.2
     clip_high: float = 0.28  # DAPO clip-higher
@@ -287,10 +298,29 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
 
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "algo.estimator": ("grpo", "rloo", "dr_grpo"),
-    "algo.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-    "algo.kl_estimator": ("k1", "k2", "k3"),
+class _Choices(Mapping[str, tuple]):
+    """Allowed values per key path; an entry that is a callable is read at lookup time (the algorithm
+    registries, so that a name registered by a plugin is allowed once its module is imported)."""
+
+    def __init__(self, entries: dict[str, Union[tuple[Any, ...], Callable[[], tuple[Any, ...]]]]):
+        self._entries = entries
+
+    def __getitem__(self, key: str) -> tuple[Any, ...]:
+        value = self._entries[key]
+        return value() if callable(value) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+CHOICES: Mapping[str, tuple[Any, ...]] = _Choices({
+    "algo.estimator": ADVANTAGE_ESTIMATORS.names,
+    "algo.policy_loss": POLICY_LOSSES.names,
+    "algo.loss_agg": LOSS_AGG_MODES,
+    "algo.kl_estimator": KL_ESTIMATORS,
     "algo.old_logprobs": ("trainer", "rollout"),
     "trainer.precision": ("fp32", "bf16-autocast"),
     "trainer.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
@@ -301,4 +331,4 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "weight_sync.fabric.intra_node": ("nvlink", "pcie4", "pcie5", "loopback"),
     "weight_sync.fabric.inter_node": ("ib200", "ib400", "eth25", "eth100", "loopback"),
     "env.render_mode": ("strict", "incremental"),
-}
+})

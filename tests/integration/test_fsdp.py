@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from actors.distributed import SHARDED_DIR, ShardedTrainerActor
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from orchestrator.controller import GRPOController
@@ -30,12 +31,12 @@ pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
 
 
-def _batch(n: int = 8, seed: int = 0) -> dict:
+def _batch(n: int = 8, seed: int = 0) -> TrainBatch:
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(2, 6))] for _ in range(n)]
     responses = [[rng.randrange(3, 500) for _ in range(rng.randint(1, 7))] for _ in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-4.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return TrainBatch.with_sequence_advantages(prompts, responses, [[-4.0] * len(r) for r in responses],
+                                               [rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)], ref_logprobs=None)
 
 
 def _cfgs(**over):

@@ -21,6 +21,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from actors.forward import collate
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from tests.integration.test_fsdp import _batch, _cfgs, _ranks
 from tests.integration.test_fsdp_packing_lora import ADAM_ATOL, BUDGET, _assert_close_and_moved, _rows, _uneven_batch
 
@@ -40,19 +41,19 @@ def tiny_moe(tmp_path_factory):
     return folder
 
 
-def _experts_used(folder, batch: dict, rank: int, d: int = 2) -> list[set[int]]:
+def _experts_used(folder, batch: TrainBatch, rank: int, d: int = 2) -> list[set[int]]:
     """Per MoE layer, the experts the routers of the initial model pick for rank `rank`'s shard's tokens
     (the trainer's shard: sample i goes to rank i % d)."""
     model = Qwen3MoeForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    keep = [i for i in range(len(batch["advantages"])) if i % d == rank]
-    mb = collate([batch["prompt_ids"][i] for i in keep], [batch["response_ids"][i] for i in keep], pad_id=0)
+    keep = [i for i in range(len(batch)) if i % d == rank]
+    mb = collate([batch.prompt_ids[i] for i in keep], [batch.response_ids[i] for i in keep], pad_id=0)
     with torch.no_grad():
         out = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_router_logits=True)
     real = mb.attention_mask.reshape(-1).bool()
     return [set(logits[real].topk(TOP_K, dim=-1).indices.reshape(-1).tolist()) for logits in out.router_logits]
 
 
-def _assert_some_expert_idle_on_one_rank(folder, batch: dict) -> None:
+def _assert_some_expert_idle_on_one_rank(folder, batch: TrainBatch) -> None:
     used = [_experts_used(folder, batch, r) for r in (0, 1)]
     one_sided = [layer for layer, (a, b) in enumerate(zip(*used)) if a ^ b]
     assert one_sided, f"every expert is used on both ranks or neither ({used}): the case is not exercised"

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from actors.distributed import SHARDED_DIR
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.algo.packing import pack_first_fit_decreasing
 from orchestrator.controller import GRPOController
 from orchestrator.rollout import PromptRequest
@@ -38,18 +39,18 @@ BUDGET = 12  # trainer.micro_batch_tokens of the packing test
 ADAM_ATOL = 2e-6
 
 
-def _uneven_batch(n: int = 8, seed: int = 3, long_rank: int = 1) -> dict:
+def _uneven_batch(n: int = 8, seed: int = 3, long_rank: int = 1) -> TrainBatch:
     """Samples of rank `long_rank`'s shard (index % 2 == long_rank) of 10-11 tokens, the others of 3-4."""
     rng = random.Random(seed)
     long = [i % 2 == long_rank for i in range(n)]
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randint(5, 6) if long[i] else 2)] for i in range(n)]
     responses = [[rng.randrange(3, 500) for _ in range(5 if long[i] else rng.randint(1, 2))] for i in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-4.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return TrainBatch.with_sequence_advantages(prompts, responses, [[-4.0] * len(r) for r in responses],
+                                               [rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)], ref_logprobs=None)
 
 
-def _rows(batch: dict, rank: int, d: int = 2) -> int:
-    lengths = [len(p) + len(r) for i, (p, r) in enumerate(zip(batch["prompt_ids"], batch["response_ids"]))
+def _rows(batch: TrainBatch, rank: int, d: int = 2) -> int:
+    lengths = [len(p) + len(r) for i, (p, r) in enumerate(zip(batch.prompt_ids, batch.response_ids))
                if i % d == rank]
     return len(pack_first_fit_decreasing(lengths, BUDGET))
 

@@ -16,6 +16,7 @@ import torch
 
 from actors.rollout.worker import RolloutWorkerActor
 from actors.trainer import TrainerActor
+from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.sync import WeightMismatchError
 from orchestrator.syncer import make_syncer
@@ -43,8 +44,7 @@ def _train_once(trainer, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, 500, (6,), generator=g).tolist() for _ in range(4)]
     responses = [torch.randint(5, 500, (5,), generator=g).tolist() for _ in range(4)]
-    batch = {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-1.0] * 5] * 4,
-             "advantages": [1.0, -1.0, 0.5, -0.5], "ref_logprobs": None}
+    batch = TrainBatch.with_sequence_advantages(prompts, responses, [[-1.0] * 5] * 4, [1.0, -1.0, 0.5, -0.5])
     ray.get(trainer.train_step.remote(batch))
 
 

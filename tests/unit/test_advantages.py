@@ -106,7 +106,7 @@ def test_empty_batch() -> None:
         (torch.zeros(3), torch.zeros(3), {}, "group_ids"),
         (torch.tensor([0.0, float("nan")]), _ids(0, 0), {}, "rewards"),
         (torch.tensor([0.0, float("inf")]), _ids(0, 0), {}, "rewards"),
-        (torch.zeros(2), _ids(0, 0), {"estimator": "ppo"}, r"estimator.*grpo.*dr_grpo.*rloo"),
+        (torch.zeros(2), _ids(0, 0), {"estimator": "ppo"}, r"estimator.*grpo.*rloo.*dr_grpo"),
     ],
 )
 def test_errors(rewards: torch.Tensor, ids: torch.Tensor, kwargs: dict, match: str) -> None:

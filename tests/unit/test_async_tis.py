@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 
@@ -32,11 +33,11 @@ def _trainer(tiny, mini_batches: int, tis_cap: float) -> Trainer:
     return Trainer(str(tiny), tc, algo, temperature=1.0, max_new_tokens=8)
 
 
-def _stale_batch(trainer: Trainer, shift) -> dict:
+def _stale_batch(trainer: Trainer, shift) -> TrainBatch:
     """A batch whose behaviour logprobs are the trainer's current ones minus shift(i) (log space)."""
     batch = random_batch(8, seed=3)
-    current = trainer.logprobs(batch["prompt_ids"], batch["response_ids"])
-    batch["rollout_logprobs"] = [[lp - shift(i) for lp in row] for i, row in enumerate(current)]
+    current = trainer.logprobs(batch.prompt_ids, batch.response_ids)
+    batch.rollout_logprobs = [[lp - shift(i) for lp in row] for i, row in enumerate(current)]
     return batch
 
 
@@ -44,7 +45,7 @@ def test_one_mini_batch_weights_by_current_detached_minus_rollout_logprobs(tiny)
     trainer = _trainer(tiny, mini_batches=1, tis_cap=2.0)
     shift = lambda i: 0.5 if i % 2 == 0 else 2.0  # exp(0.5) = 1.6487; exp(2.0) = 7.39 -> capped at 2
     batch = _stale_batch(trainer, shift)
-    tokens = [len(r) for r in batch["response_ids"]]
+    tokens = [len(r) for r in batch.response_ids]
     expected = sum(n * min(math.exp(shift(i)), 2.0) for i, n in enumerate(tokens)) / sum(tokens)
     m = trainer.train_step(batch)
     assert m["actor/tis_weight_mean"] == pytest.approx(expected, rel=1e-4)

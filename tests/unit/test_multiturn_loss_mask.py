@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from actors.forward import LOSS_MASK, apply_loss_mask, collate, collate_packed, forward_logprobs, per_sequence
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 
 
@@ -65,8 +66,8 @@ def _trainer(tiny, packing=False):
 
 def _batch(observation_logprob: float, masks=MASKS):
     rollout = [[(-1.5 if m else observation_logprob) for m in mask] for mask in MASKS]
-    return {"prompt_ids": PROMPTS, "response_ids": RESPONSES, "rollout_logprobs": rollout, "advantages": ADV,
-            "ref_logprobs": None, "response_mask": masks}
+    return TrainBatch.with_sequence_advantages(PROMPTS, RESPONSES, rollout, ADV, ref_logprobs=None,
+                                               response_mask=masks)
 
 
 def _grads(trainer) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
 from actors.forward import (batch_logprobs, collate, collate_packed, forward_logprobs, per_sequence,
                             response_values, split_micro_batches)
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.algo.packing import pack_first_fit_decreasing, packed_position_ids, token_occupancy
 from orchestrator.config import ConfigError, load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
@@ -160,10 +161,10 @@ def _batch(n=10, seed=0):
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, V) for _ in range(rng.randint(2, 6))] for _ in range(n)]
     responses = [[rng.randrange(3, V) for _ in range(rng.choice([1, 2, 3, 12]))] for _ in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses,
-            "rollout_logprobs": [[-4.0 + 0.1 * k for k in range(len(r))] for r in responses],
-            "advantages": [rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)],
-            "ref_logprobs": [[-3.0] * len(r) for r in responses]}
+    return TrainBatch.with_sequence_advantages(
+        prompts, responses, rollout_logprobs=[[-4.0 + 0.1 * k for k in range(len(r))] for r in responses],
+        advantages=[rng.choice([-1.0, 0.5, 1.0]) for _ in range(n)],
+        ref_logprobs=[[-3.0] * len(r) for r in responses])
 
 
 def _trainer(folder, algo_over=None, **over):
@@ -193,7 +194,7 @@ def test_one_packed_update_equals_one_padded_update(tiny_folder, algo_over):
 
 def test_packed_trainer_metrics_and_mini_batches(tiny_folder):
     batch = _batch()
-    lengths = [len(p) + len(r) for p, r in zip(batch["prompt_ids"], batch["response_ids"])]
+    lengths = [len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.response_ids)]
     m = _trainer(tiny_folder, packing=True, micro_batch_tokens=32).train_step(batch)
     rows = len(pack_first_fit_decreasing(lengths, 32))
     assert m["actor/micro_batches"] == rows
@@ -228,6 +229,6 @@ def test_reference_scores_packed_rows_like_padded_ones(tiny_folder):
     b = _batch(seed=3)
     padded = Reference(str(tiny_folder), 1.0, micro_batch_size=3, num_threads=1)
     packed = Reference(str(tiny_folder), 1.0, micro_batch_size=3, num_threads=1, micro_batch_tokens=24)
-    for x, y in zip(packed.logprobs(b["prompt_ids"], b["response_ids"]),
-                    padded.logprobs(b["prompt_ids"], b["response_ids"])):
+    for x, y in zip(packed.logprobs(b.prompt_ids, b.response_ids),
+                    padded.logprobs(b.prompt_ids, b.response_ids)):
         assert x == pytest.approx(y, abs=1e-5)

@@ -16,6 +16,7 @@ from actors import prefix_share
 from actors.forward import collate, forward_logprobs
 from actors.reference import Reference
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from tests.unit.trainer_helpers import save_tiny_llama
 
@@ -31,16 +32,16 @@ def _responses(seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(3, 97) for _ in range(rng.randint(1, 7))] for _ in PROMPTS]
 
 
-def _batch(seed: int = 0, response_mask: bool = False) -> dict:
+def _batch(seed: int = 0, response_mask: bool = False) -> TrainBatch:
     rng = random.Random(seed + 100)
     responses = _responses(seed)
-    batch = {"prompt_ids": [list(p) for p in PROMPTS], "response_ids": responses,
-             "rollout_logprobs": [[rng.uniform(-6.0, -2.0) for _ in r] for r in responses],
-             "advantages": [rng.choice([-1.0, 0.5, 1.0]) for _ in responses],
-             "ref_logprobs": None}
+    rollout = [[rng.uniform(-6.0, -2.0) for _ in r] for r in responses]
+    advantages = [rng.choice([-1.0, 0.5, 1.0]) for _ in responses]
+    mask = None
     if response_mask:  # multi-turn: some response ids are observations (never trained)
-        batch["response_mask"] = [[int(k == 0 or rng.random() < 0.6) for k in range(len(r))] for r in responses]
-    return batch
+        mask = [[int(k == 0 or rng.random() < 0.6) for k in range(len(r))] for r in responses]
+    return TrainBatch.with_sequence_advantages([list(p) for p in PROMPTS], responses, rollout, advantages,
+                                               ref_logprobs=None, response_mask=mask)
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,7 @@ def test_train_step_on_and_off_give_the_same_weights(tiny, shared_calls, over, l
     on._shared_prefix_layout = layout  # "auto" picks "row" for these short rows
     batch = _batch()
     # reference logprobs near the policy's (k3 KL stays moderate): the plain path's, shifted by 0.1
-    batch["ref_logprobs"] = [[v + 0.1 for v in r] for r in off.logprobs(batch["prompt_ids"], batch["response_ids"])]
+    batch.ref_logprobs = [[v + 0.1 for v in r] for r in off.logprobs(batch.prompt_ids, batch.response_ids)]
     ma, mb = on.train_step(batch), off.train_step(batch)
     assert shared_calls and on._shared_prefix_on and not off._shared_prefix_on
     assert ma["actor/kl"] > 0
@@ -257,17 +258,17 @@ def test_lora(tiny, shared_calls):
 def test_trainer_and_reference_logprobs(tiny, shared_calls):
     batch = _batch()
     on, off = _trainer(tiny, True), _trainer(tiny, False)
-    lp_on, lp_off = on.logprobs(batch["prompt_ids"], batch["response_ids"]), off.logprobs(
-        batch["prompt_ids"], batch["response_ids"])
+    lp_on, lp_off = on.logprobs(batch.prompt_ids, batch.response_ids), off.logprobs(
+        batch.prompt_ids, batch.response_ids)
     ref_on = Reference(str(tiny), 0.7, micro_batch_size=5, num_threads=1)
     ref_off = Reference(str(tiny), 0.7, micro_batch_size=5, num_threads=1, shared_prefix=False)
     assert ref_on.shared_prefix and not ref_off.shared_prefix
-    r_on = ref_on.logprobs(batch["prompt_ids"], batch["response_ids"])
+    r_on = ref_on.logprobs(batch.prompt_ids, batch.response_ids)
     n = len(shared_calls)
     assert n > 0
-    r_off = ref_off.logprobs(batch["prompt_ids"], batch["response_ids"])
+    r_off = ref_off.logprobs(batch.prompt_ids, batch.response_ids)
     assert len(shared_calls) == n
-    for got, want, rg, rw, r in zip(lp_on, lp_off, r_on, r_off, batch["response_ids"]):
+    for got, want, rg, rw, r in zip(lp_on, lp_off, r_on, r_off, batch.response_ids):
         assert len(got) == len(rg) == len(r)  # in the input order, one value per response token
         assert got == pytest.approx(want, abs=1e-5) and rg == pytest.approx(rw, abs=1e-5)
         assert rg == pytest.approx(got, abs=1e-5)  # same weights, same temperature

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3Moe
 
 from actors.forward import collate
 from actors.trainer import Trainer
+from orchestrator.algo import TrainBatch
 from orchestrator.algo.moe import load_balancing_loss
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 
@@ -41,8 +42,8 @@ def _batch(n=6, seed=0):
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 97) for _ in range(rng.randint(2, 6))] for _ in range(n)]
     responses = [[rng.randrange(3, 97) for _ in range(rng.randint(1, 7))] for _ in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-4.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return TrainBatch.with_sequence_advantages(prompts, responses, [[-4.0] * len(r) for r in responses],
+                                               [rng.choice([-1.0, 1.0]) for _ in range(n)], ref_logprobs=None)
 
 
 def _trainer(folder, pad_id=0, **over):
@@ -74,7 +75,7 @@ def test_gradient_checkpointing_with_lora_trains_the_adapters(llama):
 def _independent_aux(folder, batch, pad_id, masked=True):
     """The aux loss of the whole batch as one padded micro-batch, from a fresh copy of the model."""
     model = Qwen3MoeForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    mb = collate(batch["prompt_ids"], batch["response_ids"], pad_id=pad_id)
+    mb = collate(batch.prompt_ids, batch.response_ids, pad_id=pad_id)
     with torch.no_grad():
         out = model.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, output_router_logits=True)
     return float(load_balancing_loss(out.router_logits, 2, mb.attention_mask if masked else None))
@@ -82,20 +83,20 @@ def _independent_aux(folder, batch, pad_id, masked=True):
 
 def test_moe_aux_loss_and_expert_load_metrics(moe):
     batch = _batch()
-    m = _trainer(moe, micro_batch_size=len(batch["advantages"]), router_aux_loss_coef=0.5).train_step(batch)
+    m = _trainer(moe, micro_batch_size=len(batch), router_aux_loss_coef=0.5).train_step(batch)
     expected = _independent_aux(moe, batch, pad_id=0)
     assert m["actor/router_aux_loss"] == pytest.approx(expected, rel=1e-5)
     assert 2.0 <= m["actor/router_aux_loss"] < 4.0  # top-2 of 4: 2 when balanced, 4 at most
     assert 1.0 <= m["moe/expert_load_max"] <= 4.0 and m["moe/expert_load_cv"] >= 0.0
     # the loss minimised is policy loss + coef * aux: compare with coef 0 on the same initial model
-    m0 = _trainer(moe, micro_batch_size=len(batch["advantages"]), router_aux_loss_coef=0.0).train_step(batch)
+    m0 = _trainer(moe, micro_batch_size=len(batch), router_aux_loss_coef=0.0).train_step(batch)
     assert m["actor/loss"] - m0["actor/loss"] == pytest.approx(0.5 * expected, rel=1e-4)
     assert m0["actor/router_aux_loss"] == pytest.approx(expected, rel=1e-5)  # still reported at coef 0
 
 
 def test_moe_aux_loss_ignores_padding_tokens(moe):
     batch = _batch()
-    n = len(batch["advantages"])
+    n = len(batch)
     a = _trainer(moe, pad_id=0, micro_batch_size=n).train_step(batch)
     b = _trainer(moe, pad_id=50, micro_batch_size=n).train_step(batch)
     assert a["actor/router_aux_loss"] == pytest.approx(b["actor/router_aux_loss"], rel=1e-6)

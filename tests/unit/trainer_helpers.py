@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from orchestrator.algo import TrainBatch
+
 
 def save_tiny_llama(folder: Path) -> Path:
     """A 2-layer, hidden-64 random Llama (vocabulary 97, tied head) saved as an HF folder."""
@@ -17,10 +19,10 @@ def save_tiny_llama(folder: Path) -> Path:
     return folder
 
 
-def random_batch(n: int = 8, seed: int = 0) -> dict:
+def random_batch(n: int = 8, seed: int = 0) -> TrainBatch:
     """n samples: prompts of 2-6 ids, responses of 1-7 ids, rollout logprobs -4, advantages +-1."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 97) for _ in range(rng.randint(2, 6))] for _ in range(n)]
     responses = [[rng.randrange(3, 97) for _ in range(rng.randint(1, 7))] for _ in range(n)]
-    return {"prompt_ids": prompts, "response_ids": responses, "rollout_logprobs": [[-4.0] * len(r) for r in responses],
-            "advantages": [rng.choice([-1.0, 1.0]) for _ in range(n)], "ref_logprobs": None}
+    return TrainBatch.with_sequence_advantages(prompts, responses, [[-4.0] * len(r) for r in responses],
+                                               [rng.choice([-1.0, 1.0]) for _ in range(n)], ref_logprobs=None)

@@ -1,0 +1,135 @@
+"""Name -> function registries for the algorithm seam: advantage estimators and policy losses.
+
+A registry is filled by decorators at import time (verl registers its estimators and losses the same
+way), so adding an estimator or a loss is one function in one file::
+
+    from orchestrator.algo import register_policy_loss
+
+    @register_policy_loss("my_loss")
+    def my_loss(inputs, cfg): ...
+
+The config's allowed values (``algo.estimator``, ``algo.policy_loss``) are read from these registries,
+so the names live in one place. A user module is made known to every process that needs it (the
+controller for estimators, the trainer actor for losses) by listing it in ``algo.plugins``; see
+``import_plugins``. Pure Python; no Ray, no vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Generic[F]):
+    """An ordered name -> function table for one kind of algorithm part.
+
+    Args:
+        kind: what is registered, for messages ("advantage estimator", "policy loss").
+        config_key: the config key that selects an entry (``"algo.estimator"``); errors name it.
+    """
+
+    def __init__(self, kind: str, config_key: str):
+        self.kind, self.config_key = kind, config_key
+        self._entries: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator: ``@registry.register("name")`` adds the function under ``name`` and returns it unchanged.
+
+        Raises:
+            ValueError: ``name`` is empty or not a string, or already taken by another function (a
+                second import of the same module under another name, or two plugins choosing one name).
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind}: the registered name must be a non-empty string, got {name!r}")
+
+        def decorator(fn: F) -> F:
+            old = self._entries.get(name)
+            if old is not None and _qualname(old) != _qualname(fn):
+                raise ValueError(f"{self.config_key}: {self.kind} {name!r} is already registered by "
+                                 f"{_qualname(old)}; choose another name for {_qualname(fn)}")
+            self._entries[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> F:
+        """The function registered as ``name``.
+
+        Raises:
+            ValueError: unknown ``name``; the message names the config key and lists the allowed values.
+        """
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise ValueError(f"{self.config_key}: unknown {self.kind} {name!r}; allowed: {list(self._entries)}") from None
+
+    def resolve(self, name: str, plugins: Iterable[str] = ()) -> F:
+        """``get(name)``, first importing ``plugins`` (``algo.plugins``) when ``name`` is not registered in
+        this process yet: a Ray actor is a fresh process that has not run the driver's imports.
+
+        Raises:
+            ValueError: as ``get`` and ``import_plugins``.
+        """
+        if name not in self._entries:
+            import_plugins(plugins)
+        return self.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names in registration order (built-ins first)."""
+        return tuple(self._entries)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests restore a registry this way); a missing name is a no-op."""
+        self._entries.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+def _qualname(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def import_plugins(plugins: Iterable[str], key: str = "algo.plugins") -> None:
+    """Import each user module so that its ``@register_...`` decorators run in this process.
+
+    Args:
+        plugins: dotted module names (``"my_pkg.losses"``) or paths to ``.py`` files; a file is imported
+            once per process under the module name ``rl_orch_plugin_<stem>``.
+        key: the config key, for messages.
+
+    Raises:
+        ValueError: a module that cannot be found or a file that does not exist, naming ``key[i]``.
+        Any exception the module itself raises on import propagates unchanged.
+    """
+    for i, plugin in enumerate(plugins):
+        if str(plugin).endswith(".py"):
+            _import_file(Path(plugin), f"{key}[{i}]")
+            continue
+        try:
+            importlib.import_module(plugin)
+        except ModuleNotFoundError as e:
+            raise ValueError(f"{key}[{i}]={plugin!r}: cannot import it ({e})") from None
+
+
+def _import_file(path: Path, where: str) -> None:
+    if not path.is_file():
+        raise ValueError(f"{where}={str(path)!r}: no such file")
+    name = f"rl_orch_plugin_{path.stem}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file always has a source loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
