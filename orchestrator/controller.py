@@ -32,8 +32,8 @@ from orchestrator.multiturn_phase import MultiTurnPhase
 from orchestrator.placement_modes import time_slice
 from orchestrator.replace import auto_replace
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
-from orchestrator.syncer import WeightSyncer, choose_for_config, make_syncer
+from orchestrator.weight_sync import WeightMismatchError
+from orchestrator.weight_sync.syncer import WeightSyncer, choose_for_config, make_syncer
 
 
 @dataclass
@@ -292,7 +292,7 @@ class GRPOController:
         return self._get(self.actors.trainer.train_step.remote(batch))
 
     def _make_syncer(self) -> WeightSyncer:
-        """The weight-sync strategy of `weight_sync.strategy`; `auto` asks the cost model (orchestrator.sync)."""
+        """The weight-sync strategy of `weight_sync.strategy`; `auto` asks the cost model (orchestrator.weight_sync)."""
         strategy = self.cfg.weight_sync.strategy
         if strategy == "auto":
             numel, nbytes = self._get(self.actors.trainer.sync_size.remote(self.cfg.rollout.dtype))

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from orchestrator.rollout.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 
 class MultiTurnPhase:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
+from orchestrator.weight_sync.registry import strategy_names
 
 
 class ConfigError(ValueError):
@@ -87,6 +88,8 @@ def _get(cfg, dotted: str):
 def validate(cfg) -> None:
     """Check choices and ranges. Raises ConfigError naming the key path and the allowed values."""
     for key, allowed in CHOICES.items():
+        if key == "weight_sync.strategy":  # strategies registered after import count too
+            allowed = (*strategy_names(), "auto")
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")

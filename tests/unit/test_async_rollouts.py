@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from orchestrator.async_rollouts import AsyncRollouts
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 
 class FakeController:
