@@ -1,6 +1,7 @@
 """vLLM worker extension that receives new policy weights and reports what the engine holds.
 
-vLLM mixes this class into its worker (`worker_extension_cls`); `collective_rpc` calls its methods.
+vLLM mixes this class into its worker (`worker_extension_cls`); `collective_rpc` calls its methods. Every
+strategy's receiver (actors/weight_sync/<strategy>.py) is reached through one entry point, `weight_sync`.
 Weights load through the worker's `reload_weights(weights_iterator=...)`, which also redoes the
 backend's weight post-processing (the CPU backend repacks linear weights; a plain
 `model.load_weights` would leave stale packed copies in use).
