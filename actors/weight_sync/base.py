@@ -88,13 +88,13 @@ class WeightReceiver:
 
 
 class WeightSyncStrategy:
-    """A strategy's description: its two classes and the controller-side hooks (all optional).
+    """A strategy's description: its two classes and the controller-side hooks (all optional). Its name is
+    its registry line's (orchestrator/weight_sync/registry.py); the module exposes it as `STRATEGY`.
 
     concurrent: receivers are launched with the sender and get payload None (their `stream` meets the
     sender on the wire); then every sync must reach every engine.
     """
 
-    name: str = ""
     sender: type[WeightSender] = WeightSender
     receiver: type[WeightReceiver] = WeightReceiver
     concurrent: bool = False

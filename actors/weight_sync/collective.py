@@ -146,7 +146,6 @@ class CollectiveReceiver(WeightReceiver):
 
 
 class CollectiveStrategy(WeightSyncStrategy):
-    name = "nccl"
     sender = CollectiveSender
     receiver = CollectiveReceiver
     concurrent = True  # receivers meet the sender on the wire: launched together, payload None

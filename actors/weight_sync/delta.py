@@ -109,7 +109,6 @@ class DeltaReceiver(WeightReceiver):
 
 
 class DeltaStrategy(WeightSyncStrategy):
-    name = "delta"
     sender = DeltaSender
     receiver = DeltaReceiver
 

@@ -99,7 +99,6 @@ class DiskReceiver(WeightReceiver):
 
 
 class DiskStrategy(WeightSyncStrategy):
-    name = "disk"
     sender = DiskSender
     receiver = DiskReceiver
 

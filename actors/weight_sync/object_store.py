@@ -23,7 +23,6 @@ class ObjectStoreReceiver(WeightReceiver):
 
 
 class ObjectStoreStrategy(WeightSyncStrategy):
-    name = "object_store"
     sender = ObjectStoreSender
     receiver = ObjectStoreReceiver
 

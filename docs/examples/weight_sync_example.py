@@ -59,7 +59,6 @@ class SharedFileReceiver(WeightReceiver):
 
 
 class SharedFileStrategy(WeightSyncStrategy):
-    name = "shared_file"
     sender = SharedFileSender
     receiver = SharedFileReceiver
 
