@@ -46,10 +46,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
-import shutil
 import socket
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -70,6 +67,7 @@ from actors import lora
 from actors.forward import batch_logprobs, collate, forward_logprobs
 from actors.trainer import Trainer, keep_fused
 from orchestrator.algo import TrainBatch
+from orchestrator.atomic import atomic_dir
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 _FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -283,22 +281,14 @@ class ShardedTrainer(Trainer):
         """Write `sharded/` (DCP: model + optimizer, every rank), `policy/` (HF folder), `trainer_state.pt`
         (scheduler, step, RNG, world size) and `state.json` into a temporary folder, renamed when
         complete (a crash never leaves a half checkpoint). Returns the folder."""
-        final = Path(folder)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        try:
+        with atomic_dir(folder, fsync=False) as tmp:  # no fsync: as the checkpoint always was
             refs = self._fan_out("join_save", str(tmp))
             self.join_save(str(tmp))
             self._collect(refs)
             torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": torch.get_rng_state(),
                         "world_size": self.dp_size}, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps(extra, indent=2))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return str(final)
+        return str(Path(folder))
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore weights, optimizer, scheduler, step and RNG on every rank from a sharded checkpoint

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -27,7 +25,6 @@ from transformers import AutoModelForCausalLM
 from actors import attention
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
-from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender
 from actors.weight_sync.zero_copy import SharedTensors
 from actors.forward import collate
 from actors.forward import collate_packed, per_sequence, split_micro_batches
@@ -36,7 +33,9 @@ from actors import lora
 from actors import prefix_share
 from actors.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
-from orchestrator.sync import group_checksums
+from orchestrator.atomic import atomic_dir
+from orchestrator.weight_sync import group_checksums
+from orchestrator.weight_sync.registry import get as get_strategy
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -269,45 +268,27 @@ class Trainer:
                     if not (tied and k == "lm_head.weight"))
         return numel, numel * torch.empty((), dtype=_DTYPES[dtype]).element_size()
 
-    # ---- weight sync senders (actors/weight_sync/sender.py), one per strategy, made on first use --
-    def _sender(self, kind: str, dtype: str, **kw):
-        if kind not in self._senders:
-            weights_fn = functools.partial(_weights_on, self, dtype)
-            make = {"disk": DiskSender, "collective": CollectiveSender, "delta": DeltaSender}[kind]
-            self._senders[kind] = make(weights_fn, **kw)
-        return self._senders[kind]
-
-    def sync_disk_write(self, root: str, version: int, shard_mb: int, dtype: str) -> dict:
-        return self._sender("disk", dtype, root=root, shard_mb=shard_mb).write(version)
-
-    def sync_disk_prune(self, root: str, keep_version: int) -> list[str]:
-        return DiskSender(None, root, 1).prune(keep_version)
-
-    def sync_collective_layout(self, dtype: str, bucket_mb: float) -> list:
-        return self._sender("collective", dtype, bucket_mb=bucket_mb).layout()
-
-    def sync_collective_backend(self) -> str:
-        return self._senders["collective"].backend
-
-    def sync_collective_join(self, world_size: int, group: str, timeout_s: float) -> None:
-        self._senders["collective"].join(world_size, group, timeout_s)
-
-    def sync_broadcast(self, version: int) -> dict:
-        return self._senders["collective"].broadcast(version)
-
-    def sync_delta_encode(self, version: int, dtype: str, level: int, max_changed_fraction: float,
-                          force_full: bool = False):
-        """(DeltaPayload or None, stats): see `DeltaSender.encode`; call with num_returns=2."""
-        return self._sender("delta", dtype, level=level).encode(version, max_changed_fraction, force_full)
+    # ---- weight sync: every strategy's sender (actors/weight_sync/<strategy>.py), made at its setup ----
+    def weight_sync(self, strategy, method: str, *args) -> Any:
+        """Run `method` of `strategy`'s sender (a registry entry or a registered name; see
+        actors/weight_sync/base.py): "setup" (SyncContext) makes a fresh sender over `weights_for_sync`
+        in the context's dtype and returns its info; "send" (version, engine_versions) returns
+        (payload, meta): call it with num_returns=2; "connect", "after_verified" as the base describes.
+        Raises RuntimeError for a strategy not set up on this trainer."""
+        entry = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        if method == "setup":
+            (ctx,) = args
+            self._senders[entry.name] = entry.load().sender(functools.partial(_weights_on, self, ctx.dtype))
+        sender = self._senders.get(entry.name)
+        if sender is None:
+            raise RuntimeError(f"weight sync {entry.name!r}: {method} before setup on the trainer")
+        return getattr(sender, method)(*args)
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
         """Write policy (HF safetensors folder; with LoRA the merged weights, and the adapter in
         `policy_adapter/`), optimizer, scheduler and `extra` state atomically: into a temporary folder
         first, renamed when complete. Returns the folder."""
-        final = Path(folder)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-        try:
+        with atomic_dir(folder, fsync=False) as tmp:  # no fsync: as the checkpoint always was
             if self.peft is not None:  # policy/ = merged weights (engines load it on resume), adapter beside
                 lora.save_merged(self.model, tmp / "policy")
                 lora.save_adapter(self.peft, tmp / lora.ADAPTER_DIR)
@@ -316,12 +297,7 @@ class Trainer:
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                         "step": self.step, "rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps(extra, indent=2))
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return str(final)
+        return str(Path(folder))
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore policy weights, optimizer, scheduler and RNG; return the checkpoint's extra state."""

@@ -6,7 +6,7 @@ weight reload through our worker extension reaches the compiled model.
 
 Per mode, in this process (in-process engine, as the rollout actor runs it; fp32, the default model):
 1. engine start-up seconds (the compiled engine runs torch.compile here);
-2. the summed prompt logprobs of 4 chat prompts, before and after `load_named_weights` (the worker
+2. the summed prompt logprobs of 4 chat prompts, before and after an object-store `weight_sync` load (the worker
    extension's entry point) with every matrix perturbed by 0.3 x its std (seeded): they must change, and
    must equal the other mode's after the same reload;
 3. decode: 4 prompts x n=8 x 48 tokens (ignore_eos), timed over `--rounds` calls after the reload.
@@ -52,7 +52,7 @@ def run_mode(mode: str, rounds: int) -> dict:
     gen = torch.Generator().manual_seed(1)
     named = [(k, v + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype) * v.float().std())
              if v.dim() == 2 else (k, v) for k, v in state.items()]
-    llm.collective_rpc("load_named_weights", args=(named, 1))
+    llm.collective_rpc("weight_sync", args=("object_store", "load", named, 1))
     after = prompt_logprobs()
     sp = SamplingParams(n=8, temperature=1.0, max_tokens=48, ignore_eos=True, logprobs=0)
     decode = []

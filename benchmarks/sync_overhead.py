@@ -1,7 +1,7 @@
 """The two avoidable costs of the object-store weight sync found by benchmarks/profile_step.py (issue 7),
 old way against new way on the default model's weights (538 MB fp32, tied head left out), alternated.
 
-1. Checksums (orchestrator/sync/checksum.py; taken once by the trainer and once by the engine on every
+1. Checksums (orchestrator/weight_sync/checksum.py; taken once by the trainer and once by the engine on every
    sync, `weight_sync.verify`) of the trainer's list (the tied head listed again as lm_head): the old
    whole-tensor float64 copy plus `x * x` temporary, every name summed, against the chunked float64
    sums now used, a tensor listed twice summed once.
@@ -37,7 +37,7 @@ def default_weights() -> list[tuple[str, torch.Tensor]]:
 
 def old_checksums(named) -> dict:
     """The checksum before issue 7 (kept here only to measure against)."""
-    from orchestrator.sync.checksum import checksum_group
+    from orchestrator.weight_sync.checksum import checksum_group
 
     out: dict = {}
     for name, t in named:
@@ -50,7 +50,7 @@ def old_checksums(named) -> dict:
 
 
 def bench_checksums(named, repeats: int) -> None:
-    from orchestrator.sync.checksum import compare_checksums, group_checksums
+    from orchestrator.weight_sync.checksum import compare_checksums, group_checksums
 
     # what the trainer checksums (actors/trainer.py weights_for_sync): the tied head again, as lm_head
     named = named + [("lm_head.weight", t) for k, t in named if k == "model.embed_tokens.weight"]

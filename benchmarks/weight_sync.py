@@ -8,7 +8,7 @@ weight set with each strategy's own sender/receiver code, without a vLLM load at
 the raw limits measured on the same bytes in the same run: one flat gloo broadcast, a memcpy, a file
 write (fsync) + read. Sets: SmolLM2-135M-Instruct in bf16 (real weights) and a synthetic ~1B-parameter
 set in bf16. Prints seconds, bytes, GB/s, the ratio to the raw limit, and the cost model's prediction
-(orchestrator.sync.cost_model) calibrated with the raw limits, against the measurement.
+(orchestrator.weight_sync.cost_model) calibrated with the raw limits, against the measurement.
 
 Part 2 (delta size): the delta's bytes as a fraction of a full sync after one real optimizer step of
 the default model at the default config's learning rate, bf16 engine weights.
@@ -31,12 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.weight_sync import collective  # noqa: E402
-from actors.weight_sync.receiver import broadcast_stream, disk_stream  # noqa: E402
-from actors.weight_sync.sender import CollectiveSender, DeltaSender, DiskSender  # noqa: E402
-from orchestrator.sync.buckets import tensor_specs  # noqa: E402
-from orchestrator.sync.cost_model import predict_sync, setup_from_fabric  # noqa: E402
-from orchestrator.sync.delta import apply_delta  # noqa: E402
+from actors.weight_sync import collective_group as collective  # noqa: E402
+from actors.weight_sync.collective import CollectiveSender, broadcast_stream  # noqa: E402
+from actors.weight_sync.delta import DeltaEncoder  # noqa: E402
+from actors.weight_sync.disk import DiskSender, disk_stream  # noqa: E402
+from orchestrator.weight_sync.buckets import tensor_specs  # noqa: E402
+from orchestrator.weight_sync import predict_sync, setup_from_fabric  # noqa: E402
+from orchestrator.weight_sync.delta import apply_delta  # noqa: E402
 
 GB = 1e9
 
@@ -118,7 +119,7 @@ class Sender:
         return [ref], time.perf_counter() - t0
 
     def delta(self, version, perturb_lr: float):
-        sender = DeltaSender(self.fn)
+        sender = DeltaEncoder(self.fn)
         sender.base, sender.base_version = {n: t.clone() for n, t in self.named}, version - 1  # one extra set
         g = torch.Generator().manual_seed(version)
         for _, t in self.named:  # an Adam-like step: every element moves by ~lr in a random direction
@@ -286,7 +287,7 @@ def delta_after_real_step(lr: float) -> dict:
     from orchestrator.config import load_config
     from orchestrator.data import load_examples, render_prompt_ids
     from orchestrator.models import resolve_model_path
-    from orchestrator.sync.delta import encode_delta
+    from orchestrator.weight_sync.delta import encode_delta
 
     cfg = load_config("configs/grpo_arith_cpu.yaml", [])
     path = resolve_model_path("default")
@@ -324,7 +325,7 @@ def end_to_end(steps: int) -> list[dict]:
     from actors.trainer import TrainerActor
     from orchestrator.config import load_config
     from orchestrator.models import resolve_model_path
-    from orchestrator.syncer import make_syncer
+    from orchestrator.weight_sync.syncer import make_syncer
 
     path = str(resolve_model_path("default"))
     out = []

@@ -142,7 +142,7 @@ class Job:
         return self.wait(self.actors.trainer.load_checkpoint.remote(str(folder)))
 
     def _make_syncer(self):
-        from orchestrator.syncer import choose_for_config, make_syncer
+        from orchestrator.weight_sync.syncer import choose_for_config, make_syncer
 
         strategy = self.cfg.weight_sync.strategy
         if strategy == "auto":

@@ -110,9 +110,9 @@ class VLLMEngine:
         return out
 
     def update_weights(self, method: str, *args) -> dict:
-        """Run one of the worker extension's load methods (`load_named_weights`, `load_weights_from_disk`,
-        `receive_broadcast`, `load_delta`), drop the prefix cache (stale KV must never be reused) and
-        return the engine's own checksums of its resident weights (see orchestrator.sync.checksum)."""
+        """Run a loading method of the worker extension in every worker (`weight_sync` with method "load"),
+        drop the prefix cache (stale KV must never be reused) and return the engine's own checksums of its
+        resident weights (see orchestrator.weight_sync.checksum)."""
         self.llm.collective_rpc(method, args=args)
         self.llm.reset_prefix_cache()
         return self.weight_checksums()
@@ -124,8 +124,8 @@ class VLLMEngine:
     def weight_checksums(self) -> dict:
         """{"version": int, "groups": {group: [sum, sumsq, numel]}, ...}: the one worker's report, or under
         tensor parallelism the workers' agreed report (raises WeightMismatchError when they disagree; see
-        orchestrator.sync.checksum.combine_worker_reports)."""
-        from orchestrator.sync.checksum import combine_worker_reports
+        orchestrator.weight_sync.checksum.combine_worker_reports)."""
+        from orchestrator.weight_sync.checksum import combine_worker_reports
 
         return combine_worker_reports(self.llm.collective_rpc("weight_checksums"))
 

@@ -62,29 +62,22 @@ class RolloutWorker:
         """The engine's weight version and tensor-group checksums."""
         return self.engine.weight_checksums()
 
-    # ---- weight sync: each returns the engine's checksums {"version", "groups", ...} -------------
-    def load_weights(self, named_tensors: list, version: int) -> dict:
-        """Object store: load a list of (HF name, tensor)."""
-        return self._update("load_named_weights", named_tensors, version)
-
-    def load_weights_from_disk(self, folder: str, version: int) -> dict:
-        """Disk: load the safetensors version written by the trainer into `folder`."""
-        return self._update("load_weights_from_disk", folder, version)
-
-    def receive_broadcast(self, version: int) -> dict:
-        """Collective: receive the trainer's bucketed broadcast (after `join_weight_group`)."""
-        return self._update("receive_broadcast", version)
-
-    def load_delta(self, payload, version: int) -> dict:
-        """Delta: apply an XOR delta against the version this engine holds."""
-        return self._update("load_delta", payload, version)
-
-    def join_weight_group(self, backend: str, world_size: int, rank: int, group: str, timeout_s: float,
-                          layout: list, bucket_mb: float) -> None:
-        self.engine.extension_call("join_weight_group", backend, world_size, rank, group, timeout_s, layout, bucket_mb)
+    # ---- weight sync (orchestrator/weight_sync/syncer.py drives it) -------------------------------
+    def weight_sync(self, strategy, method: str, *args) -> Optional[dict]:
+        """Run `method` of `strategy`'s receiver in every worker of the engine (see
+        `WeightReceiverExtension.weight_sync`; `strategy`: a registry entry or a registered name).
+        "load" (payload, version) returns the engine's checksums {"version", "groups", ...} after the
+        load (prefix cache dropped); "connect" (info, engine_index) and other methods return the first
+        worker's result."""
+        if method == "load":
+            self.sleep_state.ensure_weights_awake(f"weight_sync:{getattr(strategy, 'name', strategy)}")
+            checks = self.engine.update_weights("weight_sync", strategy, method, *args)
+            self.version = checks["version"]
+            return checks
+        return self.engine.extension_call("weight_sync", strategy, method, *args)
 
     def extension_call(self, method: str, *args):
-        """Other worker-extension methods: keep_shadow, record_digests, loaded_digests, inject_fault_next_load."""
+        """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load."""
         return self.engine.extension_call(method, *args)
 
     # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------
@@ -105,12 +98,6 @@ class RolloutWorker:
     def sleep_events(self) -> list:
         """The sleep/wake calls so far, in order: ("sleep", level), ("wake_up", tags), ("generate", None) ..."""
         return list(self.sleep_state.events)
-
-    def _update(self, method: str, *args) -> dict:
-        self.sleep_state.ensure_weights_awake(method)
-        checks = self.engine.update_weights(method, *args)
-        self.version = checks["version"]
-        return checks
 
 
 @ray.remote

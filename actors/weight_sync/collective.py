@@ -1,120 +1,160 @@
-"""Collective groups for weight sync through `ray.util.collective`.
+"""Collective weight sync (strategy "nccl"): a bucketed broadcast from trainer rank 0 over a
+ray.util.collective group, NCCL on GPUs and our gloo group on CPU (actors/weight_sync/collective_group.py).
 
-GPUs use Ray's own `nccl` backend (cupy NCCL communicators). CPUs use `rl_orch_gloo`, registered here
-with `ray.util.collective`: a torch gloo process group built from its own TCPStore instead of the
-process-wide default group. Ray's built-in `gloo` backend initialises torch's *default* process group,
-which the in-process vLLM engine already owns (world size 1), so it cannot join a second group there.
-Ours also carries a real operation timeout: a peer that never arrives raises an error after
-`timeout_s` instead of hanging.
-
-Every rank calls `join_group(backend, world_size, rank, group_name, timeout_s)` at about the same time
-(rank 0 publishes the store address in Ray's internal KV; the others wait for it up to `timeout_s`).
+Setup: the sender picks the backend and a fresh group name and sends the tensor layout (name, shape,
+dtype of every tensor, in order); every engine's tensor-parallel worker joins as rank 1 + k*t + its TP
+rank (engine k, t = rollout.tensor_parallel_size) while the trainer joins as rank 0, and all sides plan
+the same buckets of `weight_sync.bucket_mb` MiB. A sync: a header [version, buckets, elements], then
+every bucket; the sender packs bucket k+1 while bucket k is on the wire (two buffers, one packing
+thread), and each receiver loads bucket k while bucket k+1 arrives (a background thread).
 """
 from __future__ import annotations
 
-import datetime
-import socket
+import queue
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterator, Optional
 
-import ray
-import ray.experimental.internal_kv as internal_kv
-import ray.util.collective as col
 import torch
-import torch.distributed as dist
-from ray.util.collective.backend_registry import _global_registry
-from ray.util.collective.collective_group.base_collective_group import BaseGroup
-from ray.util.collective.types import BroadcastOptions
 
-GLOO_BACKEND = "RL_ORCH_GLOO"
-_TIMEOUTS_S: dict[str, float] = {}  # group name -> operation timeout, set by join_group before creation
+from actors.weight_sync import base, collective_group
+from actors.weight_sync.base import WeightReceiver, WeightSender, WeightSyncStrategy
+from orchestrator.weight_sync.buckets import pack_bucket, plan_buckets, tensor_specs, unpack_bucket
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+class CollectiveSender(WeightSender):
+    """Rank 0 of a weight-sync group: broadcasts the weights bucket by bucket."""
 
+    def __init__(self, weights_fn, bucket_mb: float = 256, backend: Optional[str] = None):
+        super().__init__(weights_fn)
+        self.bucket_mb = bucket_mb
+        self.backend = backend or collective_group.default_backend()
+        self.device = "cuda" if self.backend.lower() == "nccl" else "cpu"
+        self.group: Optional[str] = None
 
-class StatelessGlooGroup(BaseGroup):
-    """A gloo group of `world_size` processes that leaves torch's default process group alone."""
+    def setup(self, ctx):
+        """info: {"backend", "group", "world_size", "timeout_s", "layout", "bucket_mb", "tensor_parallel_size"}."""
+        super().setup(ctx)
+        self.bucket_mb = ctx.options["bucket_mb"]
+        return {"backend": self.backend, "group": f"rl_orch_sync_{uuid.uuid4().hex[:8]}",
+                "world_size": 1 + ctx.engines * ctx.tensor_parallel_size, "timeout_s": ctx.timeout_s,
+                "layout": self.layout(), "bucket_mb": self.bucket_mb, "tensor_parallel_size": ctx.tensor_parallel_size}
 
-    def __init__(self, world_size: int, rank: int, group_name: str):
-        super().__init__(world_size, rank, group_name)
-        timeout = datetime.timedelta(seconds=_TIMEOUTS_S.get(group_name, 600.0))
-        key = f"rl_orch_gloo_store_{group_name}"
-        if rank == 0:
-            host, port = ray.util.get_node_ip_address(), _free_port()
-            store = dist.TCPStore(host, port, world_size, True, timeout=timeout, wait_for_workers=False)
-            internal_kv._internal_kv_put(key, f"{host}:{port}", overwrite=True)
-        else:
-            host, port = self._wait_for_address(key, timeout.total_seconds())
-            store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
-        self._pg = dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, timeout)
-        self._store = store
+    def connect(self, info):
+        self.join(info["world_size"], info["group"], info["timeout_s"])
+
+    def send(self, version, engine_versions):
+        return None, self.broadcast(version)
+
+    def layout(self) -> list:
+        """(name, shape, dtype) of every tensor sent, in order; every receiver plans the same buckets."""
+        named, _ = self.weights_fn("cpu")
+        return tensor_specs(named)
+
+    def join(self, world_size: int, group_name: str, timeout_s: float) -> None:
+        collective_group.join_group(self.backend, world_size, 0, group_name, timeout_s)
+        self.group = group_name
+
+    def broadcast(self, version: int) -> dict:
+        """Send a header [version, buckets, elements], then every bucket. Returns meta + {"buckets", "wire_s"}.
+        Raises RuntimeError before `join`."""
+        if self.group is None:
+            raise RuntimeError("CollectiveSender.broadcast before join(): the weight-sync group is not set up")
+        named, meta = self.weights_fn(self.device)
+        tensors = dict(named)
+        buckets = plan_buckets(tensor_specs(named), self.bucket_mb)
+        header = torch.tensor([version, len(buckets), sum(b.numel for b in buckets)], dtype=torch.int64,
+                              device=self.device)
+        collective_group.broadcast(header, self.group)
+        t0 = time.perf_counter()
+        largest = max(b.numel for b in buckets)
+        buffers = [torch.empty(largest, dtype=buckets[0].dtype, device=self.device) for _ in range(2)]
+        with ThreadPoolExecutor(max_workers=1) as packer:
+            pending = packer.submit(pack_bucket, tensors, buckets[0], self._buffer(buffers, 0, buckets[0]))
+            for k, bucket in enumerate(buckets):
+                ready = pending.result()
+                if k + 1 < len(buckets):  # pack the next bucket while this one is on the wire
+                    nxt = buckets[k + 1]
+                    pending = packer.submit(pack_bucket, tensors, nxt, self._buffer(buffers, k + 1, nxt))
+                collective_group.broadcast(ready, self.group)
+        return {**meta, "buckets": len(buckets), "wire_s": time.perf_counter() - t0}
 
     @staticmethod
-    def _wait_for_address(key: str, timeout_s: float) -> tuple[str, int]:
-        deadline = time.monotonic() + timeout_s
-        while (value := internal_kv._internal_kv_get(key)) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"weight-sync group: rank 0 did not publish its address ({key}) within {timeout_s:g}s")
-            time.sleep(0.05)
-        host, port = value.decode().rsplit(":", 1)
-        return host, int(port)
-
-    @classmethod
-    def backend(cls):
-        return GLOO_BACKEND
-
-    @classmethod
-    def check_backend_availability(cls) -> bool:
-        return dist.is_available() and dist.is_gloo_available()
-
-    def destroy_group(self):
-        self._pg = None
-        self._store = None
-
-    def broadcast(self, tensors, broadcast_options=BroadcastOptions()):
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = broadcast_options.root_rank, 0
-        self._pg.broadcast(list(tensors), opts).wait()
-
-    def barrier(self, barrier_options=None):
-        self._pg.barrier().wait()
-
-    def _unsupported(self, *args, **kwargs):
-        raise NotImplementedError("the weight-sync gloo group only broadcasts")
-
-    allreduce = reduce = allgather = reducescatter = send = recv = _unsupported
+    def _buffer(buffers: list, k: int, bucket) -> torch.Tensor:
+        buf = buffers[k % 2]
+        if buf.dtype != bucket.dtype:  # a layout with mixed dtypes: reinterpret is wrong, allocate
+            buf = torch.empty(bucket.numel, dtype=bucket.dtype, device=buf.device)
+        return buf
 
 
-def register_backend() -> None:
-    """Make `rl_orch_gloo` known to ray.util.collective in this process (idempotent)."""
-    if not _global_registry.is_registered(GLOO_BACKEND):
-        col.register_collective_backend(GLOO_BACKEND, StatelessGlooGroup)
+def broadcast_stream(layout: list, bucket_mb: float, version: int, group: str,
+                     device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Receive the header and every bucket of one broadcast; yields views into fresh bucket buffers.
 
-
-def default_backend() -> str:
-    """`nccl` where CUDA is available, else our gloo group."""
-    return "nccl" if torch.cuda.is_available() else GLOO_BACKEND
-
-
-def join_group(backend: str, world_size: int, rank: int, group_name: str, timeout_s: float) -> None:
-    """Join (or create, for rank 0) the named group; idempotent for a group already joined here."""
-    register_backend()
-    if col.is_group_initialized(group_name):
-        return
-    _TIMEOUTS_S[group_name] = timeout_s
-    col.init_collective_group(world_size, rank, backend=backend, group_name=group_name)
-
-
-def broadcast(tensor: torch.Tensor, group_name: str, src_rank: int = 0) -> None:
-    """In-place broadcast of `tensor` from `src_rank` over the group; returns when it is complete.
-
-    Ray's NCCL group runs the op on its own CUDA stream, ordered after the default stream but not
-    before later work on it: synchronising here keeps the sender from repacking a buffer still being
-    sent and the receiver from reading a bucket still arriving.
+    Raises ValueError when the sender's header disagrees with this rank's layout (version, bucket
+    count or element count): the two sides would otherwise read each other's bytes as wrong tensors.
     """
-    col.broadcast(tensor, src_rank=src_rank, group_name=group_name)
-    if tensor.is_cuda:
-        torch.cuda.synchronize(tensor.device)
+    buckets = plan_buckets(layout, bucket_mb)
+    header = torch.zeros(3, dtype=torch.int64, device=device)
+    collective_group.broadcast(header, group)
+    got = [int(x) for x in header.tolist()]
+    want = [version, len(buckets), sum(b.numel for b in buckets)]
+    if got != want:
+        raise ValueError(f"weight-sync header [version, buckets, elements] = {got}, this engine expects {want}: "
+                         "trainer and engine disagree on the layout (bucket_mb or model)")
+    inbox: queue.Queue = queue.Queue(maxsize=1)  # one bucket waiting + one being loaded = two buffers
+
+    def receive() -> None:
+        try:
+            for b in buckets:
+                buf = torch.empty(b.numel, dtype=b.dtype, device=device)
+                collective_group.broadcast(buf, group)
+                inbox.put((b, buf))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            inbox.put(e)
+
+    thread = threading.Thread(target=receive, name="weight-sync-receive", daemon=True)
+    thread.start()
+    for _ in buckets:
+        item = inbox.get()
+        if isinstance(item, BaseException):
+            raise item
+        bucket, buf = item
+        yield from unpack_bucket(buf, bucket)
+    thread.join()
+
+
+class CollectiveReceiver(WeightReceiver):
+    """One tensor-parallel worker of engine k: rank 1 + k*t + its TP rank of the group."""
+
+    def __init__(self):
+        self.group: Optional[tuple] = None  # (group name, layout, bucket_mb, device of the buckets)
+
+    def connect(self, info, engine_index):
+        rank = 1 + engine_index * info["tensor_parallel_size"] + base.tp_position()[0]
+        collective_group.join_group(info["backend"], info["world_size"], rank, info["group"], info["timeout_s"])
+        device = "cuda" if info["backend"].lower() == "nccl" else "cpu"
+        self.group = (info["group"], info["layout"], info["bucket_mb"], device)
+
+    def stream(self, payload, version):
+        if self.group is None:
+            raise RuntimeError("a broadcast before connect: this engine is not in the weight-sync group")
+        group, layout, bucket_mb, device = self.group
+        return broadcast_stream(layout, bucket_mb, version, group, device)
+
+
+class CollectiveStrategy(WeightSyncStrategy):
+    sender = CollectiveSender
+    receiver = CollectiveReceiver
+    concurrent = True  # receivers meet the sender on the wire: launched together, payload None
+
+    def options(self, weight_sync_cfg) -> dict:
+        return {"bucket_mb": weight_sync_cfg.bucket_mb}
+
+    def metrics(self, meta, reports):
+        return {"sync/buckets": meta["buckets"], "sync/wire_s": meta["wire_s"]}
+
+
+STRATEGY = CollectiveStrategy()

@@ -1,6 +1,7 @@
 """vLLM worker extension that receives new policy weights and reports what the engine holds.
 
-vLLM mixes this class into its worker (`worker_extension_cls`); `collective_rpc` calls its methods.
+vLLM mixes this class into its worker (`worker_extension_cls`); `collective_rpc` calls its methods. Every
+strategy's receiver (actors/weight_sync/<strategy>.py) is reached through one entry point, `weight_sync`.
 Weights load through the worker's `reload_weights(weights_iterator=...)`, which also redoes the
 backend's weight post-processing (the CPU backend repacks linear weights; a plain
 `model.load_weights` would leave stale packed copies in use).
@@ -14,77 +15,53 @@ logprobs with the trainer's after a sync, which covers the packed path end to en
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
-from actors.weight_sync import collective
-from actors.weight_sync.receiver import broadcast_stream, disk_stream
-from orchestrator.sync.checksum import add_checksum, checksum_group, group_checksums
-from orchestrator.sync.delta import DeltaPayload, apply_delta
+from actors.weight_sync import base
+from actors.weight_sync.base import WeightReceiver
+from orchestrator.weight_sync.checksum import add_checksum, checksum_group, group_checksums
+from orchestrator.weight_sync.registry import StrategyEntry, get
 
 
 class WeightReceiverExtension:
     """Methods run inside each vLLM worker process (or in-process on CPU).
 
-    Every load path ends in `_load`: it streams (name, tensor) pairs into `reload_weights`, records the
-    group checksums of what was loaded, and sets the weight version only after the load completed. With
-    the delta strategy the worker also keeps a host copy of the last loaded weights (`_shadow`, one
-    weight set in the sync dtype) to apply the next XOR delta to.
+    `weight_sync(strategy, method, *args)` is the one entry point of every strategy's receiver
+    (actors/weight_sync/<strategy>.py): "connect" makes this worker's receiver, "load" streams its
+    (name, tensor) pairs into `_load`, any other name calls that receiver method. `_load` feeds
+    `reload_weights`, records the group checksums of what was loaded, and sets the weight version only
+    after the load completed.
     """
 
     weight_version: int = 0
     _loaded_checksums: dict = {}
-    _shadow: Optional[dict] = None
-    _keep_shadow: bool = False
+    _receivers: Optional[dict] = None  # strategy name -> WeightReceiver of this worker
     _digests: Optional[dict] = None
     _fault_next_load: bool = False
-    _sync_group: Optional[tuple] = None  # (group name, layout, bucket_mb, device of the buckets)
-    _shadow_version: Optional[int] = None
 
-    # ---- load paths (one per strategy) ------------------------------------------------------
-    def load_named_weights(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
-        """Object store: HF-named tensors (fused names are handled by the model's own loader)."""
-        self._load(named_tensors, version)
+    def weight_sync(self, strategy: StrategyEntry | str, method: str, *args) -> Any:
+        """Run `method` of `strategy`'s receiver (a registry entry, or a registered name): "connect"
+        (info, engine_index) makes a fresh receiver and connects it; "load" (payload, version) loads
+        `receiver.stream(payload, version)` and returns None; other methods are called as they are. A
+        receiver is made on first use (strategies that need `connect` raise from their own methods)."""
+        entry = get(strategy) if isinstance(strategy, str) else strategy
+        if self._receivers is None:
+            self._receivers = {}
+        if method == "connect" or entry.name not in self._receivers:
+            self._receivers[entry.name] = entry.load().receiver()
+        receiver = self._receivers[entry.name]
+        if method == "load":
+            payload, version = args
+            return self._load(receiver.stream(payload, version), version, receiver)
+        return getattr(receiver, method)(*args)
 
-    def load_weights_from_disk(self, folder: str, version: int) -> None:
-        """Disk: the safetensors shards of `version` in `folder` (see `DiskSender`)."""
-        self._load(disk_stream(folder, version), version)
-
-    def join_weight_group(self, backend: str, world_size: int, rank: int, group: str, timeout_s: float,
-                          layout: list, bucket_mb: float) -> None:
-        """Collective: join the trainer's group as `rank` + this worker's tensor-parallel rank (the syncer gives
-        each engine t consecutive ranks) and remember the agreed layout."""
-        rank += _tp_position()[0]  # tensor parallelism: the engine's base rank + this worker's TP rank
-        collective.join_group(backend, world_size, rank, group, timeout_s)
-        self._sync_group = (group, layout, bucket_mb, "cuda" if backend.lower() == "nccl" else "cpu")
-
-    def receive_broadcast(self, version: int) -> None:
-        """Collective: receive one bucketed broadcast and load it while it streams in."""
-        if self._sync_group is None:
-            raise RuntimeError("receive_broadcast before join_weight_group: this engine is not in the sync group")
-        group, layout, bucket_mb, device = self._sync_group
-        self._load(broadcast_stream(layout, bucket_mb, version, group, device), version)
-
-    def load_delta(self, payload: DeltaPayload, version: int) -> None:
-        """Delta: apply an XOR delta to the host copy of the last version, then load the result.
-        Raises ValueError when this worker does not hold the delta's base version."""
-        if self._shadow is None or self._shadow_version != payload.base_version:
-            have = None if self._shadow is None else self._shadow_version
-            raise ValueError(f"delta {payload.base_version}->{payload.version} needs base version "
-                             f"{payload.base_version}; this engine holds {have}")
-        self._load(list(apply_delta(self._shadow, payload).items()), version)
-
-    def keep_shadow(self, on: bool) -> None:
-        """Keep (or drop) the host copy of the last loaded weights that deltas apply to."""
-        self._keep_shadow = on
-        if not on:
-            self._shadow = None
-
-    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def _load(self, stream: Iterable[tuple[str, torch.Tensor]], version: int,
+              receiver: Optional[WeightReceiver] = None) -> None:
+        receiver = receiver or WeightReceiver()
         device = next(self.model_runner.get_model().parameters()).device
         checks: dict = {}
-        shadow: Optional[dict] = {} if self._keep_shadow else None
         digests: Optional[dict] = {} if self._digests is not None else None
 
         def tap():
@@ -93,8 +70,7 @@ class WeightReceiverExtension:
                     t = t.clone()
                     t.view(-1)[0] += 1.0  # fault injection (tests): one corrupted value in the first bucket
                 add_checksum(checks, name, t)
-                if shadow is not None:
-                    shadow[name] = t.detach().to("cpu", copy=True)
+                receiver.loaded_tensor(name, t)
                 if digests is not None:
                     digests[name] = _digest(t)
                 yield name, t.to(device)
@@ -103,8 +79,7 @@ class WeightReceiverExtension:
         self._retie_output_embeddings()
         self._fault_next_load = False
         self._loaded_checksums, self.weight_version = checks, version
-        if shadow is not None:
-            self._shadow, self._shadow_version = shadow, version
+        receiver.loaded(version)
         if digests is not None:
             self._digests = digests
 
@@ -133,14 +108,15 @@ class WeightReceiverExtension:
         left out before the first sync (nothing was loaded through us yet). Under tensor parallelism
         (tp_size > 1) every parameter is a shard or a replica, so every group reports the checksums of the
         full tensors this worker's loader consumed (`verified_on: "load"`); the engine checks that all its
-        workers agree (orchestrator.sync.checksum.combine_worker_reports).
+        workers agree (orchestrator.weight_sync.checksum.combine_worker_reports).
         """
-        tp_rank, tp_size = _tp_position()
-        base = {"version": self.weight_version, "tp_rank": tp_rank,
-                "shadow_version": self._shadow_version if self._shadow is not None else None}
+        tp_rank, tp_size = base.tp_position()
+        report = {"version": self.weight_version, "tp_rank": tp_rank, "shadow_version": None}
+        for receiver in (self._receivers or {}).values():
+            report.update(receiver.report())
         if tp_size > 1:  # every resident tensor is a shard: report the full tensors the loader consumed
             loaded = dict(self._loaded_checksums)
-            return {**base, "groups": loaded, "packed_groups": sorted(loaded), "verified_on": "load"}
+            return {**report, "groups": loaded, "packed_groups": sorted(loaded), "verified_on": "load"}
         # remove_duplicate=False: a tied output head is listed (and checked) under its own name too
         params = list(self.model_runner.get_model().named_parameters(remove_duplicate=False))
         packed = {checksum_group(n) for n, p in params if p.numel() == 0}
@@ -148,7 +124,7 @@ class WeightReceiverExtension:
         for g in packed:
             if g in self._loaded_checksums:
                 groups[g] = self._loaded_checksums[g]
-        return {**base, "groups": groups, "packed_groups": sorted(packed), "verified_on": "resident"}
+        return {**report, "groups": groups, "packed_groups": sorted(packed), "verified_on": "resident"}
 
     # ---- test and debugging hooks -------------------------------------------------------------
     def record_digests(self, on: bool = True) -> None:
@@ -162,16 +138,6 @@ class WeightReceiverExtension:
     def inject_fault_next_load(self) -> None:
         """Corrupt one value of the next load (tests: verification must catch it)."""
         self._fault_next_load = True
-
-
-def _tp_position() -> tuple[int, int]:
-    """(tensor-parallel rank, tensor-parallel size) of this vLLM worker; (0, 1) outside a TP group."""
-    try:
-        from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        return int(get_tensor_model_parallel_rank()), int(get_tensor_model_parallel_world_size())
-    except (ImportError, AssertionError, AttributeError):
-        return 0, 1
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -3,7 +3,7 @@
     rl-orch plan sync --model llama3-70b --engines 8 --gpus-per-engine 8 --engine-nodes 8 --inter ib400
     rl-orch plan sync --params 7e9 --engines 4 --inter eth25 --changed-fraction 0.03
 
-`plan sync` prints the weight-sync cost model's prediction for every strategy (orchestrator.sync.
+`plan sync` prints the weight-sync cost model's prediction for every strategy (orchestrator.weight_sync.
 cost_model) and marks the one `weight_sync.strategy: auto` would choose. Bad input: a message naming
 the option on stderr, exit code 2. `plan memory` (the VRAM planner) lives in orchestrator/cli/plan_memory.py.
 """
@@ -13,8 +13,8 @@ import argparse
 import sys
 
 from orchestrator.memory.params import PRESETS, ModelConfigError, count_params, resolve_model_config
-from orchestrator.sync.cost_model import (FABRICS, SyncEstimate, SyncSetup, SyncSetupError, choose_strategy,
-                                          predict_sync, setup_from_fabric)
+from orchestrator.weight_sync.cost_model import FABRICS, SyncEstimate, SyncSetup, SyncSetupError, setup_from_fabric
+from orchestrator.weight_sync.registry import choose_strategy, predict_sync
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

@@ -20,7 +20,8 @@ from orchestrator.sizing.recommend import format_sizing, recommend, sizing_warni
 from orchestrator.sizing.simulator import MODES
 from orchestrator.sizing.sync_law import sync_law_from_cost_model
 from orchestrator.sizing.workload import SizingError, Workload
-from orchestrator.sync.cost_model import FABRICS, STRATEGIES
+from orchestrator.weight_sync.cost_model import FABRICS
+from orchestrator.weight_sync.registry import strategy_names
 
 
 def add_size_parser(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +52,7 @@ def add_size_parser(sub: argparse._SubParsersAction) -> None:
     c = p.add_argument_group("weight sync on the target cluster (default: the measured sync, fitted)")
     c.add_argument("--sync-params", type=float, default=None,
                    help="predict the sync with the cost model (`rl-orch plan sync`) for this many parameters")
-    c.add_argument("--sync-strategy", choices=STRATEGIES, default="nccl")
+    c.add_argument("--sync-strategy", choices=strategy_names(), default="nccl")
     c.add_argument("--intra", default="nvlink", help=f"fabric inside a node: {', '.join(FABRICS)}")
     c.add_argument("--inter", default="ib400", help=f"fabric across nodes: {', '.join(FABRICS)}")
     c.add_argument("--gpus-per-node", type=int, default=8)

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
+from orchestrator.weight_sync.registry import strategy_names
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,8 @@ def validate(cfg) -> None:
     Imports `algo.plugins` first, so that the names they register are allowed."""
     _import_algo_plugins(cfg)
     for key, allowed in CHOICES.items():
+        if key == "weight_sync.strategy":  # strategies registered after import count too
+            allowed = (*strategy_names(), "auto")
         value = _get(cfg, key)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")

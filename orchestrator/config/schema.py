@@ -16,6 +16,7 @@ from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.rollout.env_config import EnvConfig
+from orchestrator.weight_sync.registry import strategy_names
 
 
 @dataclass
@@ -244,7 +245,9 @@ class DeltaSyncConfig:
 
 @dataclass
 class WeightSyncConfig:
-    strategy: str = "object_store"  # nccl | disk | delta | object_store | auto (cheapest by the cost model)
+    # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store) or
+    # auto (the cheapest by the cost model)
+    strategy: str = "object_store"
     bucket_mb: int = 256  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
     timeout_s: float = 600.0  # one sync (all buckets, all engines); past it the run stops with an error
     verify: bool = True  # every engine reports its version and per-group checksums after each sync
@@ -327,7 +330,8 @@ CHOICES: Mapping[str, tuple[Any, ...]] = _Choices({
     "rollout.dtype": ("bfloat16", "float32", "float16"),
     "placement.strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     "placement.mode": ("disaggregated", "colocated", "disaggregated_async"),
-    "weight_sync.strategy": ("nccl", "disk", "delta", "object_store", "auto"),
+    # read from the strategy registry (orchestrator/weight_sync/registry.py); load.validate re-reads it
+    "weight_sync.strategy": (*strategy_names(), "auto"),
     "weight_sync.fabric.intra_node": ("nvlink", "pcie4", "pcie5", "loopback"),
     "weight_sync.fabric.inter_node": ("ib200", "ib400", "eth25", "eth100", "loopback"),
     "env.render_mode": ("strict", "incremental"),

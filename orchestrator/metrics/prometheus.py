@@ -22,7 +22,7 @@ from typing import Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from orchestrator.metrics.sink import MetricSink, SinkContext
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 # 0.01 s .. 1 h: from the fastest phase (advantages, sampling) to a long generation or checkpoint
 PHASE_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 1800, 3600)

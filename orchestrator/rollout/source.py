@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from orchestrator.rollout.types import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 Wait = Callable[[Any], Any]  # ray.get bounded by run.phase_timeout_s (orchestrator.job.Job.wait)
 

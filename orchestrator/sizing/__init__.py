@@ -3,5 +3,5 @@ the placement modes, and the sizer that picks the trainer/rollout/reference spli
 
 Modules: scaling (laws and their fit), simulator (steady-state step time of a mode), workload (laws +
 splits), sizer (search, brute force, fewest GPUs), measurements (metrics.jsonl -> workload), sync_law
-(the sync law from orchestrator.sync.cost_model for another cluster).
+(the sync law from orchestrator.weight_sync.cost_model for another cluster).
 """

@@ -12,7 +12,7 @@ Pure Python (no Ray, vLLM or torch). One law for every role:
   law b / g**alpha with alpha < 1 is the usual empirical fit of strong scaling (e.g. Narayanan et al.
   2021, "Efficient large-scale language model training on GPU clusters", fig. 15).
 - weight sync: alpha = -1 fixed, t = a + b * g: a pipelined ring broadcast costs the same for any
-  receiver count (orchestrator/sync/cost_model.py, `_predict_nccl`); b >= 0 takes up what grows with
+  receiver count (orchestrator/weight_sync/cost_model.py, `_predict_nccl`); b >= 0 takes up what grows with
   the receivers (the ring fill, a shared filesystem's read rate).
 
 `fit_law` fits a law to measurements at one or more sizes, minimising the squared *relative* error

@@ -1,6 +1,6 @@
 """Weight-sync law from the cost model, for sizing a cluster other than the one the metrics came from.
 
-Pure Python. `sync_law_from_cost_model` asks orchestrator.sync.cost_model.predict_sync for the sync
+Pure Python. `sync_law_from_cost_model` asks orchestrator.weight_sync.registry.predict_sync for the sync
 seconds at several rollout sizes (engines of `gpus_per_engine` GPUs each, on nodes of `gpus_per_node`
 GPUs apart from the trainer's) and fits the sizer's sync law t(g) = a + b * g to them
 (orchestrator.sizing.scaling.fit_law, role "sync"). The cost model's formulas grow linearly with the
@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 from orchestrator.sizing.scaling import Law, fit_law
-from orchestrator.sync.cost_model import STRATEGIES, predict_sync, setup_from_fabric
+from orchestrator.weight_sync.cost_model import setup_from_fabric
+from orchestrator.weight_sync.registry import predict_sync, strategy_names
 
 
 def sync_law_from_cost_model(num_params: float, bytes_per_param: float = 2.0, strategy: str = "nccl",
@@ -23,8 +24,8 @@ def sync_law_from_cost_model(num_params: float, bytes_per_param: float = 2.0, st
 
     Raises ValueError naming the argument for an unknown strategy or fabric, and SyncSetupError (a
     ValueError) for out-of-range sizes."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy: expected one of {list(STRATEGIES)} (got {strategy!r})")
+    if strategy not in strategy_names():
+        raise ValueError(f"strategy: expected one of {list(strategy_names())} (got {strategy!r})")
     if gpus_per_engine < 1 or gpus_per_node < 1:
         raise ValueError(f"gpus_per_engine and gpus_per_node: must be >= 1 (got {gpus_per_engine}, {gpus_per_node})")
     points = []

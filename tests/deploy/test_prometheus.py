@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orchestrator.metrics import JsonlLogger, read_jsonl
 from orchestrator.metrics import SinkContext, registry
 from orchestrator.metrics.prometheus import METRICS, PrometheusExporter, error_kind
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROM_DIR = ROOT / "deploy" / "prometheus"

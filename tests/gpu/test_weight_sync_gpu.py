@@ -12,7 +12,7 @@ from actors.rollout.worker import RolloutWorkerActor
 from actors.trainer import TrainerActor
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.syncer import make_syncer
+from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.conftest import ray_local, tiny_model, tiny_overrides  # noqa: F401 (fixtures)
 from tests.integration.test_weight_sync import REWARD_OVERRIDE, _assert_bit_exact, _train_once
 
@@ -29,7 +29,7 @@ def test_nccl_broadcast_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path):  #
     ray.get([trainer.ready.remote(), engine.ready.remote(), engine.extension_call.remote("record_digests", True)])
     try:
         syncer = make_syncer(cfg, trainer, [engine])
-        assert syncer.backend.lower() == "nccl"
+        assert syncer.info["backend"].lower() == "nccl"
         for version in (1, 2):
             if version > 1:
                 _train_once(trainer, version)

@@ -53,7 +53,7 @@ def tiny_overrides(model: Path, out: Path, **extra) -> list[str]:
 def assert_engine_holds_trainer_weights(controller, version: int):
     """The first engine reports `version` and per-group checksums equal to the trainer's weights.
     Returns (trainer handle, engine handle)."""
-    from orchestrator.sync import compare_checksums
+    from orchestrator.weight_sync import compare_checksums
 
     trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
     _, meta_ref = trainer.weights_for_sync.options(num_returns=2).remote("float32")

@@ -16,7 +16,7 @@ import ray
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.rollout import PromptRequest
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from orchestrator.algo import TrainBatch
 from orchestrator.algo.packing import pack_first_fit_decreasing
 from orchestrator.controller import GRPOController
 from orchestrator.rollout import PromptRequest
-from orchestrator.sync import compare_checksums
+from orchestrator.weight_sync import compare_checksums
 from tests.integration.test_fsdp import _batch, _cfgs, _grpo_cfg, _ranks
 
 pytestmark = pytest.mark.integration

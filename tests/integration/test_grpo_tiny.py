@@ -17,7 +17,7 @@ from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.placement.groups import PlacementError
 from orchestrator.rollout import PromptRequest
-from orchestrator.sync import WeightMismatchError, compare_checksums
+from orchestrator.weight_sync import WeightMismatchError, compare_checksums
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def test_corrupted_transfer_is_caught_with_kl_and_reference(ray_local, tiny_mode
         bad = [(n, t.clone()) for n, t in named]
         victim = next(i for i, (n, _) in enumerate(bad) if "mlp.down_proj" in n)
         bad[victim][1].view(-1)[0] += 0.5
-        report = ray.get(worker.load_weights.remote(bad, 7))
+        report = ray.get(worker.weight_sync.remote("object_store", "load", bad, 7))
         with pytest.raises(WeightMismatchError, match="mlp"):
             compare_checksums(meta["groups"], report["groups"], where="rollout worker 0")
     finally:

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.rollout import PromptRequest
-from orchestrator.sync import compare_checksums
+from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import ray
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.sync import compare_checksums
+from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import orchestrator.placement.replace as replace
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.sizing.workload import Split
-from orchestrator.sync import compare_checksums
+from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration

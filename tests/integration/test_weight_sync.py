@@ -18,8 +18,8 @@ from actors.rollout.worker import RolloutWorkerActor
 from actors.trainer import TrainerActor
 from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
-from orchestrator.sync import WeightMismatchError
-from orchestrator.syncer import make_syncer
+from orchestrator.weight_sync import WeightMismatchError
+from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -157,7 +157,8 @@ def test_broadcast_without_receivers_times_out_with_a_clear_error(ray_local, tin
         syncer = make_syncer(cfg, trainer, engines)
         syncer.sync(1)
         with pytest.raises((TimeoutError, ray.exceptions.RayTaskError), match="weight_sync.timeout_s|[Tt]imed out"):
-            ray.get(trainer.sync_broadcast.remote(2), timeout=60)  # the engines never call receive
+            _, meta = trainer.weight_sync.options(num_returns=2).remote("nccl", "send", 2, {0: 1, 1: 1})
+            ray.get(meta, timeout=60)  # the engines never call receive
     finally:
         _kill(trainer, *engines)
 

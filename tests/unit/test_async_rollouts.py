@@ -11,7 +11,7 @@ from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.sync import WeightMismatchError
+from orchestrator.weight_sync import WeightMismatchError
 
 
 class FakeController:

@@ -5,7 +5,9 @@ import pytest
 
 from orchestrator.cli import build_parser, main
 from orchestrator.cli.plan_sync import format_sync_table
-from orchestrator.sync.cost_model import STRATEGIES, choose_strategy, predict_sync, setup_from_fabric
+from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric, strategy_names
+
+STRATEGIES = strategy_names()
 
 
 def _rows(out: str) -> dict[str, list[str]]:

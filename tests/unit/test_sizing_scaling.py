@@ -75,7 +75,7 @@ def test_sync_law_from_cost_model_matches_predict_sync(strategy):
     import math
 
     from orchestrator.sizing.sync_law import sync_law_from_cost_model
-    from orchestrator.sync.cost_model import predict_sync, setup_from_fabric
+    from orchestrator.weight_sync import predict_sync, setup_from_fabric
 
     law = sync_law_from_cost_model(7e9, 2, strategy, gpus_per_engine=2, gpus_per_node=8, max_gpus=256)
     for g in (2, 16, 64, 256):

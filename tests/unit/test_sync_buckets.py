@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.sync.buckets import pack_bucket, plan_buckets, tensor_specs, unpack_bucket
+from orchestrator.weight_sync.buckets import pack_bucket, plan_buckets, tensor_specs, unpack_bucket
 
 
 def _named():

@@ -1,11 +1,11 @@
-"""Unit tests of orchestrator.sync.checksum: per-group weight checksums that survive vLLM's fused layouts."""
+"""Unit tests of orchestrator.weight_sync.checksum: per-group weight checksums that survive vLLM's fused layouts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from orchestrator.sync import WeightMismatchError, checksum_group, compare_checksums, group_checksums
+from orchestrator.weight_sync import WeightMismatchError, checksum_group, compare_checksums, group_checksums
 
 
 def test_checksum_group_names() -> None:

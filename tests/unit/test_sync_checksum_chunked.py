@@ -1,10 +1,10 @@
-"""The chunked float64 checksums (orchestrator/sync/checksum.py, issue 7) against closed forms."""
+"""The chunked float64 checksums (orchestrator/weight_sync/checksum.py, issue 7) against closed forms."""
 from __future__ import annotations
 
 import torch
 
-from orchestrator.sync import checksum
-from orchestrator.sync.checksum import group_checksums
+from orchestrator.weight_sync import checksum
+from orchestrator.weight_sync.checksum import group_checksums
 
 
 def test_multi_chunk_tensor_matches_closed_forms() -> None:

@@ -1,10 +1,12 @@
-"""Weight-sync cost model (orchestrator.sync.cost_model): hand-computed values and sanity anchors."""
+"""Weight-sync cost model (orchestrator.weight_sync.cost_model): hand-computed values and sanity anchors."""
 import math
 
 import pytest
 
-from orchestrator.sync.cost_model import (FABRICS, STRATEGIES, SyncSetup, SyncSetupError, choose_strategy,
-                                          predict_sync, setup_from_fabric)
+from orchestrator.weight_sync import (FABRICS, SyncSetup, SyncSetupError, choose_strategy, predict_sync,
+                                      setup_from_fabric, strategy_names)
+
+STRATEGIES = strategy_names()
 
 # B = 1e9 params * 2 bytes = 2e9 bytes in every hand-computed case below.
 BASE = dict(num_params=1e9, bytes_per_param=2, intra_gbps=10.0, inter_gbps=5.0, memcpy_gbps=10.0, store_gbps=10.0,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrator.sync.delta import DeltaPayload, apply_delta, encode_delta
+from orchestrator.weight_sync.delta import DeltaPayload, apply_delta, encode_delta
 
 
 def _weights(dtype, seed=0):

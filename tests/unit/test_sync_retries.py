@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.sync import WeightMismatchError
-from orchestrator.syncer import WeightSyncer
+from orchestrator.weight_sync import WeightMismatchError
+from orchestrator.weight_sync.syncer import WeightSyncer
 
 CFG = load_config("configs/grpo_arith_cpu.yaml")
 

@@ -2,7 +2,7 @@
 
 Each vLLM worker of a TP engine holds shards of the weights, so a resident read-back on one worker can never
 equal the trainer's full-tensor checksums. Each TP worker reports the checksums of the full tensors its weight
-loader consumed; the engine requires all of its workers to agree (orchestrator.sync.checksum.
+loader consumed; the engine requires all of its workers to agree (orchestrator.weight_sync.checksum.
 combine_worker_reports). The collective sync gives each TP worker its own rank.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.weight_sync import vllm_extension
+from actors.weight_sync import base, collective
 from actors.weight_sync.vllm_extension import WeightReceiverExtension
-from orchestrator.sync import WeightMismatchError
-from orchestrator.sync.checksum import combine_worker_reports, group_checksums
+from orchestrator.weight_sync import WeightMismatchError
+from orchestrator.weight_sync.checksum import combine_worker_reports, group_checksums
 
 GROUPS = {"model.layers.0.mlp": [1.5, 10.25, 6.0], "lm_head": [-2.0, 4.0, 3.0]}
 
@@ -81,11 +81,11 @@ def test_tp_worker_reports_the_full_tensors_it_loaded(monkeypatch) -> None:
     w = _worker(model)
     w._loaded_checksums = group_checksums([("proj.weight", full)])
     w.weight_version = 5
-    monkeypatch.setattr(vllm_extension, "_tp_position", lambda: (1, 2))
+    monkeypatch.setattr(base, "tp_position", lambda: (1, 2))
     rep = w.weight_checksums()
     assert rep["verified_on"] == "load" and rep["tp_rank"] == 1 and rep["version"] == 5
     assert rep["groups"] == {"proj": [66.0, 506.0, 12.0]}  # 0+1+...+11 = 66; 0^2+...+11^2 = 506
-    monkeypatch.setattr(vllm_extension, "_tp_position", lambda: (0, 1))
+    monkeypatch.setattr(base, "tp_position", lambda: (0, 1))
     resident = w.weight_checksums()
     assert resident["verified_on"] == "resident"
     assert resident["groups"] == {"proj": [6.0 + 7 + 8 + 9 + 10 + 11, 36.0 + 49 + 64 + 81 + 100 + 121, 6.0]}
@@ -93,13 +93,15 @@ def test_tp_worker_reports_the_full_tensors_it_loaded(monkeypatch) -> None:
 
 def test_tp_worker_joins_the_sync_group_at_base_rank_plus_tp_rank(monkeypatch) -> None:
     joined = []
-    monkeypatch.setattr(vllm_extension.collective, "join_group", lambda *a: joined.append(a))
-    monkeypatch.setattr(vllm_extension, "_tp_position", lambda: (1, 2))
+    monkeypatch.setattr(collective.collective_group, "join_group", lambda *a: joined.append(a))
+    monkeypatch.setattr(base, "tp_position", lambda: (1, 2))
     w = _worker(torch.nn.Linear(2, 2))
-    w.join_weight_group("gloo", 5, 3, "g", 10.0, [], 64.0)  # engine 1 of 2 with TP 2: ranks 3 and 4
+    info = {"backend": "gloo", "world_size": 5, "group": "g", "timeout_s": 10.0, "layout": [], "bucket_mb": 64.0,
+            "tensor_parallel_size": 2}
+    w.weight_sync("nccl", "connect", info, 1)  # engine 1 of 2 with TP 2: ranks 3 and 4
     assert joined == [("gloo", 5, 4, "g", 10.0)]
-    assert w._sync_group == ("g", [], 64.0, "cpu")
+    assert w._receivers["nccl"].group == ("g", [], 64.0, "cpu")
 
 
 def test_tp_position_outside_vllm_workers_is_rank_zero_of_one() -> None:
-    assert vllm_extension._tp_position() == (0, 1)
+    assert base.tp_position() == (0, 1)

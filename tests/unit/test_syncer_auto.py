@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from orchestrator.config import load_config
-from orchestrator.sync import choose_strategy, predict_sync, setup_from_fabric
-from orchestrator.syncer import choose_for_config
+from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric
+from orchestrator.weight_sync.syncer import choose_for_config
 
 
 def _cfg(*over):

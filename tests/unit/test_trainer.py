@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from actors.trainer import Trainer
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
-from orchestrator.sync import group_checksums
+from orchestrator.weight_sync import group_checksums
 
 
 @pytest.fixture(scope="module")

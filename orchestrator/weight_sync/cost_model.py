@@ -1,13 +1,15 @@
 """Weight-sync cost model: predicted seconds for each way trainer weights reach the rollout engines.
 
-Pure (no Ray, vLLM or torch). `weight_sync.strategy: auto` and `rl-orch plan sync` call it:
+Pure (no Ray, vLLM or torch). One `predict_<strategy>(setup) -> SyncEstimate` per strategy; the strategy
+registry (orchestrator/weight_sync/registry.py) names each strategy's predictor, and its `predict_sync` /
+`choose_strategy` (what `weight_sync.strategy: auto` and `rl-orch plan sync` call) go through it:
 
     setup = setup_from_fabric(70e9, 2, num_engines=8, gpus_per_engine=8, engine_nodes=8, inter="ib400")
-    predict_sync(setup)["nccl"].seconds; choose_strategy(setup)
+    predict_nccl(setup).seconds; orchestrator.weight_sync.predict_sync(setup)["nccl"].seconds
 
 Units: bytes, seconds, and GB/s = 1e9 bytes per second in one direction. Every strategy is a sum of
 phases that run one after another (encode -> transfer -> decode -> load); each formula sits in the
-docstring of its `_predict_*` function and in `SyncEstimate.notes`. Not modelled: the trainer-side
+docstring of its `predict_*` function and in `SyncEstimate.notes`. Not modelled: the trainer-side
 gather of sharded (FSDP) parameters, which comes before every strategy, and engines pausing generation.
 
 Notation used in the formulas: B = num_params * bytes_per_param (one full weight set), R = number of
@@ -36,8 +38,6 @@ FABRICS: dict[str, float] = {
     # Assumed: gloo over TCP between processes on one CPU host. The benchmark overrides it with a measurement.
     "loopback": 5.0,
 }
-
-STRATEGIES: tuple[str, ...] = ("nccl", "disk", "delta", "object_store")
 
 # NCCL's Simple protocol moves a broadcast through the ring in steps of NCCL_BUFFSIZE / NCCL_STEPS
 # = 4 MiB / 8 = 512 KiB (NCCL environment-variable documentation, defaults); each extra hop of the ring
@@ -187,7 +187,7 @@ def _load_s(s: SyncSetup) -> float:
     return s.weight_bytes / _gb(s.load_gbps)
 
 
-def _predict_nccl(s: SyncSetup) -> SyncEstimate:
+def predict_nccl(s: SyncSetup) -> SyncEstimate:
     """Bucketed, double-buffered pipelined ring broadcast from one trainer rank (NCCL; gloo on CPU).
 
     transfer = max(B / pack, B / link) + bucket / pack + n_buckets * (op_latency + R * step / link)
@@ -213,7 +213,7 @@ def _predict_nccl(s: SyncSetup) -> SyncEstimate:
     return SyncEstimate("nccl", transfer + load, s.receivers * b, transfer, load, notes=notes)
 
 
-def _predict_disk(s: SyncSetup) -> SyncEstimate:
+def predict_disk(s: SyncSetup) -> SyncEstimate:
     """Safetensors shards on a shared filesystem, then every engine rank reads the full set.
 
     transfer = B / fs_write + R * B / fs_read;  load = B / load_gbps
@@ -249,7 +249,7 @@ def _object_store_transfer(s: SyncSetup, payload: float) -> tuple[float, float]:
     return 2 * s.op_latency_s + put_s + across_s + read_s, moved
 
 
-def _predict_object_store(s: SyncSetup) -> SyncEstimate:
+def predict_object_store(s: SyncSetup) -> SyncEstimate:
     """The whole set of named tensors put once into the Ray object store; each engine fetches it.
 
     transfer = 2 * op_latency + B / store + N * B / inter + B / store;  load = B / load_gbps
@@ -263,7 +263,7 @@ def _predict_object_store(s: SyncSetup) -> SyncEstimate:
     return SyncEstimate("object_store", transfer + load, moved, transfer, load, notes=notes)
 
 
-def _predict_delta(s: SyncSetup) -> SyncEstimate:
+def predict_delta(s: SyncSetup) -> SyncEstimate:
     """Changed elements only: XOR of bf16 bit patterns against the engines' version, zstd, object store.
 
     encode = B / encode_gbps (the XOR pass runs over the full set, also when it ends in a fallback)
@@ -286,28 +286,6 @@ def _predict_delta(s: SyncSetup) -> SyncEstimate:
              f"{payload / 1e9:.3g} GB, f={f:g}, fallback above {s.max_changed_fraction:g}")
     return SyncEstimate("delta", encode + transfer + decode + load, moved, transfer, load,
                         encode_s=encode, decode_s=decode, notes=notes)
-
-
-_PREDICTORS = {"nccl": _predict_nccl, "disk": _predict_disk, "delta": _predict_delta,
-               "object_store": _predict_object_store}
-
-
-def predict_sync(setup: SyncSetup) -> dict[str, SyncEstimate]:
-    """Predicted cost of every strategy in STRATEGIES, keyed by name (formulas in each estimate's notes)."""
-    return {name: _PREDICTORS[name](setup) for name in STRATEGIES}
-
-
-def choose_strategy(setup: SyncSetup, candidates: tuple[str, ...] | list[str] = STRATEGIES) -> str:
-    """The candidate with the fewest predicted seconds; ties go to the earlier candidate.
-
-    Raises ValueError naming `candidates` when it is empty or holds an unknown strategy.
-    """
-    candidates = tuple(candidates)
-    unknown = [c for c in candidates if c not in _PREDICTORS]
-    if not candidates or unknown:
-        raise ValueError(f"candidates: expected a non-empty subset of {list(STRATEGIES)} (got {list(candidates)})")
-    estimates = predict_sync(setup)
-    return min(candidates, key=lambda c: estimates[c].seconds)
 
 
 def fabric_gbps(name: str, argument: str = "fabric") -> float:

@@ -1,0 +1,90 @@
+"""The weight-sync strategy registry: the one place that names the strategies (pure: no Ray, no vLLM).
+
+Each line maps a strategy name to the module holding its sender, its receiver and its description
+(`STRATEGY`, an `actors.weight_sync.base.WeightSyncStrategy`) and to its cost-model predictor. The
+config's allowed `weight_sync.strategy` values, `auto`'s candidates and `rl-orch plan sync` read it:
+
+    strategy_names()                  # ("nccl", "disk", "delta", "object_store", ...)
+    predict_sync(setup)["disk"]       # SyncEstimate of every strategy with a predictor
+    get("disk").load()                # the strategy object (imports its module: torch, maybe Ray)
+
+A new strategy is one module plus one `register(...)` line (below, or in your own code before the run
+starts; docs/extending_weight_sync.md). The module is imported only by `StrategyEntry.load`, so this
+file stays importable without Ray or torch.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from orchestrator.weight_sync.cost_model import (SyncEstimate, SyncSetup, predict_delta, predict_disk, predict_nccl,
+                                                 predict_object_store)
+
+Predictor = Callable[[SyncSetup], SyncEstimate]
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    """One registry line. `module`: dotted path of a module with a module-level `STRATEGY` object;
+    `predict`: the cost model's predictor (None: never chosen by `auto`, absent from `plan sync`)."""
+
+    name: str
+    module: str
+    predict: Optional[Predictor] = None
+
+    def load(self) -> Any:
+        """The strategy object `<module>.STRATEGY`; raises ImportError / AttributeError naming the module."""
+        strategy = getattr(importlib.import_module(self.module), "STRATEGY", None)
+        if strategy is None:
+            raise AttributeError(f"weight-sync strategy {self.name!r}: module {self.module} defines no STRATEGY")
+        return strategy
+
+
+_REGISTRY: dict[str, StrategyEntry] = {}
+
+
+def register(name: str, module: str, predict: Optional[Predictor] = None) -> StrategyEntry:
+    """Add (or replace) strategy `name`; returns its entry. Raises ValueError for "auto" or an empty name."""
+    if not name or name == "auto":
+        raise ValueError(f"weight-sync strategy name {name!r}: must be non-empty and not 'auto'")
+    _REGISTRY[name] = StrategyEntry(name, module, predict)
+    return _REGISTRY[name]
+
+
+register("nccl", "actors.weight_sync.collective", predict_nccl)
+register("disk", "actors.weight_sync.disk", predict_disk)
+register("delta", "actors.weight_sync.delta", predict_delta)
+register("object_store", "actors.weight_sync.object_store", predict_object_store)
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every registered strategy, in registration order (the config also accepts "auto")."""
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> StrategyEntry:
+    """The entry of `name`; raises ValueError naming `weight_sync.strategy` and the allowed values."""
+    if name not in _REGISTRY:
+        raise ValueError(f"weight_sync.strategy={name!r}: choose one of {sorted(_REGISTRY)} (or auto)")
+    return _REGISTRY[name]
+
+
+def predict_sync(setup: SyncSetup) -> dict[str, SyncEstimate]:
+    """Predicted cost of every registered strategy that has a predictor, keyed by name (formulas in each
+    estimate's notes, see orchestrator/weight_sync/cost_model.py)."""
+    return {e.name: e.predict(setup) for e in _REGISTRY.values() if e.predict is not None}
+
+
+def choose_strategy(setup: SyncSetup, candidates: Optional[tuple[str, ...] | list[str]] = None) -> str:
+    """The candidate with the fewest predicted seconds; ties go to the earlier candidate. `candidates`
+    defaults to every strategy with a predictor, in registration order.
+
+    Raises ValueError naming `candidates` when it is empty or holds a strategy without a predictor.
+    """
+    estimates = predict_sync(setup)
+    candidates = tuple(estimates) if candidates is None else tuple(candidates)
+    unknown = [c for c in candidates if c not in estimates]
+    if not candidates or unknown:
+        raise ValueError(f"candidates: expected a non-empty subset of {list(estimates)} (got {list(candidates)})")
+    return min(candidates, key=lambda c: estimates[c].seconds)

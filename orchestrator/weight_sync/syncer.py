@@ -1,0 +1,159 @@
+"""Controller side of weight sync: one generic syncer drives every strategy's sender (on the trainer)
+and receivers (in every rollout engine), then verifies what each engine holds.
+
+    syncer = make_syncer(cfg, trainer, engines)   # weight_sync.strategy: a registered name (registry.py)
+    metrics = syncer.sync(version)                # raises WeightMismatchError / TimeoutError, never hangs
+
+The strategies themselves live in actors/weight_sync/<strategy>.py (sender, receiver and the small
+controller-side hooks of `WeightSyncStrategy`); this file holds what they share. Verification (every
+strategy): each engine reports its weight version and per-group checksums; a wrong version or a
+differing group raises `WeightMismatchError` naming the engine and the tensor group, so no rollout runs
+on stale or corrupted weights. Every call waits at most `weight_sync.timeout_s`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import ray
+
+from actors.weight_sync.base import SyncContext, WeightSender
+from orchestrator.weight_sync import WeightMismatchError, compare_checksums, setup_from_fabric
+from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
+
+log = logging.getLogger(__name__)
+
+
+class WeightSyncer:
+    """Setup, transfer, verification, retries, timeouts and `sync/*` metrics of one strategy.
+
+    `strategy`: a registered name (default `weight_sync.strategy`; `auto` must be resolved first).
+    `setup()` (called by `make_syncer`) makes the trainer's sender and connects every engine's receiver.
+    `engine_versions[i]`: the version last verified on engine i (None before its first sync).
+    """
+
+    def __init__(self, cfg, trainer, engines: list, strategy: Optional[str] = None):
+        self.cfg, self.ws = cfg, cfg.weight_sync
+        self.trainer, self.engines = trainer, list(engines)
+        self.dtype = cfg.rollout.dtype
+        self.engine_versions: list[Optional[int]] = [None] * len(self.engines)
+        self.name = strategy or self.ws.strategy
+        if self.name == "auto":
+            raise ValueError("weight_sync.strategy=auto: resolve it first (choose_for_config)")
+        self.entry = get(self.name)
+        self.info: dict = {}
+
+    def _get(self, refs, what: str):
+        try:
+            return ray.get(refs, timeout=self.ws.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"weight sync ({self.name}): {what} did not finish within "
+                               f"weight_sync.timeout_s={self.ws.timeout_s:g}s") from None
+
+    def setup(self) -> None:
+        """One-time preparation before the first sync: the trainer's sender is made (`setup`), then the
+        sender and every engine's receiver `connect` at the same time (a collective group forms there)."""
+        self.strategy = self.entry.load()
+        tp = int(getattr(self.cfg.rollout, "tensor_parallel_size", 1) or 1)
+        ctx = SyncContext(engines=len(self.engines), tensor_parallel_size=tp, timeout_s=self.ws.timeout_s,
+                          dtype=self.dtype, options=self.strategy.options(self.ws))
+        self.info = self._get(self.trainer.weight_sync.remote(self.entry, "setup", ctx), "the sender's setup")
+        refs = [self.trainer.weight_sync.remote(self.entry, "connect", self.info)]
+        refs += [e.weight_sync.remote(self.entry, "connect", self.info, k) for k, e in enumerate(self.engines)]
+        self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
+
+    def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
+        """Bring engines `engine_ids` (default: all) to `version`; returns `sync/*` metrics."""
+        ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
+        t0 = time.perf_counter()
+        meta, reports = self._transfer(version, ids)
+        self.strategy.check_reports(version, reports)
+        self._verify(version, meta, reports)
+        self._after_verified(version)
+        seconds = time.perf_counter() - t0
+        metrics = self.strategy.metrics(meta, reports)
+        moved = metrics.get("sync/bytes", meta["bytes"])
+        metrics.update({"sync/seconds": seconds, "sync/version": version, "sync/bytes_full": meta["bytes"],
+                        "sync/bytes": moved, "sync/gbps": moved * len(ids) / max(seconds, 1e-9) / 1e9})
+        return metrics
+
+    def sync_with_retries(self, version: int, retries: int) -> dict:
+        """`sync(version)`, redone up to `retries` times (weight_sync.retries) when verification fails: a
+        corrupted or stale engine (WeightMismatchError). Returns the metrics of the attempt that passed, with
+        `sync/failures` = the failed attempts before it (Prometheus rl_orch_sync_failures_total). Raises the
+        last WeightMismatchError when every attempt failed; TimeoutError and other errors at once (a hung
+        transport is not retried)."""
+        for attempt in range(retries + 1):
+            try:
+                metrics = self.sync(version)
+            except WeightMismatchError as e:
+                if attempt == retries:
+                    raise
+                log.warning("weight sync to version %d failed verification (%s); redoing it (%d of %d)",
+                            version, e, attempt + 1, retries)
+                continue
+            metrics["sync/failures"] = attempt
+            return metrics
+        raise AssertionError("unreachable")
+
+    def _transfer(self, version: int, ids: list[int]) -> tuple[dict, dict[int, dict]]:
+        """The sender's send, then every engine's load (or both at once for a concurrent strategy);
+        returns (the sender's meta, {engine index: its checksum report})."""
+        if self.strategy.concurrent and len(ids) != len(self.engines):
+            raise ValueError(f"a {self.name} sync reaches every engine of the group; engine_ids must be all engines")
+        versions = {i: self.engine_versions[i] for i in ids}
+        payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
+                                                                                     versions)
+        if self.strategy.concurrent:  # the receivers meet the sender on the wire
+            loads = [self.engines[i].weight_sync.remote(self.entry, "load", None, version) for i in ids]
+            meta, *reports = self._get([meta_ref, *loads], f"the {self.name} transfer")
+        else:
+            meta = self._get(meta_ref, "the trainer's send")
+            loads = [self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids]
+            reports = self._get(loads, "engine loads")
+        return meta, dict(zip(ids, reports))
+
+    def _after_verified(self, version: int) -> None:
+        """The sender's clean-up once every engine was verified on this version (only for senders that
+        define one: no extra call otherwise)."""
+        if self.strategy.sender.after_verified is WeightSender.after_verified:
+            return
+        if all(v == version for v in self.engine_versions):
+            self._get(self.trainer.weight_sync.remote(self.entry, "after_verified", version),
+                      "the sender's clean-up")
+
+    def _verify(self, version: int, meta: dict, reports: dict[int, dict]) -> None:
+        for i, rep in reports.items():
+            if rep["version"] != version:
+                raise WeightMismatchError(f"rollout worker {i} reports weight version {rep['version']}, expected {version}")
+            if self.ws.verify:
+                compare_checksums(meta["groups"], rep["groups"], where=f"rollout worker {i}")
+            self.engine_versions[i] = version
+
+
+# Prior changed fraction for `auto` before any delta was measured: every fp32 element moves after an
+# Adam step; 16-bit weights mostly keep their bits at RL learning rates (benchmarks/RESULTS.md measures it).
+_PRIOR_CHANGED_FRACTION = {"float32": 1.0, "bfloat16": 0.25, "float16": 0.25}
+
+
+def choose_for_config(cfg, num_params: int, nbytes: int) -> tuple[str, str]:
+    """`weight_sync.strategy: auto`: the cheapest strategy predicted by the cost model for this run's
+    model size, engine count and `weight_sync.fabric`; returns (strategy, the prediction table)."""
+    f, ws = cfg.weight_sync.fabric, cfg.weight_sync
+    setup = setup_from_fabric(num_params, nbytes / max(num_params, 1), cfg.rollout.num_workers, 1, f.engine_nodes,
+                              intra=f.intra_node, inter=f.inter_node, fs_write_gbps=f.fs_write_gbps,
+                              fs_read_gbps=f.fs_read_gbps, bucket_mb=ws.bucket_mb,
+                              changed_fraction=_PRIOR_CHANGED_FRACTION[cfg.rollout.dtype],
+                              max_changed_fraction=ws.delta.max_changed_fraction)
+    estimates = predict_sync(setup)
+    table = "\n".join(f"  {k:<13} {e.seconds:9.3f} s predicted" for k, e in estimates.items())
+    return choose_strategy(setup), table
+
+
+def make_syncer(cfg, trainer, engines: list, strategy: Optional[str] = None) -> WeightSyncer:
+    """The syncer for `strategy` (default `weight_sync.strategy`; `auto` must be resolved first), set up.
+    Raises ValueError naming `weight_sync.strategy` and the registered names for an unknown strategy."""
+    syncer = WeightSyncer(cfg, trainer, engines, get(strategy or cfg.weight_sync.strategy).name)
+    syncer.setup()
+    return syncer

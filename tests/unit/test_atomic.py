@@ -1,0 +1,35 @@
+"""orchestrator.atomic.atomic_dir: a folder appears complete or not at all."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.atomic import atomic_dir, is_temporary
+
+
+def test_the_folder_appears_only_when_the_block_ends(tmp_path):
+    final = tmp_path / "sub" / "v1"
+    with atomic_dir(final) as tmp:
+        (tmp / "a.txt").write_text("x")
+        assert not final.exists() and is_temporary(tmp.name) and tmp.parent == final.parent
+    assert (final / "a.txt").read_text() == "x"
+    assert [p.name for p in final.parent.iterdir()] == ["v1"]
+
+
+def test_an_existing_folder_is_replaced(tmp_path):
+    final = tmp_path / "ckpt"
+    (final / "old").mkdir(parents=True)
+    with atomic_dir(final, fsync=False) as tmp:
+        (tmp / "new").write_text("y")
+    assert sorted(p.name for p in final.iterdir()) == ["new"]
+
+
+def test_an_error_leaves_the_final_folder_untouched_and_no_temporary(tmp_path):
+    final = tmp_path / "ckpt"
+    final.mkdir()
+    (final / "keep").write_text("k")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_dir(final) as tmp:
+            (tmp / "half").write_text("h")
+            raise RuntimeError("disk full")
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
+    assert [p.name for p in final.iterdir()] == ["keep"]
