@@ -10,9 +10,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors import prefix_share
-from actors.forward import batch_logprobs
-from actors import attention
+from actors.trainer import prefix_share
+from actors.trainer.forward import batch_logprobs
+from actors.trainer import attention
 from actors.pinning import pin_from_env_count
 
 
@@ -20,8 +20,8 @@ class Reference:
     """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)], in padded
     micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens.
     `shared_prefix` (trainer.shared_prefix): padded micro-batches run each distinct prompt once
-    (actors/prefix_share.py); ignored with packed rows or a model that path does not support.
-    `attn_implementation` (trainer.attn_implementation): see actors/attention.py."""
+    (actors/trainer/prefix_share.py); ignored with packed rows or a model that path does not support.
+    `attn_implementation` (trainer.attn_implementation): see actors/trainer/attention.py."""
 
     def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
                  pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None,

@@ -6,7 +6,7 @@ The trainer's profile (benchmarks/RESULTS.md, "Inside the big phases") showed `_
 per-tensor loop torch picks for CPU tensors by default, at about 7% of the train phase. This times one
 `optimizer.step()` over SmolLM2-135M-Instruct's parameters (fp32, random gradients) for each
 implementation, alternated twice, after one warm-up step each, and prints the ratio fused / default.
-The trainer uses the fused kernel (actors/trainer.py).
+The trainer uses the fused kernel (actors/trainer/trainer.py).
 """
 from __future__ import annotations
 

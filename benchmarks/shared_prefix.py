@@ -1,4 +1,4 @@
-"""Shared-prompt forward benchmark (`trainer.shared_prefix`, actors/prefix_share.py): a full
+"""Shared-prompt forward benchmark (`trainer.shared_prefix`, actors/trainer/prefix_share.py): a full
 `Trainer.train_step` (forward + backward + AdamW step, fp32) with the prompt run once per group against
 the plain prompt+response forward.
 
@@ -39,7 +39,7 @@ from transformers import AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors import prefix_share  # noqa: E402
-from actors.trainer import Trainer  # noqa: E402
+from actors.trainer.trainer import Trainer  # noqa: E402
 from orchestrator.algo import TrainBatch  # noqa: E402
 from orchestrator.config.load import load_config  # noqa: E402
 from orchestrator.data.chat import render_prompt_ids  # noqa: E402
@@ -98,7 +98,7 @@ def profile_micro_batch(trainers: dict, batch: TrainBatch, mbs: int, top: int) -
     each variant after one warm-up call; prints the top ops by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from actors.forward import collate
+    from actors.trainer.forward import collate
 
     for name, t in trainers.items():
         part = micro_batches(batch, mbs, name != "plain")[0]
@@ -168,7 +168,7 @@ def main() -> None:
     for k in variants[1:]:
         diff = max(abs(x - y) for ra, rb in zip(lps["plain"], lps[k]) for x, y in zip(ra, rb))
         print(f"max |logprob difference| {k} vs plain (same weights, fp32): {diff:.2e}; "
-              f"shared prefix in use: {trainers[k]._shared_prefix_on}")
+              f"shared prefix in use: {trainers[k].shared_prefix_on}")
 
     for t in trainers.values():  # warm-up (allocator, oneDNN kernels), untimed
         t.train_step(batch)

@@ -52,7 +52,7 @@ def old_checksums(named) -> dict:
 def bench_checksums(named, repeats: int) -> None:
     from orchestrator.weight_sync.checksum import compare_checksums, group_checksums
 
-    # what the trainer checksums (actors/trainer.py weights_for_sync): the tied head again, as lm_head
+    # what the trainer checksums (actors/trainer/trainer.py weights_for_sync): the tied head again, as lm_head
     named = named + [("lm_head.weight", t) for k, t in named if k == "model.embed_tokens.weight"]
     old_s, new_s = [], []
     for _ in range(repeats):

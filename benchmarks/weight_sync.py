@@ -282,7 +282,7 @@ def transport(label: str, num_params: float, repeats: int, bucket_mb: float, tmp
 
 def delta_after_real_step(lr: float) -> dict:
     """Part 2: one real optimizer step of the default model; bf16 delta size against the full set."""
-    from actors.trainer import Trainer
+    from actors.trainer.trainer import Trainer
     from orchestrator.algo import TrainBatch
     from orchestrator.config import load_config
     from orchestrator.data import load_examples, render_prompt_ids
@@ -322,7 +322,7 @@ def delta_after_real_step(lr: float) -> dict:
 def end_to_end(steps: int) -> list[dict]:
     """Part 3: each strategy through the syncer into one real vLLM engine (bf16), verified."""
     from actors.rollout.worker import RolloutWorkerActor
-    from actors.trainer import TrainerActor
+    from actors.trainer.trainer import TrainerActor
     from orchestrator.config import load_config
     from orchestrator.models import resolve_model_path
     from orchestrator.weight_sync.syncer import make_syncer

@@ -5,8 +5,8 @@
     # /ckpt/step_10 now holds exactly what was written, or is unchanged if the block raised
 
 A reader never sees a half-written folder: the rename (os.replace) is atomic on one filesystem. Used by
-the disk weight sync (actors/weight_sync/disk.py) and the trainers' checkpoints (actors/trainer.py,
-actors/distributed.py). Pure (standard library only).
+the disk weight sync (actors/weight_sync/disk.py) and the trainers' checkpoints (actors/trainer/trainer.py,
+actors/trainer/sharded.py). Pure (standard library only).
 """
 from __future__ import annotations
 

@@ -221,15 +221,15 @@ def slot_env(slot: ActorSlot) -> dict[str, str]:
 
 
 def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
-    """One TrainerActor, or D = trainer.num_workers ShardedTrainerActor ranks (FSDP2, actors/distributed.py)
+    """One TrainerActor, or D = trainer.num_workers ShardedTrainerActor ranks (FSDP2, actors/trainer/sharded.py)
     that form one torch.distributed group while they start; rank 0 first."""
-    from actors.trainer import TrainerActor
+    from actors.trainer.trainer import TrainerActor
 
     args = (model_path, cfg.trainer, cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens, pad_id)
     d = cfg.trainer.num_workers
     if d == 1:
         return [TrainerActor.options(**opts("trainer")).remote(*args)]
-    from actors.distributed import ShardedTrainerActor
+    from actors.trainer.sharded import ShardedTrainerActor
 
     group = f"trainer-{uuid.uuid4().hex[:12]}"
     return [ShardedTrainerActor.options(**opts("trainer", r)).remote(

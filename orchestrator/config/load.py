@@ -267,7 +267,7 @@ def _check_lora_and_moe(cfg) -> None:
 def _check_data_parallel(cfg, mini_batch: int) -> None:
     """trainer.num_workers (D, FSDP2 ranks) >= 1; with D > 1 every mini-batch splits evenly over the ranks
     (each rank takes an equal share; with packing, ranks whose shards pack into fewer rows run empty
-    micro-batches so that FSDP's collectives line up, actors/distributed.py)."""
+    micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py)."""
     d = cfg.trainer.num_workers
     if not d >= 1:
         raise ConfigError(f"trainer.num_workers={d!r} must be >= 1 (the number of FSDP2 trainer ranks)")

@@ -11,8 +11,8 @@ import pytest
 import ray
 import torch
 
-from actors.distributed import ShardedTrainerActor
-from actors.trainer import Trainer
+from actors.trainer.sharded import ShardedTrainerActor
+from actors.trainer.trainer import Trainer
 from tests.integration.conftest import ray_local, tiny_model  # noqa: F401 (fixtures)
 from tests.integration.test_fsdp import _batch, _cfgs
 

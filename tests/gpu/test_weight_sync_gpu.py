@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from actors.rollout.worker import RolloutWorkerActor
-from actors.trainer import TrainerActor
+from actors.trainer.trainer import TrainerActor
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.weight_sync.syncer import make_syncer

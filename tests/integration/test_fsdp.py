@@ -1,4 +1,4 @@
-"""FSDP2 data-parallel trainer (trainer.num_workers = D, actors/distributed.py) on Ray, CPU, gloo, D = 2.
+"""FSDP2 data-parallel trainer (trainer.num_workers = D, actors/trainer/sharded.py) on Ray, CPU, gloo, D = 2.
 
 - One update of D = 2 ranks equals one update of a single trainer on the same global batch (every
   parameter, fp32, tight tolerance), with one and with two mini-batches (old logprobs sharded too).
@@ -17,8 +17,8 @@ import ray
 import torch
 from omegaconf import OmegaConf
 
-from actors.distributed import SHARDED_DIR, ShardedTrainerActor
-from actors.trainer import Trainer
+from actors.trainer.sharded import SHARDED_DIR, ShardedTrainerActor
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig

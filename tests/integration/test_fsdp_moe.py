@@ -7,7 +7,7 @@ one collective per unit; these tests show that such an expert neither hangs the 
 - without the router aux loss, the two ranks' update equals a single trainer's on the same global batch,
   padded and packed (where one rank also runs empty micro-batches);
 - with the aux loss (computed per rank over the rank's own real tokens, as in Megatron-LM; see
-  actors/moe_loss.py) the ranks train, report `actor/router_aux_loss` and the expert-load metrics, and
+  actors/trainer/moe_loss.py) the ranks train, report `actor/router_aux_loss` and the expert-load metrics, and
   the router weights move differently from the run without it.
 
 Run: .venv/bin/python -m pytest -q tests/integration/test_fsdp_moe.py
@@ -19,8 +19,8 @@ import ray
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from actors.forward import collate
-from actors.trainer import Trainer
+from actors.trainer.forward import collate
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from tests.integration.test_fsdp import _batch, _cfgs, _ranks
 from tests.integration.test_fsdp_packing_lora import ADAM_ATOL, BUDGET, _assert_close_and_moved, _rows, _uneven_batch

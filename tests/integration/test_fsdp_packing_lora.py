@@ -19,8 +19,8 @@ import ray
 import torch
 from safetensors.torch import load_file
 
-from actors.distributed import SHARDED_DIR
-from actors.trainer import Trainer
+from actors.trainer.sharded import SHARDED_DIR
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.algo.packing import pack_first_fit_decreasing
 from orchestrator.controller import GRPOController

@@ -15,7 +15,7 @@ import ray
 import torch
 
 from actors.rollout.worker import RolloutWorkerActor
-from actors.trainer import TrainerActor
+from actors.trainer.trainer import TrainerActor
 from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.weight_sync import WeightMismatchError

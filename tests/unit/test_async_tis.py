@@ -13,7 +13,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from actors.trainer import Trainer
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama

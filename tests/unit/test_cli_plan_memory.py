@@ -25,7 +25,7 @@ def test_lora_on_8b_fits_24_gib(capsys):
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "[not in rl-orch yet: CPU offload]" in out
-    # LoRA on several FSDP2 trainer ranks is carried out (actors/distributed.py): suggested unmarked
+    # LoRA on several FSDP2 trainer ranks is carried out (actors/trainer/sharded.py): suggested unmarked
     assert "trainer.num_workers=2 (FSDP shards): " in out and "LoRA with trainer.num_workers" not in out
 
 

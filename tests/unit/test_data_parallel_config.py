@@ -30,7 +30,7 @@ def test_each_mini_batch_must_split_evenly_over_the_ranks():
 
 
 def test_lora_and_packing_are_accepted_with_several_ranks():
-    # both work on FSDP2 ranks (actors/distributed.py; tests/integration/test_fsdp_packing_lora.py)
+    # both work on FSDP2 ranks (actors/trainer/sharded.py; tests/integration/test_fsdp_packing_lora.py)
     cfg = load_config(CPU_YAML, ["trainer.num_workers=2", "trainer.lora.rank=8"])
     assert (cfg.trainer.num_workers, cfg.trainer.lora.rank) == (2, 8)
     cfg = load_config(CPU_YAML, ["trainer.num_workers=2", "trainer.packing=true", "trainer.micro_batch_tokens=4096"])

@@ -115,7 +115,7 @@ def test_config_and_trainer_use_the_loss_from_algo_plugins(tmp_path) -> None:
     assert load_config(CPU_YAML, ["algo.policy_loss=cispo", f"algo.plugins=[{LOSS_FILE}]"]).algo.policy_loss == "cispo"
     POLICY_LOSSES.unregister("cispo")  # a trainer actor is a fresh process: it imports algo.plugins itself
     sys.modules.pop(f"rl_orch_plugin_{LOSS_FILE.stem}", None)
-    from actors.trainer import Trainer
+    from actors.trainer.trainer import Trainer
 
     folder = save_tiny_llama(tmp_path / "tiny")
     tc = OmegaConf.structured(TrainerConfig)

@@ -1,4 +1,4 @@
-"""LoRA in the Trainer (actors/lora.py) on a tiny random Llama: only adapters train, merged weights are
+"""LoRA in the Trainer (actors/trainer/lora.py) on a tiny random Llama: only adapters train, merged weights are
 peft's merge, checkpoints round-trip, bad targets and settings fail clearly."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import Trainer
+from actors.trainer.trainer import Trainer
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 from orchestrator.config import load_config
 from orchestrator.config.load import ConfigError
@@ -116,8 +116,8 @@ def test_bad_lora_and_moe_settings_are_config_errors(override, message):
 
 
 def test_merge_from_a_full_state_dict_equals_the_live_merge(tiny, tmp_path):
-    # FSDP2 ranks (actors/distributed.py) merge from gathered full tensors instead of the live layers
-    from actors import lora
+    # FSDP2 ranks (actors/trainer/sharded.py) merge from gathered full tensors instead of the live layers
+    from actors.trainer import lora
 
     t = _trainer(tiny)
     t.train_step(_batch(seed=5))

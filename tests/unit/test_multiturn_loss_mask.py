@@ -14,8 +14,8 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from actors.forward import LOSS_MASK, apply_loss_mask, collate, collate_packed, forward_logprobs, per_sequence
-from actors.trainer import Trainer
+from actors.trainer.forward import LOSS_MASK, apply_loss_mask, collate, collate_packed, forward_logprobs, per_sequence
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.trainer import _fused_ok, keep_fused
+from actors.trainer.trainer import _fused_ok, keep_fused
 
 
 def test_a_checkpoint_without_fused_gets_the_fused_kernel_back():

@@ -1,4 +1,4 @@
-"""The GRPO shared-prompt forward (actors/prefix_share.py, `trainer.shared_prefix`) on a tiny random Llama:
+"""The GRPO shared-prompt forward (actors/trainer/prefix_share.py, `trainer.shared_prefix`) on a tiny random Llama:
 the same per-token logprobs, loss, gradients, updates and reference logprobs as the plain prompt+response
 forward (fp32), fewer tokens through the decoder, and the documented fallbacks."""
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-from actors import prefix_share
-from actors.forward import collate, forward_logprobs
+from actors.trainer import prefix_share
+from actors.trainer.forward import collate, forward_logprobs
 from actors.reference import Reference
-from actors.trainer import Trainer
+from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from tests.unit.trainer_helpers import save_tiny_llama
@@ -236,7 +236,7 @@ def test_train_step_on_and_off_give_the_same_weights(tiny, shared_calls, over, l
     # reference logprobs near the policy's (k3 KL stays moderate): the plain path's, shifted by 0.1
     batch.ref_logprobs = [[v + 0.1 for v in r] for r in off.logprobs(batch.prompt_ids, batch.response_ids)]
     ma, mb = on.train_step(batch), off.train_step(batch)
-    assert shared_calls and on._shared_prefix_on and not off._shared_prefix_on
+    assert shared_calls and on.shared_prefix_on and not off.shared_prefix_on
     assert ma["actor/kl"] > 0
     _assert_same_update(on, off, ma, mb)
 
@@ -281,19 +281,19 @@ def test_fallback_trains_like_the_plain_path(tiny, shared_calls, over, reason, c
     on, off = _trainer(tiny, True, **over), _trainer(tiny, False, **over)
     on._initial = [p.detach().clone() for p in on.model.parameters()]
     assert reason in prefix_share.trainer_fallback_reason(on)
-    with caplog.at_level("WARNING", logger="actors.prefix_share"):
+    with caplog.at_level("WARNING", logger="actors.trainer.prefix_share"):
         ma, mb = on.train_step(_batch()), off.train_step(_batch())
         _assert_same_update(on, off, ma, mb)
         on.train_step(_batch(seed=1))
-    assert not shared_calls and not on._shared_prefix_on
+    assert not shared_calls and not on.shared_prefix_on
     assert sum("trainer.shared_prefix" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 
 def test_fallback_reasons_for_moe_fsdp_and_models(tiny, model, tmp_path):
     cfg = OmegaConf.structured(TrainerConfig)
-    fake = SimpleNamespace(cfg=cfg, model=model, _moe=None, dp_size=1)
+    fake = SimpleNamespace(cfg=cfg, model=model, router_aux=None, dp_size=1)
     assert prefix_share.trainer_fallback_reason(fake) is None
-    assert "router" in prefix_share.trainer_fallback_reason(SimpleNamespace(**{**vars(fake), "_moe": object()}))
+    assert "router" in prefix_share.trainer_fallback_reason(SimpleNamespace(**{**vars(fake), "router_aux": object()}))
     assert "FSDP2" in prefix_share.trainer_fallback_reason(SimpleNamespace(**{**vars(fake), "dp_size": 2}))
     cfg_off = OmegaConf.merge(cfg, {"shared_prefix": False})
     assert "false" in prefix_share.trainer_fallback_reason(SimpleNamespace(**{**vars(fake), "cfg": cfg_off}))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from actors.trainer import Trainer
+from actors.trainer.trainer import Trainer
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from orchestrator.weight_sync import group_checksums

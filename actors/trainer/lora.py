@@ -1,7 +1,7 @@
 """LoRA for the policy trainer through peft: wrap the model, export merged weights, checkpoint adapters.
 
 With `trainer.lora.rank > 0` the trainer's model gets peft LoRA layers injected (in place: the model
-object stays the transformers class, so `actors/forward.py`'s fast path and every `self.model` use keep
+object stays the transformers class, so `actors/trainer/forward.py`'s fast path and every `self.model` use keep
 working); only the adapter matrices require gradients. Weight sync and the checkpoint's `policy/` folder
 get *merged* weights ``W + (alpha / rank) * B @ A`` (peft's `get_delta_weight`) under the base model's
 HF names, computed without touching the live parameters, so the existing senders, checksums and vLLM
@@ -11,7 +11,7 @@ engines see a normal dense model. The adapter itself (peft format) goes to `poli
     peft_model = apply_lora(model, cfg.trainer.lora)        # None when rank == 0
     named = merged_state_dict(model)                         # {HF name: tensor}, lora_* entries folded in
 
-FSDP2-sharded trainers (trainer.num_workers > 1, actors/distributed.py) shard the adapters with the
+FSDP2-sharded trainers (trainer.num_workers > 1, actors/trainer/sharded.py) shard the adapters with the
 layers; they gather the full state dict first and pass it as `state=` to `merged_state_dict`,
 `save_merged` and `save_adapter`, and restore a single trainer's adapter with `adapter_tensors`.
 """

@@ -31,11 +31,11 @@ train_step 1.77x faster than plain by CPU time, against 1.40x for "cache" (1 tor
 
 Only the response-scoring hidden states go through the output projection (the LM head), and the
 per-token logprobs (`token_logprobs`, log_softmax(logits / T), case C03) are scattered onto the
-`MicroBatch.mask` layout of `actors.forward.collate`, so the loss code (clip, TIS, KL, C01/C02
+`MicroBatch.mask` layout of `actors.trainer.forward.collate`, so the loss code (clip, TIS, KL, C01/C02
 aggregation, multi-turn loss mask) is unchanged. Advantages keep using rollout group ids (case C04):
 prompts are matched here only to share computation.
 
-Falls back to the plain prompt+response forward (`actors.forward.forward_logprobs`), logged once per
+Falls back to the plain prompt+response forward (`actors.trainer.forward.forward_logprobs`), logged once per
 trainer, when: trainer.packing is on (packed rows have no per-sample prompt to share), the MoE router
 loss is on (it needs router logits of every token), gradient checkpointing is on (transformers turns the
 KV cache off in checkpointed training layers), the trainer has D > 1 FSDP2 ranks (the sharded root is
@@ -50,8 +50,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from actors.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
-from actors.forward import collate, forward_logprobs, response_values
+from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
+from actors.trainer.forward import collate, forward_logprobs, response_values
 from orchestrator.algo import token_logprobs
 
 log = logging.getLogger(__name__)
@@ -74,16 +74,16 @@ def model_fallback_reason(model) -> Optional[str]:
 
 
 def trainer_fallback_reason(trainer) -> Optional[str]:
-    """None when the `Trainer` (actors/trainer.py) can use the shared-prompt forward, else why not.
+    """None when the `Trainer` (actors/trainer/trainer.py) can use the shared-prompt forward, else why not.
 
-    Reads trainer.cfg (TrainerConfig), trainer.model, trainer._moe (router loss, None if off), trainer.dp_size.
+    Reads trainer.cfg (TrainerConfig), trainer.model, trainer.router_aux (router loss, None if off), trainer.dp_size.
     """
     cfg = trainer.cfg
     if not cfg.shared_prefix:
         return "trainer.shared_prefix is false"
     if cfg.packing:
         return "trainer.packing is on (packed rows are used instead)"
-    if getattr(trainer, "_moe", None) is not None:
+    if getattr(trainer, "router_aux", None) is not None:
         return "the MoE router loss needs router logits of every prompt+response token"
     if cfg.gradient_checkpointing:
         return "trainer.gradient_checkpointing: transformers turns the KV cache off in checkpointed layers"
@@ -94,13 +94,13 @@ def trainer_fallback_reason(trainer) -> Optional[str]:
 
 def enabled(trainer) -> bool:
     """Whether `trainer` uses the shared-prompt forward; decided on first call, a fallback logged once."""
-    on = getattr(trainer, "_shared_prefix_on", None)
+    on = getattr(trainer, "shared_prefix_on", None)
     if on is None:
         reason = trainer_fallback_reason(trainer)
         on = reason is None
         if not on and trainer.cfg.shared_prefix:
             log.warning("trainer.shared_prefix: using the plain prompt+response forward because %s", reason)
-        trainer._shared_prefix_on = on
+        trainer.shared_prefix_on = on
     return on
 
 
@@ -329,7 +329,7 @@ def batch_logprobs(model, prompt_ids, response_ids, temperature: float, micro_ba
 
 def trainer_batch_logprobs(trainer, prompt_ids, response_ids) -> list[list[float]]:
     """`Trainer.logprobs` / `_old_logprobs`: `batch_logprobs` above when `enabled(trainer)`, else the
-    plain `actors.forward.batch_logprobs` (packed rows with trainer.packing)."""
+    plain `actors.trainer.forward.batch_logprobs` (packed rows with trainer.packing)."""
     cfg = trainer.cfg
     if enabled(trainer):
         return batch_logprobs(trainer.model, prompt_ids, response_ids, trainer.temperature, cfg.micro_batch_size,

@@ -6,8 +6,8 @@ one normaliser computed for the whole mini-batch first (`loss_normalizer`, cases
 update does not depend on the micro-batch size, nor on packing (`trainer.packing`: micro-batches are
 rows of `micro_batch_tokens` tokens, first-fit decreasing, case C11). AdamW, linear warmup then cosine decay, gradient
 clipping, fp32 or bf16 autocast with fp32 master weights. Optional gradient checkpointing, LoRA
-adapters (actors/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
-the router load-balancing loss over real tokens (actors/moe_loss.py, case C12).
+adapters (actors/trainer/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
+the router load-balancing loss over real tokens (actors/trainer/moe_loss.py, case C12).
 """
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors import attention
+from actors.trainer import attention
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
-from actors.forward import collate
-from actors.forward import collate_packed, per_sequence, split_micro_batches
-from actors.forward import LOSS_MASK, apply_loss_mask
-from actors import lora
-from actors import prefix_share
-from actors.moe_loss import RouterAux
+from actors.trainer.forward import collate
+from actors.trainer.forward import collate_packed, per_sequence, split_micro_batches
+from actors.trainer.forward import LOSS_MASK, apply_loss_mask
+from actors.trainer import lora
+from actors.trainer import prefix_share
+from actors.trainer.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.atomic import atomic_dir
 from orchestrator.weight_sync import group_checksums
@@ -54,15 +54,17 @@ class Trainer:
         self.attn_implementation = attention.attn_implementation_for(trainer_cfg, trainer_cfg.packing)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                           **attention.load_kwargs(self.attn_implementation)).to(device)
+        # the shared-prompt forward (prefix_share.enabled decides on first use; None = not decided yet)
+        self.shared_prefix_on: Optional[bool] = None
         if self.attn_implementation == "flash_attention_2" and trainer_cfg.shared_prefix:
-            self._shared_prefix_on = False  # its masked attention over the gathered prompt cache needs SDPA/eager
+            self.shared_prefix_on = False  # its masked attention over the gathered prompt cache needs SDPA/eager
         if trainer_cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # LoRA layers injected in place (self.model stays the HF class); None = full fine-tuning
         self.peft = lora.apply_lora(self.model, trainer_cfg.lora)
-        self._moe = RouterAux.for_model(self.model, trainer_cfg.router_aux_loss_coef)  # None for dense models
+        self.router_aux = RouterAux.for_model(self.model, trainer_cfg.router_aux_loss_coef)  # None for dense models
         self.model.train()
-        self.model = self._prepare_model(self.model)  # FSDP2 sharding with D > 1 (actors/distributed.py)
+        self.model = self._prepare_model(self.model)  # FSDP2 sharding with D > 1 (actors/trainer/sharded.py)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         # fused: one kernel over all tensors (CPU and CUDA); 0.145 s against 0.678 s per step for the
         # default per-tensor loop on SmolLM2-135M, 2 CPU threads (benchmarks/optimizer_step.py, RESULTS.md)
@@ -120,8 +122,8 @@ class Trainer:
         norm = loss_normalizer(resp_mask, self.algo.loss_agg, max_response_len=self.max_new_tokens,
                                dp_size=self.dp_size)
         idx, old_lp = self._local_shard(idx, old_lp)  # this rank's part of the mini-batch (all of it when D = 1)
-        if self._moe is not None:
-            self._moe.start(sum(len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx))
+        if self.router_aux is not None:
+            self.router_aux.start(sum(len(batch.prompt_ids[i]) + len(batch.response_ids[i]) for i in idx))
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         # padded groups of micro_batch_size, or packed rows of micro_batch_tokens (trainer.packing, case C11)
@@ -152,8 +154,8 @@ class Trainer:
         out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
         out["actor/loss"] = loss  # the mini-batch loss: micro-batch losses add up to it
         out["actor/token_occupancy"], out["actor/micro_batches"] = occupancy, float(len(groups))
-        if self._moe is not None:
-            out.update(self._moe.finish())
+        if self.router_aux is not None:
+            out.update(self.router_aux.finish())
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")  # 0 = no clipping
         out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
@@ -167,8 +169,8 @@ class Trainer:
         return out
 
     def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
-        router = [] if self._moe is not None else None  # MoE: per-layer router logits of this forward
-        # each distinct prompt once when trainer.shared_prefix applies (actors/prefix_share.py), else forward_logprobs
+        router = [] if self.router_aux is not None else None  # MoE: per-layer router logits of this forward
+        # each distinct prompt once when trainer.shared_prefix applies (actors/trainer/prefix_share.py), else forward_logprobs
         logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch.prompt_ids[i] for i in part],
                                                      [batch.response_ids[i] for i in part], router)
         real_tokens_mask = mb.attention_mask
@@ -187,8 +189,8 @@ class Trainer:
                             ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
                             rollout_logprobs=rollout if use_tis else None)  # TIS against the sampler's logprobs
         loss, m = compute_policy_loss(inputs, self.algo)  # the registered `algo.policy_loss` (orchestrator/algo/loss.py)
-        if self._moe is not None:  # router load-balancing loss over real tokens (case C12)
-            loss = loss + self._moe.add(router, real_tokens_mask)
+        if self.router_aux is not None:  # router load-balancing loss over real tokens (case C12)
+            loss = loss + self.router_aux.add(router, real_tokens_mask)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite loss {loss.item()} at optimizer step {self.step}")
         loss.backward()
@@ -202,7 +204,7 @@ class Trainer:
         out["actor/tokens"] = tokens
         return out
 
-    # ---- data-parallel hooks: identities for D = 1; ShardedTrainer (actors/distributed.py) overrides them --
+    # ---- data-parallel hooks: identities for D = 1; ShardedTrainer (actors/trainer/sharded.py) overrides them --
     dp_size = 1
 
     def _prepare_model(self, model):
@@ -223,7 +225,7 @@ class Trainer:
         return 0
 
     def _empty_micro_batch(self) -> None:
-        raise NotImplementedError("only data-parallel ranks (actors/distributed.py) run empty micro-batches")
+        raise NotImplementedError("only data-parallel ranks (actors/trainer/sharded.py) run empty micro-batches")
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
@@ -258,7 +260,7 @@ class Trainer:
 
     def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
         """The policy's state under HF names; with LoRA the merged weights (`merge=False`: same names and
-        shapes, base tensors, nothing computed), see actors/lora.py."""
+        shapes, base tensors, nothing computed), see actors/trainer/lora.py."""
         return self.model.state_dict() if self.peft is None else lora.merged_state_dict(self.model, merge)
 
     def sync_size(self, dtype: str) -> tuple[int, int]:
@@ -311,7 +313,7 @@ class Trainer:
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         else:  # written by FSDP2 ranks (trainer.num_workers > 1): model + optimizer in DCP files, any D
-            from actors.distributed import SHARDED_DIR, load_sharded
+            from actors.trainer.fsdp import SHARDED_DIR, load_sharded
             load_sharded(self.model, self.optimizer, Path(folder) / SHARDED_DIR)
         keep_fused(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
