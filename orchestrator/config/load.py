@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
-from orchestrator.config.schema import CHOICES, Config, RewardFunctionConfig
-from orchestrator.weight_sync.registry import strategy_names
+from orchestrator.config.fields import check_fields
+from orchestrator.config.schema import Config, RewardFunctionConfig
 
 
 class ConfigError(ValueError):
@@ -98,38 +98,10 @@ def validate(cfg) -> None:
     """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
     Imports `algo.plugins` first, so that the names they register are allowed."""
     _import_algo_plugins(cfg)
-    for key, allowed in CHOICES.items():
-        if key == "weight_sync.strategy":  # strategies registered after import count too
-            allowed = (*strategy_names(), "auto")
-        value = _get(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
-    positive = ["rollout.n", "rollout.prompts_per_step", "rollout.num_workers", "rollout.max_new_tokens",
-                "trainer.total_steps", "trainer.micro_batch_size", "trainer.mini_batches",
-                "reward.timeout_s", "reward.num_workers", "placement.timeout_s", "trainer.lr",
-                "rollout.temperature", "rollout.max_model_len", "run.phase_timeout_s",
-                "weight_sync.bucket_mb", "weight_sync.timeout_s", "weight_sync.disk.shard_mb",
-                "weight_sync.fabric.fs_write_gbps", "weight_sync.fabric.fs_read_gbps",
-                "rollout.tensor_parallel_size", "sizing.warmup_steps"]
-    for key in positive:
-        if not _get(cfg, key) > 0:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} must be > 0")
-    non_negative = ["algo.kl_coef", "algo.clip_low", "algo.clip_high", "trainer.warmup_steps",
-                    "trainer.grad_clip", "checkpoint.every_steps", "trainer.weight_decay", "algo.adv_eps",
-                    "run.num_cpus", "placement.trainer_per_worker", "placement.rollout_per_worker",
-                    "placement.reference_per_worker", "placement.reward_cpus", "data.max_prompt_tokens",
-                    "weight_sync.fabric.engine_nodes", "weight_sync.delta.full_every", "metrics.prometheus_port",
-                    "weight_sync.retries",
-                    "memory.device_gib", "algo.max_staleness", "placement.fake_gpus", "sizing.total_gpus"]
-    for key in non_negative:
-        value = _get(cfg, key)
-        if not (value >= 0 and math.isfinite(value)):  # also rejects NaN and inf
-            raise ConfigError(f"{key}={value!r} must be a finite number >= 0")
-    for key in ("reward.model_weight",):
-        if not math.isfinite(_get(cfg, key)):
-            raise ConfigError(f"{key}={_get(cfg, key)!r} must be finite")
-    if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
-        raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization!r} must be in (0, 1]")
+    try:
+        check_fields(cfg, Config)  # every field's allowed values and range (orchestrator/config/fields.py)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     optimizer_steps = cfg.trainer.total_steps * cfg.trainer.mini_batches
     if cfg.trainer.warmup_steps > optimizer_steps:
         raise ConfigError(f"trainer.warmup_steps={cfg.trainer.warmup_steps} exceeds the run's optimizer steps "
@@ -138,22 +110,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) + rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}) exceed rollout.max_model_len ({cfg.rollout.max_model_len})")
     _check_packing(cfg)
-    _check_lora_and_moe(cfg)
-    if not 0 < cfg.weight_sync.delta.max_changed_fraction <= 1:
-        raise ConfigError(f"weight_sync.delta.max_changed_fraction={cfg.weight_sync.delta.max_changed_fraction!r} "
-                          "must be in (0, 1]")
-    if not 1 <= cfg.weight_sync.delta.zstd_level <= 22:
-        raise ConfigError(f"weight_sync.delta.zstd_level={cfg.weight_sync.delta.zstd_level!r} must be in [1, 22]")
+    _check_lora_targets(cfg)
     _check_sinks(cfg)
-    for key in ("prometheus_port", "ray_export_port"):
-        if not 0 <= getattr(cfg.metrics, key) <= 65535:
-            raise ConfigError(f"metrics.{key}={getattr(cfg.metrics, key)!r} must be in [0, 65535]")
-    if not 0 < cfg.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p={cfg.rollout.top_p!r} must be in (0, 1]")
-    if not 0 <= cfg.trainer.min_lr_ratio <= 1:
-        raise ConfigError(f"trainer.min_lr_ratio={cfg.trainer.min_lr_ratio!r} must be in [0, 1]")
-    if cfg.algo.tis_cap is not None and cfg.algo.tis_cap < 1:
-        raise ConfigError(f"algo.tis_cap={cfg.algo.tis_cap!r} must be >= 1 or null")
     if cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")
     batch = cfg.rollout.n * cfg.rollout.prompts_per_step
@@ -220,8 +178,6 @@ def _check_env(cfg) -> None:
     from orchestrator.rollout.env import resolve_env_factory
     from orchestrator.rollout.env_config import validate_env_config
 
-    if not cfg.rollout.block_size >= 0:
-        raise ConfigError(f"rollout.block_size={cfg.rollout.block_size!r} must be >= 0 (0 = vLLM's default)")
     try:
         validate_env_config(cfg.env, cfg.rollout.max_model_len)
         if cfg.env.name:
@@ -234,10 +190,8 @@ def _check_env(cfg) -> None:
 
 
 def _check_packing(cfg) -> None:
-    """trainer.micro_batch_tokens >= 1; with trainer.packing, the longest sequence must fit one row."""
+    """With trainer.packing, the longest sequence must fit one row (trainer.micro_batch_tokens)."""
     budget = cfg.trainer.micro_batch_tokens
-    if not budget >= 1:
-        raise ConfigError(f"trainer.micro_batch_tokens={budget!r} must be >= 1")
     longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     if cfg.trainer.packing and longest > budget:
         raise ConfigError(f"trainer.micro_batch_tokens={budget} is smaller than the longest sequence, "
@@ -245,23 +199,14 @@ def _check_packing(cfg) -> None:
                           "sequences; raise trainer.micro_batch_tokens or lower those")
 
 
-def _check_lora_and_moe(cfg) -> None:
-    """trainer.lora: rank >= 0 (0 = off), alpha > 0, 0 <= dropout < 1, non-empty target_modules of
-    non-empty names; trainer.router_aux_loss_coef >= 0. (Targets matching no module fail at trainer start.)"""
+def _check_lora_targets(cfg) -> None:
+    """trainer.lora.target_modules: a non-empty list of non-empty names (their ranges are on the fields;
+    targets matching no module fail at trainer start)."""
     lo = cfg.trainer.lora
-    if not lo.rank >= 0:
-        raise ConfigError(f"trainer.lora.rank={lo.rank!r} must be >= 0 (0 = LoRA off)")
-    if not (lo.alpha > 0 and math.isfinite(lo.alpha)):
-        raise ConfigError(f"trainer.lora.alpha={lo.alpha!r} must be a finite number > 0")
-    if not 0 <= lo.dropout < 1:
-        raise ConfigError(f"trainer.lora.dropout={lo.dropout!r} must be in [0, 1)")
     targets = list(lo.target_modules)
     if not targets or not all(isinstance(t, str) and t.strip() for t in targets):
         raise ConfigError(f"trainer.lora.target_modules={targets!r} must be a non-empty list of module names "
                           "(e.g. [q_proj, v_proj])")
-    coef = cfg.trainer.router_aux_loss_coef
-    if not (coef >= 0 and math.isfinite(coef)):
-        raise ConfigError(f"trainer.router_aux_loss_coef={coef!r} must be a finite number >= 0")
 
 
 def _check_data_parallel(cfg, mini_batch: int) -> None:
@@ -269,8 +214,6 @@ def _check_data_parallel(cfg, mini_batch: int) -> None:
     (each rank takes an equal share; with packing, ranks whose shards pack into fewer rows run empty
     micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py)."""
     d = cfg.trainer.num_workers
-    if not d >= 1:
-        raise ConfigError(f"trainer.num_workers={d!r} must be >= 1 (the number of FSDP2 trainer ranks)")
     if d == 1:
         return
     if mini_batch % d:

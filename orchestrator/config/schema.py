@@ -2,21 +2,27 @@
 
 Every key a user can set lives here, with its unit in the name and its meaning in the field comment.
 `orchestrator.config.load_config` merges a YAML file and a CLI dotlist onto these defaults; an
-unknown key or a value of the wrong type fails at once (OmegaConf), and `validate` checks ranges and
-choices, naming the key path and the allowed values.
+unknown key or a value of the wrong type fails at once (OmegaConf). A field with allowed values or a range
+states them on the field itself (`choice(...)`, `number(...)`, orchestrator/config/fields.py); `validate`
+checks them, naming the key path and what is allowed, then checks what involves several fields.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Optional
 
 from orchestrator.algo.advantages import ADVANTAGE_ESTIMATORS
 from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
-from orchestrator.rollout.env_config import EnvConfig
+from orchestrator.config.fields import ChoicesView, choice, field_choices, number
+from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
 from orchestrator.weight_sync.registry import strategy_names
+
+
+def _sync_strategies() -> tuple[str, ...]:
+    """weight_sync.strategy: the registered strategies (orchestrator/weight_sync/registry.py) and `auto`."""
+    return (*strategy_names(), "auto")
 
 
 @dataclass
@@ -46,29 +52,29 @@ class DataConfig:
     shuffle: bool = True
     seed: int = 0
     # Prompts longer than this (tokens, after the chat template) are an error naming the row.
-    max_prompt_tokens: int = 256
+    max_prompt_tokens: int = number(256, ge=0, finite=True)
 
 
 @dataclass
 class RolloutConfig:
-    num_workers: int = 1  # R: rollout replicas (one vLLM engine each)
-    n: int = 8  # samples per prompt: the group size
-    prompts_per_step: int = 4  # groups per step; the global batch is prompts_per_step * n
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
+    num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each)
+    n: int = number(8, gt=0)  # samples per prompt: the group size
+    prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n
+    temperature: float = number(1.0, gt=0)
+    top_p: float = number(1.0, gt=0, le=1)
+    max_new_tokens: int = number(64, gt=0)
     # vLLM engine
-    dtype: str = "bfloat16"  # engine weights dtype: bfloat16 | float32 | float16
+    dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = number(0.5, gt=0, le=1)
     kv_cache_space_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE
-    max_model_len: int = 1024
+    max_model_len: int = number(1024, gt=0)
     # GPUs per engine (vLLM tensor parallelism); an engine's GPUs form one STRICT_PACK bundle group
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = number(1, gt=0)
     # KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default (16 on
     # GPU, 128 on CPU). Multi-turn rollouts on CPU want a smaller block (e.g. 32) so short turns hit.
-    block_size: int = 0
+    block_size: int = number(0, ge=0, note="(0 = vLLM's default)")
     seed: int = 0
     # vLLM's own engine metrics (vllm:*) also go through Ray's metrics agent (Prometheus ray_vllm_*)
     ray_metrics: bool = True
@@ -85,11 +91,11 @@ class RewardFunctionConfig:
 @dataclass
 class RewardConfig:
     functions: list = field(default_factory=lambda: [RewardFunctionConfig()])
-    timeout_s: float = 10.0  # hard per-group limit; a timeout scores 0 and is counted
-    num_workers: int = 2  # scorer processes
+    timeout_s: float = number(10.0, gt=0)  # hard per-group limit; a timeout scores 0 and is counted
+    num_workers: int = number(2, gt=0)  # scorer processes
     # Optional learned reward: a local HF sequence-classification folder; its score is added with weight.
     model_path: Optional[str] = None
-    model_weight: float = 1.0
+    model_weight: float = number(1.0, finite=True)
     model_batch_size: int = 8
 
 
@@ -97,70 +103,70 @@ class RewardConfig:
 class AlgoConfig:
     # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
     # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip, plus any registered by a module in `plugins`.
-    estimator: str = "grpo"
-    policy_loss: str = "ppo_clip"
+    estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS.names)
+    policy_loss: str = choice("ppo_clip", POLICY_LOSSES.names)
     # Modules that register estimators / losses: dotted names importable by every process, or absolute
     # paths to .py files; imported by config validation and, when needed, by the trainer actor.
     plugins: list = field(default_factory=list)
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-    clip_low: float = 0.2
-    clip_high: float = 0.28  # DAPO clip-higher
-    kl_coef: float = 0.0  # > 0 starts the reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3
+    loss_agg: str = choice("token-mean", LOSS_AGG_MODES)  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
+    clip_low: float = number(0.2, ge=0, finite=True)
+    clip_high: float = number(0.28, ge=0, finite=True)  # DAPO clip-higher
+    kl_coef: float = number(0.0, ge=0, finite=True)  # > 0 starts the reference model
+    kl_estimator: str = choice("k3", KL_ESTIMATORS)  # k1 | k2 | k3
     # old logprobs for the ratio: "trainer" (recomputed by the trainer; optional TIS against the
     # rollout logprobs) or "rollout" (the engine's sampled-token logprobs)
-    old_logprobs: str = "trainer"
-    tis_cap: Optional[float] = 2.0  # truncated importance sampling cap; null disables TIS
-    adv_eps: float = 1e-6
+    old_logprobs: str = choice("trainer", ("trainer", "rollout"))
+    tis_cap: Optional[float] = number(2.0, ge=1, optional=True)  # truncated importance sampling cap; null disables TIS
+    adv_eps: float = number(1e-6, ge=0, finite=True)
     # placement.mode=disaggregated_async: a batch may be generated by weights at most this many versions
     # older than the policy it trains (one step off-policy = 1). Older batches are dropped and counted.
-    max_staleness: int = 1
+    max_staleness: int = number(1, ge=0, finite=True)
 
 
 @dataclass
 class LoraConfig:
     # Low-rank adapters (peft): rank 0 = off (full fine-tuning). Only adapter weights train; weight
     # sync sends merged weights W + (alpha / rank) * B @ A under the base model's names.
-    rank: int = 0
-    alpha: float = 16.0
-    dropout: float = 0.0
+    rank: int = number(0, ge=0, note="(0 = LoRA off)")
+    alpha: float = number(16.0, gt=0, finite=True)
+    dropout: float = number(0.0, ge=0, lt=1)
     target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                           "gate_proj", "up_proj", "down_proj"])
 
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 20
-    lr: float = 1e-5
+    total_steps: int = number(20, gt=0)
+    lr: float = number(1e-5, gt=0)
     # GRPO shared-prompt forward: the n samples of a group share one prompt, so the prompt is run once per
     # group and its keys/values are reused by every sample (exact: same loss and gradients)
     shared_prefix: bool = True
     # linear warmup over this many optimizer steps (the first update uses lr 0, then lr/warmup, ...)
-    warmup_steps: int = 2
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
+    warmup_steps: int = number(2, ge=0, finite=True)
+    min_lr_ratio: float = number(0.1, ge=0, le=1)
+    weight_decay: float = number(0.0, ge=0, finite=True)
     betas: list = field(default_factory=lambda: [0.9, 0.99])
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    micro_batch_size: int = 8  # sequences per micro-batch; the global batch is accumulated
-    mini_batches: int = 1  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
-    precision: str = "bf16-autocast"  # fp32 | bf16-autocast (fp32 master weights)
+    grad_clip: float = number(1.0, ge=0, finite=True)  # max global gradient norm; 0 = no clipping
+    micro_batch_size: int = number(8, gt=0)  # sequences per micro-batch; the global batch is accumulated
+    mini_batches: int = number(1, gt=0)  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
+    precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast"))  # fp32 | bf16-autocast (fp32 master weights)
     num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
     seed: int = 0
     # D trainer ranks in one torch.distributed group, the policy sharded with FSDP2 (fully_shard)
     # across them; NCCL on GPUs, gloo on CPU. 1 = a single unsharded trainer.
-    num_workers: int = 1
+    num_workers: int = number(1, ge=1, note="(the number of FSDP2 trainer ranks)")
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
     # Sequence packing: the micro-batches of a mini-batch are rows of at most `micro_batch_tokens`
     # tokens, filled first-fit decreasing; position ids restart per sequence and no token attends across
     # a boundary (case C11). micro_batch_size is then unused by the update.
     packing: bool = False
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = number(4096, ge=1)
     # Attention kernel of the trainer and reference models: auto | sdpa | eager | flash_attention_2. auto =
     # FlashAttention-2 varlen for packed rows on GPUs with flash_attn installed and bf16 compute, else sdpa.
-    attn_implementation: str = "auto"
+    attn_implementation: str = choice("auto", ("auto", "sdpa", "eager", "flash_attention_2"))
     # Mixture-of-experts policies: weight of the router load-balancing loss (Switch Transformer,
     # Fedus et al. 2021, eq. 4), over real tokens only (case C12). Ignored for dense models.
-    router_aux_loss_coef: float = 0.001
+    router_aux_loss_coef: float = number(0.001, ge=0, finite=True)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
@@ -169,20 +175,20 @@ class PlacementConfig:
     # The resource every role's bundle asks for: "GPU" on GPU clusters, "CPU" (or a custom resource
     # such as "fake_gpu") for CPU runs.
     resource: str = "CPU"
-    trainer_per_worker: float = 0.5
-    rollout_per_worker: float = 0.5
-    reference_per_worker: float = 0.25
-    reward_cpus: float = 0.25  # the reward actor always asks for CPU
-    strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
-    timeout_s: float = 60.0  # the job fails, naming the missing resources, after this long
+    trainer_per_worker: float = number(0.5, ge=0, finite=True)
+    rollout_per_worker: float = number(0.5, ge=0, finite=True)
+    reference_per_worker: float = number(0.25, ge=0, finite=True)
+    reward_cpus: float = number(0.25, ge=0, finite=True)  # the reward actor always asks for CPU
+    strategy: str = choice("PACK", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    timeout_s: float = number(60.0, gt=0)  # the job fails, naming the missing resources, after this long
     # colocated: trainer, reference and rollout share the same devices, time-sliced (vLLM sleeps while the
     # trainer runs, on GPUs); disaggregated: separate bundles per role, synchronous steps;
     # disaggregated_async: separate bundles, the rollouts of step k+1 overlap the training of step k
     # (one step off-policy, bounded by algo.max_staleness, importance-sampling corrected).
-    mode: str = "disaggregated"
+    mode: str = choice("disaggregated", ("disaggregated", "colocated", "disaggregated_async"))
     # CPU runs: the local Ray advertises this many `fake_gpu` resources (placement.resource=fake_gpu);
     # each fake GPU is one CPU core and the actors in its bundle are pinned to that core. 0 = off.
-    fake_gpus: int = 0
+    fake_gpus: int = number(0, ge=0, finite=True)
     # Apply the sizer's recommendation after sizing.warmup_steps: checkpoint, new placement groups, resume.
     auto: bool = False
 
@@ -190,15 +196,15 @@ class PlacementConfig:
 @dataclass
 class SizingConfig:
     # placement.auto: steps measured before the sizer re-places the actors
-    warmup_steps: int = 3
+    warmup_steps: int = number(3, gt=0)
     # devices the sizer may use; 0 = as many as the current placement holds
-    total_gpus: int = 0
+    total_gpus: int = number(0, ge=0, finite=True)
 
 
 @dataclass
 class CheckpointConfig:
     dir: str = "runs/${run.name}/checkpoints"
-    every_steps: int = 0  # 0 = only at the end
+    every_steps: int = number(0, ge=0, finite=True)  # 0 = only at the end
     keep_last: int = 2
     resume: Optional[str] = None  # a checkpoint folder, "latest", or null
 
@@ -210,21 +216,21 @@ class RunConfig:
     seed: int = 0
     # Ray address: "" = $RAY_ADDRESS if set, else start a local Ray.
     ray_address: str = ""
-    num_cpus: int = 0  # local Ray only; 0 = all cores
+    num_cpus: int = number(0, ge=0, finite=True)  # local Ray only; 0 = all cores
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
-    phase_timeout_s: float = 3600.0
+    phase_timeout_s: float = number(3600.0, gt=0)
 
 
 @dataclass
 class SyncFabricConfig:
     """What the cost model (`weight_sync.strategy: auto`, `rl-orch plan sync`) assumes about the cluster.
     Bandwidths in GB/s (10^9 bytes per second, one direction)."""
-    intra_node: str = "loopback"  # nvlink | pcie4 | pcie5 | loopback: trainer <-> engines on one node
-    inter_node: str = "eth25"  # ib200 | ib400 | eth25 | eth100 | loopback: across nodes
-    engine_nodes: int = 0  # nodes that hold rollout engines apart from the trainer's node; 0 = same node
-    fs_write_gbps: float = 1.0  # the shared filesystem (weight_sync.disk.path): write rate from the trainer
-    fs_read_gbps: float = 2.0  # its aggregate read rate over all engines
+    intra_node: str = choice("loopback", ("nvlink", "pcie4", "pcie5", "loopback"))  # nvlink | pcie4 | pcie5 | loopback: trainer <-> engines on one node
+    inter_node: str = choice("eth25", ("ib200", "ib400", "eth25", "eth100", "loopback"))  # ib200 | ib400 | eth25 | eth100 | loopback: across nodes
+    engine_nodes: int = number(0, ge=0, finite=True)  # nodes that hold rollout engines apart from the trainer's node; 0 = same node
+    fs_write_gbps: float = number(1.0, gt=0)  # the shared filesystem (weight_sync.disk.path): write rate from the trainer
+    fs_read_gbps: float = number(2.0, gt=0)  # its aggregate read rate over all engines
 
 
 @dataclass
@@ -232,26 +238,26 @@ class DiskSyncConfig:
     # Shared by the trainer and every engine (NFS, a PVC). Versions live in v<version>/, written under a
     # temporary name and renamed when complete; older versions are removed once every engine loaded.
     path: str = "${run.output_dir}/weight_sync"
-    shard_mb: int = 2048
+    shard_mb: int = number(2048, gt=0)
 
 
 @dataclass
 class DeltaSyncConfig:
     # A full sync instead when more than this fraction of the elements changed since the engines' version.
-    max_changed_fraction: float = 0.5
-    zstd_level: int = 3
-    full_every: int = 0  # also a full sync every N versions (0 = never forced)
+    max_changed_fraction: float = number(0.5, gt=0, le=1)
+    zstd_level: int = number(3, ge=1, le=22)
+    full_every: int = number(0, ge=0, finite=True)  # also a full sync every N versions (0 = never forced)
 
 
 @dataclass
 class WeightSyncConfig:
     # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store) or
     # auto (the cheapest by the cost model)
-    strategy: str = "object_store"
-    bucket_mb: int = 256  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
-    timeout_s: float = 600.0  # one sync (all buckets, all engines); past it the run stops with an error
+    strategy: str = choice("object_store", _sync_strategies)
+    bucket_mb: int = number(256, gt=0)  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
+    timeout_s: float = number(600.0, gt=0)  # one sync (all buckets, all engines); past it the run stops with an error
     verify: bool = True  # every engine reports its version and per-group checksums after each sync
-    retries: int = 1  # a sync that fails verification is redone this many times (sync/failures counts them)
+    retries: int = number(1, ge=0, finite=True)  # a sync that fails verification is redone this many times (sync/failures counts them)
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
     fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)
@@ -260,12 +266,12 @@ class WeightSyncConfig:
 @dataclass
 class MetricsConfig:
     # Prometheus /metrics served by the controller; 0 = off. Bound to `host` (loopback unless set).
-    prometheus_port: int = 0
+    prometheus_port: int = number(0, ge=0, le=65535)
     prometheus_host: str = "127.0.0.1"
     # A local Ray only (no run.ray_address): the port of the node's Ray metrics agent, which serves Ray's and
     # vLLM's metrics (ray_*, ray_vllm_*) to Prometheus; 0 = a port Ray picks. A cluster sets its own with
     # `ray start --metrics-export-port`.
-    ray_export_port: int = 0
+    ray_export_port: int = number(0, ge=0, le=65535)
     # Where each step's metrics go, in order (orchestrator/metrics/registry.py): registered names
     # (console, jsonl, prometheus) or dotted paths "pkg.module:Class" to a MetricSink subclass. "jsonl" writes
     # <run.output_dir>/metrics.jsonl, which `rl-orch size`, placement.auto and the plot read: keep it.
@@ -279,7 +285,7 @@ class MemoryConfig:
     preflight: bool = True
     force: bool = False  # start even when the plan says it does not fit (`rl-orch run --force`)
     # memory of one device in GiB; 0 = the local GPU's, or on a CPU-only machine the host's RAM
-    device_gib: float = 0.0
+    device_gib: float = number(0.0, ge=0, finite=True)
 
 
 @dataclass
@@ -301,38 +307,6 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
 
 
-class _Choices(Mapping[str, tuple]):
-    """Allowed values per key path; an entry that is a callable is read at lookup time (the algorithm
-    registries, so that a name registered by a plugin is allowed once its module is imported)."""
-
-    def __init__(self, entries: dict[str, Union[tuple[Any, ...], Callable[[], tuple[Any, ...]]]]):
-        self._entries = entries
-
-    def __getitem__(self, key: str) -> tuple[Any, ...]:
-        value = self._entries[key]
-        return value() if callable(value) else value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-CHOICES: Mapping[str, tuple[Any, ...]] = _Choices({
-    "algo.estimator": ADVANTAGE_ESTIMATORS.names,
-    "algo.policy_loss": POLICY_LOSSES.names,
-    "algo.loss_agg": LOSS_AGG_MODES,
-    "algo.kl_estimator": KL_ESTIMATORS,
-    "algo.old_logprobs": ("trainer", "rollout"),
-    "trainer.precision": ("fp32", "bf16-autocast"),
-    "trainer.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "rollout.dtype": ("bfloat16", "float32", "float16"),
-    "placement.strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "placement.mode": ("disaggregated", "colocated", "disaggregated_async"),
-    # read from the strategy registry (orchestrator/weight_sync/registry.py); load.validate re-reads it
-    "weight_sync.strategy": (*strategy_names(), "auto"),
-    "weight_sync.fabric.intra_node": ("nvlink", "pcie4", "pcie5", "loopback"),
-    "weight_sync.fabric.inter_node": ("ib200", "ib400", "eth25", "eth100", "loopback"),
-    "env.render_mode": ("strict", "incremental"),
-})
+# {key path: allowed values} of every choice field (the configuration reference and its tests read it); the
+# env section validates itself (orchestrator/rollout/env_config.py), its render modes are listed here too.
+CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES})

@@ -1,8 +1,8 @@
 """`EnvConfig`: the `env` section of a run configuration (multi-turn rollouts), and its validation.
 
-To be hooked into orchestrator/config/schema.py as ``env: EnvConfig = field(default_factory=EnvConfig)``
-on `Config`, and `validate_env_config(cfg.env)` called from orchestrator/config/load.py `validate`
-(its errors already name the ``env.`` key paths).
+`Config.env` (orchestrator/config/schema.py); `validate_env_config(cfg.env)` is called by
+orchestrator/config/load.py `validate` (its errors name the ``env.`` key paths). It validates itself, apart
+from the field metadata of the other sections, so that this module stays importable on its own.
 """
 from __future__ import annotations
 
@@ -52,6 +52,6 @@ def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> Non
         raise ValueError(f"env.max_tokens={env.max_tokens} > rollout.max_model_len={max_model_len}: "
                          "a trajectory must fit the engine's context")
     if env.render_mode not in RENDER_MODES:
-        raise ValueError(f"env.render_mode={env.render_mode!r}: allowed values are {list(RENDER_MODES)}")
+        raise ValueError(f"env.render_mode={env.render_mode!r} is not allowed; choose one of {list(RENDER_MODES)}")
     if not isinstance(env.kwargs, dict) and not hasattr(env.kwargs, "keys"):
         raise ValueError(f"env.kwargs must be a mapping, got {type(env.kwargs).__name__}")
