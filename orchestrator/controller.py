@@ -260,7 +260,7 @@ class GRPOController:
 
     def _loss_masks(self, trajs: list[Trajectory]) -> Optional[list[list[int]]]:
         """Multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained."""
-        return [t.extra["loss_mask"] for t in trajs] if self.cfg.env.name else None
+        return [t.multiturn.loss_mask for t in trajs] if self.cfg.env.name else None
 
     def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref) -> dict:
         batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],

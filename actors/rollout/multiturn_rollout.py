@@ -12,8 +12,8 @@ group's shared prompt and each trajectory's growing history.
     trajectories, metrics = rollout.run(groups, env_cfg, max_new_tokens=32, weight_version=3, worker_id=0)
 
 The trajectories are `Trajectory` objects (`MultiTurnTrajectory.to_trajectory`): response_ids hold
-the sampled and observation ids, `extra["loss_mask"]` marks the sampled ones (1) and
-`extra["turn_rewards"]` the environment's rewards; the reward of a trajectory is their sum.
+the sampled and observation ids, `multiturn.loss_mask` marks the sampled ones (1) and
+`multiturn.turn_rewards` the environment's rewards; the reward of a trajectory is their sum.
 """
 from __future__ import annotations
 
@@ -96,11 +96,10 @@ class MultiTurnRollout:
         trajectories = []
         for ep in episodes:
             t = ep.to_trajectory(weight_version)
-            t.extra.update(sample_index=ep.sample_index, rollout_worker=worker_id, truncated=ep.truncated,
-                           reward=ep.reward)
+            t.multiturn.rollout_worker = worker_id
             t.text = self.tokenizer.decode(ep.trained_ids(), skip_special_tokens=True)
             trajectories.append(t)
-        sampled = sum(sum(t.extra["loss_mask"]) for t in trajectories)
+        sampled = sum(sum(t.multiturn.loss_mask) for t in trajectories)
         requested = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         metrics.update({"rollout/tokens": float(sampled), "rollout/generate_s": dt,

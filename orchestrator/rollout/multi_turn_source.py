@@ -11,7 +11,7 @@ caching, environments in threads next to the engine). The episode's sample is
 ``{"prompt", "answer", "seed": group_id}`` from the step's dataset row. The router releases the groups
 when their calls return (or fail).
 
-rewards: a trajectory's reward is the sum of its turn rewards (``extra["reward"]``); the RewardActor's
+rewards: a trajectory's reward is the sum of its turn rewards (``multiturn.reward``); the RewardActor's
 functions are not called. Advantages stay per trajectory.
 
 Metrics (into the step's row): rollout/turns_mean, rollout/turns_max, rollout/truncated_frac,
@@ -87,7 +87,7 @@ class MultiTurnSource(RolloutSource):
 
     def rewards(self, trajs: list[Trajectory], row: dict) -> list[float]:
         """Per-trajectory rewards from the environment (sum of turn rewards), and reward/* metrics."""
-        rewards = [float(t.extra["reward"]) for t in trajs]
+        rewards = [t.multiturn.reward for t in trajs]
         r = torch.tensor(rewards, dtype=torch.float64)
         row.update({"reward/mean": float(r.mean()), "reward/std": float(r.std()) if len(rewards) > 1 else 0.0,
                     "reward/max": float(r.max()), "reward/min": float(r.min())})
@@ -117,11 +117,11 @@ def _rollout_metrics(trajs: list[Trajectory], results: list[tuple[int, dict]], n
     steps = [(m["env/step_s_mean"], m["rollout/turns_mean"] * w) for (_, m), w in zip(results, weights)]
     out = {
         "rollout/trajectories": float(n),
-        "rollout/turns_mean": sum(t.extra["num_turns"] for t in trajs) / n,
-        "rollout/turns_max": float(max(t.extra["num_turns"] for t in trajs)),
-        "rollout/truncated_frac": sum(bool(t.extra["truncated"]) for t in trajs) / n,
+        "rollout/turns_mean": sum(t.multiturn.num_turns for t in trajs) / n,
+        "rollout/turns_max": float(max(t.multiturn.num_turns for t in trajs)),
+        "rollout/truncated_frac": sum(t.multiturn.truncated for t in trajs) / n,
         "rollout/response_len_mean": sum(len(t.response_ids) for t in trajs) / n,
-        "rollout/sampled_len_mean": sum(sum(t.extra["loss_mask"]) for t in trajs) / n,
+        "rollout/sampled_len_mean": sum(sum(t.multiturn.loss_mask) for t in trajs) / n,
         "rollout/tokens": sum(m["rollout/tokens"] for _, m in results),
         "rollout/tokens_per_s": sum(m["rollout/tokens_per_s"] for _, m in results),
         "rollout/prefill_tokens_requested": requested,

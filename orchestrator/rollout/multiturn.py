@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.rollout.types import Trajectory
+from orchestrator.rollout.types import MultiTurnInfo, Trajectory
 
 STOP_REASONS = ("done", "max_turns", "max_tokens", "env_error")
 
@@ -75,16 +75,17 @@ class MultiTurnTrajectory:
         return [lp for lp, m in zip(self.logprobs, self.loss_mask) if m]
 
     def to_trajectory(self, weight_version: int = -1) -> Trajectory:
-        """The single-sequence `Trajectory` the trainer consumes; the loss mask goes in ``extra["loss_mask"]``.
+        """The single-sequence `Trajectory` the trainer consumes; loss mask, turns and rewards in `.multiturn`.
 
         finish_reason is "stop" when the env ended the episode, else "length" (truncated or env error).
         """
-        extra = dict(self.extra, loss_mask=list(self.loss_mask), turn_rewards=list(self.turn_rewards),
-                     stop_reason=self.stop_reason, env_error=self.env_error, num_turns=self.num_turns)
+        info = MultiTurnInfo(loss_mask=list(self.loss_mask), turn_rewards=list(self.turn_rewards),
+                             num_turns=self.num_turns, stop_reason=self.stop_reason, env_error=self.env_error,
+                             sample_index=self.sample_index)
         return Trajectory(group_id=self.group_id, prompt_ids=list(self.prompt_ids),
                           response_ids=list(self.response_ids), logprobs=list(self.logprobs),
                           finish_reason="stop" if self.stop_reason == "done" else "length",
-                          weight_version=weight_version, extra=extra)
+                          weight_version=weight_version, multiturn=info, extra=dict(self.extra))
 
 
 class TrajectoryBuilder:

@@ -2,6 +2,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class MultiTurnInfo:
+    """What a multi-turn trajectory carries besides its ids (orchestrator/rollout/multiturn.py builds it).
+
+    loss_mask: per response id, 1 on ids the policy sampled (trained), 0 on observation and chat-template ids
+        (never trained; their logprobs are 0.0).
+    turn_rewards: the environment's reward per turn; `reward` is their sum (the trajectory's reward).
+    num_turns: policy turns taken. stop_reason: "done" (the env ended it), "max_turns", "max_tokens" or
+        "env_error" (then `env_error` holds the error text). truncated: "max_turns" or "max_tokens".
+    sample_index: the sample's index in its group; rollout_worker: the worker that ran every turn of it.
+    """
+
+    loss_mask: list[int]
+    turn_rewards: list[float]
+    num_turns: int
+    stop_reason: str
+    env_error: str = ""
+    sample_index: int = 0
+    rollout_worker: int = 0
+
+    @property
+    def reward(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    @property
+    def truncated(self) -> bool:
+        return self.stop_reason in ("max_turns", "max_tokens")
 
 
 @dataclass
@@ -12,6 +42,8 @@ class Trajectory:
     prompt_ids / response_ids: token ids, never re-tokenised text.
     logprobs: per response token, log_softmax(logits / temperature) of the sampled token (case C03).
     finish_reason: "stop" (EOS or stop string) or "length" (hit max_new_tokens).
+    multiturn: the episode's turns, loss mask and environment rewards (None for a single-turn sample).
+    extra: free-form data a user's source or environment attaches (not read by the trainer).
     """
 
     group_id: int
@@ -23,6 +55,7 @@ class Trajectory:
     answer: str = ""
     prompt: str = ""  # the prompt's text before the chat template (for reward models and logs)
     weight_version: int = -1
+    multiturn: Optional[MultiTurnInfo] = None
     extra: dict = field(default_factory=dict)
 
 

@@ -49,7 +49,7 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
                                                                  controller.rollout.env_cfg, 0))
         ours = ray.get(trainer.logprobs.remote([t.prompt_ids for t in fresh], [t.response_ids for t in fresh]))
         for t, lp in zip(fresh, ours):
-            mask = t.extra["loss_mask"]
+            mask = t.multiturn.loss_mask
             gaps = [abs(a - b) for a, b, m in zip(t.logprobs, lp, mask) if m]
             assert len(gaps) == sum(mask) and max(gaps) < 2e-3
     finally:
@@ -59,19 +59,19 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
     assert len(controller.seen) == 2
     by_group: dict = {}
     for t in trajs:
-        by_group.setdefault(t.group_id, set()).add(t.extra["rollout_worker"])
-        mask, n = t.extra["loss_mask"], len(t.response_ids)
+        by_group.setdefault(t.group_id, set()).add(t.multiturn.rollout_worker)
+        mask, n = t.multiturn.loss_mask, len(t.response_ids)
         assert len(mask) == n == len(t.logprobs)
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, mask) if not m)
         assert all(lp < 0.0 for lp, m in zip(t.logprobs, mask) if m)
         # observation ids sit between sampled turns: as many masked runs as turns - 1
         runs = sum(1 for k in range(1, n) if mask[k] == 0 and mask[k - 1] == 1)
-        assert runs == t.extra["num_turns"] - 1
-        assert t.extra["reward"] == pytest.approx(sum(t.extra["turn_rewards"]))
+        assert runs == t.multiturn.num_turns - 1
+        assert t.multiturn.reward == pytest.approx(sum(t.multiturn.turn_rewards))
     assert all(len(workers_of_group) == 1 for workers_of_group in by_group.values())  # sticky
-    assert max(t.extra["num_turns"] for t in trajs) == 3 and min(t.extra["num_turns"] for t in trajs) >= 1
-    errors = [t for t in trajs if t.extra["stop_reason"] == "env_error"]
-    assert errors and all("injected failure" in t.extra["env_error"] for t in errors)
+    assert max(t.multiturn.num_turns for t in trajs) == 3 and min(t.multiturn.num_turns for t in trajs) >= 1
+    errors = [t for t in trajs if t.multiturn.stop_reason == "env_error"]
+    assert errors and all("injected failure" in t.multiturn.env_error for t in errors)
     assert len(errors) < len(trajs)
 
     rows = [json.loads(line) for line in open(result.metrics)]

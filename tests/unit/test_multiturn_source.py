@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, _rollout_metrics
-from orchestrator.rollout.types import PromptRequest, Trajectory
+from orchestrator.rollout.types import MultiTurnInfo, PromptRequest, Trajectory
 
 
 def _cfg(*extra):
@@ -30,9 +30,10 @@ def test_bad_env_kwargs_fail_before_any_actor():
 
 
 def _traj(group, reward, turns, mask, truncated=False, stop="done"):
-    extra = {"reward": reward, "num_turns": turns, "loss_mask": mask, "truncated": truncated, "stop_reason": stop}
+    info = MultiTurnInfo(loss_mask=mask, turn_rewards=[reward], num_turns=turns,
+                         stop_reason="max_turns" if truncated else stop)
     return Trajectory(group_id=group, prompt_ids=[1], response_ids=[0] * len(mask), logprobs=[0.0] * len(mask),
-                      finish_reason="stop", extra=extra)
+                      finish_reason="stop", multiturn=info)
 
 
 def test_rewards_come_from_the_environment():

@@ -103,7 +103,7 @@ def test_loss_mask_and_logprobs_align_with_trained_ids():
     assert t.turn_spans == [(0, 3), (5, 6)]
     assert t.turn_rewards == [0.0, 1.0] and t.reward == 1.0
     flat = t.to_trajectory(weight_version=7)
-    assert flat.response_ids == t.response_ids and flat.extra["loss_mask"] == [1, 1, 1, 0, 0, 1]
+    assert flat.response_ids == t.response_ids and flat.multiturn.loss_mask == [1, 1, 1, 0, 0, 1]
     assert flat.finish_reason == "stop" and flat.weight_version == 7 and flat.prompt_ids == [10, 11, 12]
 
 
