@@ -146,7 +146,7 @@ def main() -> None:
         t = Trainer(model_path, OmegaConf.merge(tc, {"shared_prefix": name != "plain"}), cfg.algo,
                     temperature=cfg.rollout.temperature, max_new_tokens=cfg.rollout.max_new_tokens,
                     pad_id=tokenizer.pad_token_id or 0)
-        t._shared_prefix_layout = name if name != "plain" else "auto"
+        t.shared_prefix_layout = name if name != "plain" else "auto"
         trainers[name] = t
     mbs = tc.micro_batch_size
     uniq0 = prefix_share.distinct_prompts([batch.prompt_ids[i] for i in micro_batches(batch, mbs, True)[0]])[0]

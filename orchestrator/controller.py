@@ -30,7 +30,7 @@ from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
 from orchestrator.metrics.registry import build_sinks
 from orchestrator.models import resolve_model_path
 from orchestrator.placement.modes import time_slice
-from orchestrator.placement.replace import auto_replace
+from orchestrator.placement import replace
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -88,8 +88,8 @@ class GRPOController:
         self.job = Job(cfg, self.model_path, self.pad_id)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
-        self.rollout: Optional[RolloutSource] = None  # made in run(), once the workers exist
-        self.rollouts: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
+        self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
+        self.pipeline: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
 
     @property
     def actors(self) -> Optional[Actors]:
@@ -122,8 +122,8 @@ class GRPOController:
         with build_sinks(self.cfg, ctx) as sinks:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
-                if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:  # orchestrator/placement/replace.py
-                    row.update(auto_replace(self, step, row, ckpt))
+                if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
+                    row.update(self._auto_replace(step, row, ckpt))
                 last_ckpt = ckpt or last_ckpt
                 sinks.log_row(row)
         if last_ckpt is None:  # e.g. resumed at the final step: nothing new to save
@@ -140,14 +140,14 @@ class GRPOController:
         """The rollout source over the job's workers (multi-turn when env.name is set), wrapped in the
         one-step-off pipeline for placement.mode=disaggregated_async."""
         kind = MultiTurnSource if self.cfg.env.name else SingleTurnSource
-        self.rollout = kind(self.cfg, self.job.actors.rollout, self.job.wait)
-        self.rollouts = None
+        self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait)
+        self.pipeline = None
         if self.cfg.placement.mode == "disaggregated_async":
-            self.rollouts = AsyncRollouts(self.rollout, self.sample_prompts, self.loader, self.cfg, self.start_step)
+            self.pipeline = AsyncRollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)
 
     def step(self, step: int) -> tuple[dict, Optional[str]]:
         """One GRPO step; returns the metrics row and the checkpoint folder if one was written."""
-        if self.rollouts is not None:
+        if self.pipeline is not None:
             return self.step_async(step)
         timer, row = PhaseTimer(), {"step": step}
         t0 = time.perf_counter()
@@ -171,17 +171,17 @@ class GRPOController:
         timer, row = PhaseTimer(), {"step": step}
         t0 = time.perf_counter()
         with timer.phase("sample"):  # and launch: this step's batch if none is in flight, and the next one
-            self.rollouts.launch(step)
+            self.pipeline.launch(step)
         with timer.phase("generate"):  # the wait for this step's batch (prefetched: usually ready)
-            trajs = self.rollouts.take(step, self.version, row)
+            trajs = self.pipeline.take(step, self.version, row)
         advantages, ref = self._score(trajs, timer, row)
         with timer.phase("train"):
             row.update(self.train(trajs, advantages, ref))
         with timer.phase("generate"):  # the next batch's generation not hidden behind this step
-            self.rollouts.finish_in_flight(row)
+            self.pipeline.finish_in_flight(row)
         with timer.phase("weight_sync"):
             self.sync_weights(step, row)
-            self.rollouts.synced(step)
+            self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
     def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict) -> tuple[list[list[float]], Optional[list]]:
@@ -219,10 +219,10 @@ class GRPOController:
 
     def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
         """The step's groups on the rollout workers, through the rollout source (single- or multi-turn)."""
-        return self.rollout.generate(requests, self.version, row)
+        return self.source.generate(requests, self.version, row)
 
     def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
-        env_rewards = self.rollout.rewards(trajs, row)  # multi-turn: the environment's (sum over turns)
+        env_rewards = self.source.rewards(trajs, row)  # multi-turn: the environment's (sum over turns)
         if env_rewards is not None:
             return env_rewards
         prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None  # a reward model reads them
@@ -281,7 +281,7 @@ class GRPOController:
         `<checkpoint.dir>/step_<step>`; older checkpoints beyond checkpoint.keep_last are pruned."""
         folder = step_folder(self.cfg.checkpoint.dir, step)
         # disaggregated_async: the loader before the pending batch's prompts (regenerated on resume)
-        pending = self.rollouts.loader_state() if self.rollouts is not None else None
+        pending = self.pipeline.loader_state() if self.pipeline is not None else None
         extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
         path = self.job.checkpoint(folder, extra)
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
@@ -295,16 +295,45 @@ class GRPOController:
         self.start_step = state["step"]
         self.sync_weights(self.start_step, {})
 
-    def replace(self, new_cfg, folder: Path) -> bool:
-        """placement.auto: re-place the job with `new_cfg` from checkpoint `folder` (the old config again when
-        the new placement cannot be reserved), restore it, restart the rollouts. Returns whether `new_cfg`
-        runs now."""
-        if self.rollouts is not None:  # disaggregated_async: pending batches are regenerated
-            self.rollouts.discard()
-        self.cfg, placed = self.job.replace(new_cfg, folder)
-        self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
-        self._start_rollouts()
-        return placed
+    # ---- placement.auto (the decision: orchestrator/placement/replace.py, pure) ----------------------
+    def _auto_replace(self, step: int, row: dict, ckpt: Optional[str]) -> dict:
+        """After step `sizing.warmup_steps`: `decide` on the logged rows plus this step's, print the decision,
+        re-place when there is something to do. Returns the `sizing/*` fields of the step's row."""
+        found, why = replace.decide([r for r in self.rows() + [row] if r.get("step", 0) <= step], self.cfg)
+        print(why, flush=True)
+        if found is None:
+            return {"sizing/replaced": 0}
+        fields = self._replace(step, found.overrides, ckpt)
+        if fields["sizing/replaced"]:
+            fields.update(replace.replacement_fields(found))
+        return fields
+
+    def _replace(self, step: int, overrides: dict, ckpt: Optional[str] = None) -> dict:
+        """Checkpoint step `step` (or use `ckpt`), stop every actor, start them in the config with `overrides`
+        (the old one again when the new placement cannot be reserved), restore, restart the rollouts.
+        Returns {"sizing/replaced", "sizing/replace_s"} (+ "sizing/replace_failed" on the fallback). Raises
+        ConfigError before anything stops for invalid overrides; any later failure carries a note naming the
+        checkpoint, which stays on disk."""
+        t0 = time.perf_counter()
+        old_cfg, new_cfg = self.cfg, replace.with_overrides(self.cfg, overrides)
+        folder = Path(ckpt or self.checkpoint(step))
+        try:
+            if self.pipeline is not None:  # disaggregated_async: pending batches are regenerated
+                self.pipeline.discard()
+            self.cfg, placed = self.job.replace(new_cfg, folder)
+            self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
+            self._start_rollouts()
+        except BaseException as e:
+            e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
+                       f"resume with checkpoint.resume={folder}")
+            raise
+        fields = {"sizing/replaced": 1} if placed else {"sizing/replaced": 0, "sizing/replace_failed": 1}
+        fields["sizing/replace_s"] = time.perf_counter() - t0
+        if placed:
+            OmegaConf.save(self.cfg, self.out_dir / f"config_replaced_step_{step}.yaml", resolve=True)
+            print(f"placement.auto: re-placed after step {step} in {fields['sizing/replace_s']:.1f} s: "
+                  f"{replace.describe_change(old_cfg, self.cfg, overrides)} (resumed from {folder})", flush=True)
+        return fields
 
     def shutdown(self) -> None:
         self.job.shutdown()

@@ -175,7 +175,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
 
     # on resume the engines start from the checkpoint's policy; the controller then syncs and verifies
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
-    temp, max_new = cfg.rollout.temperature, cfg.rollout.max_new_tokens
+    temp = cfg.rollout.temperature
     ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
     trainer = ranks[0]
     colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)

@@ -294,11 +294,11 @@ def micro_batch_logprobs(trainer, mb: MicroBatch, prompt_ids, response_ids,
     """The trainer's differentiable logprobs [b, L-1] of one micro-batch `mb` (made from prompt_ids /
     response_ids): the shared-prompt forward when `enabled(trainer)` and some prompt repeats, else
     `forward_logprobs` (which also fills `router_logits` for MoE). The layout is `choose_layout`'s unless
-    the trainer carries a `_shared_prefix_layout` attribute (benchmarks, tests: "row" / "cache")."""
+    `trainer.shared_prefix_layout` says otherwise (benchmarks, tests: "row" / "cache"; default "auto")."""
     if mb.segments is None and enabled(trainer) and worth_sharing(prompt_ids):
         return shared_prefix_logprobs(trainer.model, prompt_ids, response_ids, mb.mask, trainer.temperature,
                                       trainer.cfg.precision, trainer.pad_id,
-                                      layout=getattr(trainer, "_shared_prefix_layout", "auto"))
+                                      layout=trainer.shared_prefix_layout)
     return forward_logprobs(trainer.model, mb, trainer.temperature, trainer.cfg.precision,
                             router_logits=router_logits)
 

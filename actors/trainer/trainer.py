@@ -16,7 +16,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import ray
 import torch
@@ -56,6 +56,7 @@ class Trainer:
                                                           **attention.load_kwargs(self.attn_implementation)).to(device)
         # the shared-prompt forward (prefix_share.enabled decides on first use; None = not decided yet)
         self.shared_prefix_on: Optional[bool] = None
+        self.shared_prefix_layout = "auto"  # or "row" / "cache" (prefix_share.choose_layout; benchmarks set it)
         if self.attn_implementation == "flash_attention_2" and trainer_cfg.shared_prefix:
             self.shared_prefix_on = False  # its masked attention over the gathered prompt cache needs SDPA/eager
         if trainer_cfg.gradient_checkpointing:

@@ -21,7 +21,7 @@ import ray.experimental.internal_kv as internal_kv
 import ray.util.collective as col
 import torch
 import torch.distributed as dist
-from ray.util.collective.backend_registry import _global_registry
+from ray.util.collective.backend_registry import BackendRegistry
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import BroadcastOptions
 
@@ -90,7 +90,7 @@ class StatelessGlooGroup(BaseGroup):
 
 def register_backend() -> None:
     """Make `rl_orch_gloo` known to ray.util.collective in this process (idempotent)."""
-    if not _global_registry.is_registered(GLOO_BACKEND):
+    if not BackendRegistry().is_registered(GLOO_BACKEND):  # Ray's registry is a singleton
         col.register_collective_backend(GLOO_BACKEND, StatelessGlooGroup)
 
 

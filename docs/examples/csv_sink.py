@@ -6,7 +6,7 @@ Use it with no file of ours changed, by dotted path in `metrics.sinks` (keep `js
         'metrics.sinks=[console, jsonl, prometheus, "docs.examples.csv_sink:CsvSink"]'
 
 or make it built-in: copy it to orchestrator/metrics/csv.py and add one line to `SINKS` in
-orchestrator/metrics/registry.py (`"csv": CsvSink,`); then `metrics.sinks=[console, jsonl, csv]`.
+orchestrator/metrics/registry.py (`"csv": "orchestrator.metrics.csv:CsvSink",`); then `metrics.sinks=[console, jsonl, csv]`.
 
 The contract (orchestrator/metrics/sink.py): `from_config(cfg, ctx)` builds the sink (or returns None when its
 settings turn it off), `log_row(row)` gets each finished step's `{"step": k, "<phase>/<name>": value}` (None for

@@ -23,10 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestrator.algo import (
-    LossInputs, add_kl, aggregate, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
-    register_policy_loss,
-)
+from orchestrator.algo import LossInputs, finish_loss, masked_terms, register_policy_loss
 
 
 @register_policy_loss("cispo")
@@ -36,16 +33,7 @@ def cispo(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     ``[B, T]`` inputs as in ``LossInputs``; ``actor/clip_frac`` is the fraction of tokens whose weight is
     capped. Gradient per token with respect to ``log pi``: ``-min(ratio, 1 + clip_high) * A`` (never 0).
     """
-    m = inputs.mask != 0
-    lp, old, adv = masked(inputs.logprobs, m), masked(inputs.old_logprobs, m), masked(inputs.advantages, m)
-    ratio = policy_ratio(lp, old)
+    t = masked_terms(inputs)  # mask, masked logprobs / old logprobs / advantages, the policy ratio
     cap = 1.0 + cfg.clip_high
-    pg = -torch.clamp(ratio, max=cap).detach() * adv * lp
-    weight = None
-    if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
-        weight = importance_weight(old, masked(inputs.rollout_logprobs, m), cfg.tis_cap)
-        pg = pg * weight
-    ref = masked(inputs.ref_logprobs, m) if inputs.ref_logprobs is not None else None
-    kl = kl_term(lp, ref, cfg.kl_estimator)
-    loss = aggregate(add_kl(pg, kl, cfg.kl_coef).float(), m, cfg.loss_agg, inputs.normalizer, inputs.max_response_len)
-    return loss, loss_metrics(m, pg, ratio, kl=kl, clipped=ratio > cap, weight=weight)
+    pg = -torch.clamp(t.ratio, max=cap).detach() * t.advantages * t.logprobs
+    return finish_loss(pg, t.ratio > cap, t, inputs, cfg)  # TIS, KL, aggregation, metrics: as every loss

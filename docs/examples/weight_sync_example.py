@@ -6,9 +6,10 @@ written into a temporary folder and renamed when complete); each engine streams 
 older versions are removed once every engine was verified. Verification (version + checksums),
 retries, timeouts and the `sync/*` metrics come from the shared syncer, as for every strategy.
 
-Use it: import this module before the run starts (its `register` line below adds it to the registry;
-the line could as well sit in orchestrator/weight_sync/registry.py), then set
-`weight_sync.strategy=shared_file`. tests/integration/test_extending_weight_sync.py runs it; the guide is
+Use it, with no file of ours changed: `weight_sync.strategy=docs.examples.weight_sync_example` (a dotted module
+path: the registry imports the module and uses its `STRATEGY` and `PREDICT`). Or make it built-in by the one
+registry line in orchestrator/weight_sync/registry.py (`register("shared_file", "<this module>", predict_disk)`;
+the same line sits at the bottom of this file, so importing it also registers the name `shared_file`). tests/integration/test_extending_weight_sync.py runs it; the guide is
 docs/extending_weight_sync.md.
 """
 from __future__ import annotations
@@ -69,4 +70,5 @@ class SharedFileStrategy(WeightSyncStrategy):
 STRATEGY = SharedFileStrategy()
 
 # The registry line: name, the module holding STRATEGY, the cost model's predictor (a disk write + read).
-ENTRY = register("shared_file", "docs.examples.weight_sync_example", predict_disk)
+PREDICT = predict_disk  # the cost model prices it as the disk strategy (one file instead of shards)
+ENTRY = register("shared_file", "docs.examples.weight_sync_example", PREDICT)

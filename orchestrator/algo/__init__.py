@@ -14,8 +14,8 @@ from orchestrator.algo.batch import TrainBatch, response_mask_tensor, token_rows
 from orchestrator.algo.kl import kl_penalty
 from orchestrator.algo.logprobs import position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.loss import (
-    POLICY_LOSSES, LossAgg, LossConfig, LossInputs, compute_policy_loss, loss_normalizer, policy_loss,
-    register_policy_loss,
+    POLICY_LOSSES, LossAgg, LossConfig, LossInputs, MaskedTerms, compute_policy_loss, finish_loss, loss_normalizer,
+    masked_terms, policy_loss, register_policy_loss,
 )
 from orchestrator.algo.loss_parts import (
     add_kl, aggregate, clipped_surrogate, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
@@ -31,11 +31,13 @@ __all__ = [
     "LossAgg",
     "LossConfig",
     "LossInputs",
+    "MaskedTerms",
     "TrainBatch",
     "add_kl",
     "aggregate",
     "broadcast_to_tokens",
     "clipped_surrogate",
+    "finish_loss",
     "compute_advantages",
     "compute_policy_loss",
     "compute_token_advantages",
@@ -48,6 +50,7 @@ __all__ = [
     "loss_normalizer",
     "lr_multiplier",
     "masked",
+    "masked_terms",
     "policy_loss",
     "policy_ratio",
     "position_ids_from_attention_mask",

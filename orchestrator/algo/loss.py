@@ -29,8 +29,8 @@ from orchestrator.algo.loss_parts import (
 )
 from orchestrator.algo.registry import Registry
 
-__all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "compute_policy_loss",
-           "loss_normalizer", "policy_loss", "ppo_clip", "register_policy_loss"]
+__all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "MaskedTerms", "compute_policy_loss",
+           "finish_loss", "loss_normalizer", "masked_terms", "policy_loss", "ppo_clip", "register_policy_loss"]
 
 PolicyLossFn = Callable[["LossInputs", Any], "tuple[Tensor, dict[str, float]]"]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
@@ -154,19 +154,46 @@ def ppo_clip(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
         where the clipped branch is strictly larger), ``actor/ratio_mean``, ``actor/tis_weight_mean``
         (TIS only), ``actor/tokens``.
     """
+    t = masked_terms(inputs)
+    pg, clipped = clipped_surrogate(t.ratio, t.advantages, cfg.clip_low, cfg.clip_high)
+    return finish_loss(pg, clipped, t, inputs, cfg)
+
+
+@dataclass
+class MaskedTerms:
+    """What every policy loss starts from: the bool mask [B, T] and, zeroed off the mask, the logprobs, old
+    logprobs and advantages [B, T], and the policy ratio exp(logprobs - old_logprobs) [B, T]."""
+
+    mask: Tensor
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    ratio: Tensor
+
+
+def masked_terms(inputs: LossInputs) -> MaskedTerms:
+    """The masked inputs and the policy ratio (log ratio clamped to [-20, 20], `policy_ratio`)."""
     m = inputs.mask != 0
-    lp, old, adv = masked(inputs.logprobs, m), masked(inputs.old_logprobs, m), masked(inputs.advantages, m)
-    ratio = policy_ratio(lp, old)
-    pg, clipped = clipped_surrogate(ratio, adv, cfg.clip_low, cfg.clip_high)
+    lp, old = masked(inputs.logprobs, m), masked(inputs.old_logprobs, m)
+    return MaskedTerms(m, lp, old, masked(inputs.advantages, m), policy_ratio(lp, old))
+
+
+def finish_loss(pg: Tensor, clipped: Tensor, t: MaskedTerms, inputs: LossInputs,
+                cfg: Any) -> tuple[Tensor, dict[str, float]]:
+    """The end every policy loss shares, from its per-token policy-gradient term `pg` [B, T] and the tokens it
+    counts as clipped [B, T] bool: the truncated importance weight (TIS, Yao et al. 2025: w = min(exp(old -
+    rollout), tis_cap), detached, when `cfg.tis_cap` and `inputs.rollout_logprobs` are set), the KL penalty
+    (`cfg.kl_coef` * `kl_penalty(..., cfg.kl_estimator)`), the aggregation (`cfg.loss_agg`, divided by
+    `inputs.normalizer`) and the `actor/*` metrics. Returns (float32 scalar loss, metrics)."""
     weight = None
     if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
-        weight = importance_weight(old, masked(inputs.rollout_logprobs, m), cfg.tis_cap)
+        weight = importance_weight(t.old_logprobs, masked(inputs.rollout_logprobs, t.mask), cfg.tis_cap)
         pg = pg * weight
-    ref = masked(inputs.ref_logprobs, m) if inputs.ref_logprobs is not None else None
-    kl = kl_term(lp, ref, cfg.kl_estimator)
+    ref = masked(inputs.ref_logprobs, t.mask) if inputs.ref_logprobs is not None else None
+    kl = kl_term(t.logprobs, ref, cfg.kl_estimator)
     per_token = add_kl(pg, kl, cfg.kl_coef)
-    loss = aggregate(per_token.float(), m, cfg.loss_agg, inputs.normalizer, inputs.max_response_len)
-    return loss, loss_metrics(m, pg, ratio, kl=kl, clipped=clipped, weight=weight)
+    loss = aggregate(per_token.float(), t.mask, cfg.loss_agg, inputs.normalizer, inputs.max_response_len)
+    return loss, loss_metrics(t.mask, pg, t.ratio, kl=kl, clipped=clipped, weight=weight)
 
 
 def policy_loss(

@@ -16,6 +16,7 @@ controller for estimators, the trainer actor for losses) by listing it in ``algo
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -101,27 +102,41 @@ def import_plugins(plugins: Iterable[str], key: str = "algo.plugins") -> None:
 
     Args:
         plugins: dotted module names (``"my_pkg.losses"``) or paths to ``.py`` files; a file is imported
-            once per process under the module name ``rl_orch_plugin_<stem>``.
+            once per process under the module name ``rl_orch_plugin_<stem>_<hash of its resolved path>``.
         key: the config key, for messages.
 
     Raises:
-        ValueError: a module that cannot be found or a file that does not exist, naming ``key[i]``.
-        Any exception the module itself raises on import propagates unchanged.
+        ValueError: a module that cannot be found, a file that does not exist, or a module whose own code
+            raises on import (the message names ``key[i]``, the exception and, for a missing dependency of
+            the plugin, that dependency).
     """
     for i, plugin in enumerate(plugins):
-        if str(plugin).endswith(".py"):
-            _import_file(Path(plugin), f"{key}[{i}]")
-            continue
+        where = f"{key}[{i}]={str(plugin)!r}"
         try:
-            importlib.import_module(plugin)
+            if str(plugin).endswith(".py"):
+                _import_file(Path(plugin), where)
+            else:
+                importlib.import_module(plugin)
         except ModuleNotFoundError as e:
-            raise ValueError(f"{key}[{i}]={plugin!r}: cannot import it ({e})") from None
+            inside = e.name and not str(plugin).startswith(e.name) and not str(plugin).endswith(".py")
+            what = f"it imports {e.name!r}, which is not installed" if inside else f"cannot import it ({e})"
+            raise ValueError(f"{where}: {what}") from None
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the plugin's own code failed: name it, keep the traceback chained
+            raise ValueError(f"{where}: importing it raised {type(e).__name__}: {e}") from e
+
+
+def plugin_module_name(path: Path) -> str:
+    """The module name a plugin file is imported under: its stem plus a hash of its resolved path, so two
+    plugins named alike in two folders are two modules."""
+    return f"rl_orch_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
 
 
 def _import_file(path: Path, where: str) -> None:
     if not path.is_file():
-        raise ValueError(f"{where}={str(path)!r}: no such file")
-    name = f"rl_orch_plugin_{path.stem}"
+        raise ValueError(f"{where}: no such file")
+    name = plugin_module_name(path)
     if name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(name, path)

@@ -112,6 +112,7 @@ def validate(cfg) -> None:
     _check_packing(cfg)
     _check_lora_targets(cfg)
     _check_sinks(cfg)
+    _check_sync_strategy(cfg)
     if cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")
     batch = cfg.rollout.n * cfg.rollout.prompts_per_step
@@ -242,6 +243,9 @@ def _check_sinks(cfg) -> None:
     from orchestrator.metrics.registry import resolve_sink
 
     sinks = list(cfg.metrics.sinks)
+    repeated = sorted({str(s) for s in sinks if sinks.count(s) > 1})
+    if repeated:
+        raise ConfigError(f"metrics.sinks={sinks}: {repeated} listed more than once (every row would go there twice)")
     for name in sinks:
         try:
             resolve_sink(str(name))
@@ -250,3 +254,14 @@ def _check_sinks(cfg) -> None:
     if "jsonl" not in sinks:
         raise ConfigError(f"metrics.sinks={sinks}: 'jsonl' is required (metrics.jsonl is the run's record: the plot, "
                           "placement.auto and rl-orch size read it)")
+
+
+def _check_sync_strategy(cfg) -> None:
+    """weight_sync.strategy: "auto", a registered strategy, or a dotted module path defining STRATEGY."""
+    from orchestrator.weight_sync.registry import get
+
+    if cfg.weight_sync.strategy != "auto":
+        try:
+            get(cfg.weight_sync.strategy)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None

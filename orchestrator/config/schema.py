@@ -17,12 +17,6 @@ from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
 from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
-from orchestrator.weight_sync.registry import strategy_names
-
-
-def _sync_strategies() -> tuple[str, ...]:
-    """weight_sync.strategy: the registered strategies (orchestrator/weight_sync/registry.py) and `auto`."""
-    return (*strategy_names(), "auto")
 
 
 @dataclass
@@ -253,7 +247,9 @@ class DeltaSyncConfig:
 class WeightSyncConfig:
     # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store) or
     # auto (the cheapest by the cost model)
-    strategy: str = choice("object_store", _sync_strategies)
+    # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store), "auto"
+    # (the cheapest by the cost model), or the dotted path of a module defining STRATEGY (your own strategy)
+    strategy: str = "object_store"
     bucket_mb: int = number(256, gt=0)  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
     timeout_s: float = number(600.0, gt=0)  # one sync (all buckets, all engines); past it the run stops with an error
     verify: bool = True  # every engine reports its version and per-group checksums after each sync

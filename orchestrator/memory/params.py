@@ -31,7 +31,7 @@ class ParamCount:
     active: int
 
 
-def _get(cfg: dict[str, Any], key: str, source: str, default: Any = ...) -> int:
+def config_value(cfg: dict[str, Any], key: str, source: str, default: Any = ...) -> int:
     """cfg[key] as a non-negative int; `default` when absent or null, ModelConfigError when required."""
     value = cfg.get(key)
     if value is None:
@@ -45,11 +45,11 @@ def _get(cfg: dict[str, Any], key: str, source: str, default: Any = ...) -> int:
 
 def _attention_params(cfg: dict[str, Any], source: str) -> int:
     """One layer's attention weights (+ biases / q-k norms), as in HF Llama / Qwen2 / Qwen3 / DeepSeek."""
-    hidden = _get(cfg, "hidden_size", source)
-    heads = _get(cfg, "num_attention_heads", source)
+    hidden = config_value(cfg, "hidden_size", source)
+    heads = config_value(cfg, "num_attention_heads", source)
     if cfg.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
-        nope, rope = _get(cfg, "qk_nope_head_dim", source), _get(cfg, "qk_rope_head_dim", source)
-        v_dim, kv_rank = _get(cfg, "v_head_dim", source), cfg["kv_lora_rank"]
+        nope, rope = config_value(cfg, "qk_nope_head_dim", source), config_value(cfg, "qk_rope_head_dim", source)
+        v_dim, kv_rank = config_value(cfg, "v_head_dim", source), cfg["kv_lora_rank"]
         q_rank = cfg.get("q_lora_rank")
         q = hidden * heads * (nope + rope) if not q_rank else \
             hidden * q_rank + q_rank + q_rank * heads * (nope + rope)
@@ -57,8 +57,8 @@ def _attention_params(cfg: dict[str, Any], source: str) -> int:
         return q + kv + heads * v_dim * hidden
     if heads == 0:
         raise ModelConfigError(f"{source}: key 'num_attention_heads' must be >= 1 (got 0)")
-    kv_heads = _get(cfg, "num_key_value_heads", source, heads)
-    head_dim = _get(cfg, "head_dim", source, hidden // heads)
+    kv_heads = config_value(cfg, "num_key_value_heads", source, heads)
+    head_dim = config_value(cfg, "head_dim", source, hidden // heads)
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
     model_type = str(cfg.get("model_type", ""))
@@ -79,19 +79,19 @@ def _mlp_params(hidden: int, intermediate: int, bias: bool = False) -> int:
 
 def _moe_layout(cfg: dict[str, Any], source: str) -> dict[str, int] | None:
     """Experts per MoE layer (routed, per token, sizes, shared) or None for a dense model."""
-    hidden = _get(cfg, "hidden_size", source)
+    hidden = config_value(cfg, "hidden_size", source)
     if cfg.get("num_local_experts"):  # Mixtral: experts as large as `intermediate_size`, no shared expert
-        return dict(routed=cfg["num_local_experts"], per_tok=_get(cfg, "num_experts_per_tok", source),
-                    size=_get(cfg, "intermediate_size", source), shared=0, shared_gate=0)
+        return dict(routed=cfg["num_local_experts"], per_tok=config_value(cfg, "num_experts_per_tok", source),
+                    size=config_value(cfg, "intermediate_size", source), shared=0, shared_gate=0)
     if cfg.get("n_routed_experts"):  # DeepSeek-V2/V3: n_shared_experts of moe_intermediate_size each
-        size = _get(cfg, "moe_intermediate_size", source)
-        return dict(routed=cfg["n_routed_experts"], per_tok=_get(cfg, "num_experts_per_tok", source),
+        size = config_value(cfg, "moe_intermediate_size", source)
+        return dict(routed=cfg["n_routed_experts"], per_tok=config_value(cfg, "num_experts_per_tok", source),
                     size=size, shared=cfg.get("n_shared_experts", 0) * size, shared_gate=0,
                     router_bias=cfg["n_routed_experts"] if cfg.get("topk_method") == "noaux_tc" else 0)
     if cfg.get("num_experts"):  # Qwen2-MoE / Qwen3-MoE: optional shared expert with a sigmoid gate
         shared = cfg.get("shared_expert_intermediate_size") or 0
-        return dict(routed=cfg["num_experts"], per_tok=_get(cfg, "num_experts_per_tok", source),
-                    size=_get(cfg, "moe_intermediate_size", source), shared=shared,
+        return dict(routed=cfg["num_experts"], per_tok=config_value(cfg, "num_experts_per_tok", source),
+                    size=config_value(cfg, "moe_intermediate_size", source), shared=shared,
                     shared_gate=hidden if shared else 0)
     return None
 
@@ -117,9 +117,9 @@ def count_params(hf_config: dict[str, Any], source: str = "config") -> ParamCoun
     cfg = hf_config
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
-    hidden = _get(cfg, "hidden_size", source)
-    layers = _get(cfg, "num_hidden_layers", source)
-    vocab = _get(cfg, "vocab_size", source)
+    hidden = config_value(cfg, "hidden_size", source)
+    layers = config_value(cfg, "num_hidden_layers", source)
+    vocab = config_value(cfg, "vocab_size", source)
     embed = vocab * hidden
     head = 0 if cfg.get("tie_word_embeddings", False) else vocab * hidden
     attention = _attention_params(cfg, source)
@@ -129,7 +129,7 @@ def count_params(hf_config: dict[str, Any], source: str = "config") -> ParamCoun
     for index in range(layers):
         base = attention + 2 * hidden  # + input and post-attention RMSNorm
         if moe is None or not _is_moe_layer(cfg, index):
-            dense = base + _mlp_params(hidden, _get(cfg, "intermediate_size", source), mlp_bias)
+            dense = base + _mlp_params(hidden, config_value(cfg, "intermediate_size", source), mlp_bias)
             total, active = total + dense, active + dense
             continue
         expert = _mlp_params(hidden, moe["size"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.memory.params import ModelConfigError, _get, count_params
+from orchestrator.memory.params import ModelConfigError, config_value, count_params
 
 # The projections peft targets by default in this project (trainer.lora.target_modules).
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -84,16 +84,16 @@ def model_shape(hf_config: dict[str, Any], name: str = "model") -> ModelShape:
     cfg = hf_config
     if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
-    hidden, heads = _get(cfg, "hidden_size", name), _get(cfg, "num_attention_heads", name)
+    hidden, heads = config_value(cfg, "hidden_size", name), config_value(cfg, "num_attention_heads", name)
     experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0
     moe_inter = cfg.get("moe_intermediate_size") or (cfg.get("intermediate_size") if experts else 0) or 0
-    kv_latent = (cfg["kv_lora_rank"] + _get(cfg, "qk_rope_head_dim", name)) if cfg.get("kv_lora_rank") else 0
+    kv_latent = (cfg["kv_lora_rank"] + config_value(cfg, "qk_rope_head_dim", name)) if cfg.get("kv_lora_rank") else 0
     return ModelShape(
-        name=name, layers=_get(cfg, "num_hidden_layers", name), hidden=hidden,
-        intermediate=_get(cfg, "intermediate_size", name, 0), heads=heads,
-        kv_heads=_get(cfg, "num_key_value_heads", name, heads),
-        head_dim=_get(cfg, "head_dim", name, hidden // heads if heads else 0),
-        vocab=_get(cfg, "vocab_size", name), tied=bool(cfg.get("tie_word_embeddings", False)),
+        name=name, layers=config_value(cfg, "num_hidden_layers", name), hidden=hidden,
+        intermediate=config_value(cfg, "intermediate_size", name, 0), heads=heads,
+        kv_heads=config_value(cfg, "num_key_value_heads", name, heads),
+        head_dim=config_value(cfg, "head_dim", name, hidden // heads if heads else 0),
+        vocab=config_value(cfg, "vocab_size", name), tied=bool(cfg.get("tie_word_embeddings", False)),
         num_params=count.total, active_params=count.active, experts=int(experts),
         experts_per_token=int(cfg.get("num_experts_per_tok") or 0) if experts else 0,
         moe_intermediate=int(moe_inter), kv_latent=int(kv_latent))

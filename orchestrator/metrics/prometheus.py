@@ -10,7 +10,7 @@ and histograms, served by the controller process.
 It is a metric sink (orchestrator/metrics/sink.py): the run builds it from config
 (`PrometheusExporter.from_config`: none when `metrics.prometheus_port` is 0); an exception that stops the
 run is counted by kind (`on_error` -> `error_kind`) and the server stops (`close`). Every series carries the
-label `run`; names are `rl_orch_<component>_<name>_<unit>` (DESIGN.md). Row keys that no table below
+label `run`; names are `rl_orch_<component>_<name>_<unit>` (docs/monitoring.md). Row keys that no table below
 names are ignored; a key missing from a row leaves its metric as it was. The Grafana dashboard
 (deploy/grafana/) and the alerts (deploy/prometheus/) read these names.
 """

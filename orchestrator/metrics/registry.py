@@ -1,33 +1,35 @@
 """The metric sinks a run can name in `metrics.sinks`, and `build_sinks`, the one place they are made.
 
-A name here, or a dotted path `pkg.module:Class` to a `MetricSink` subclass (no file of ours to edit). A
-new built-in sink is one file plus one line in `SINKS`.
+A name here, or a dotted path `pkg.module:Class` (or `pkg.module.Class`) to a `MetricSink` subclass (no file
+of ours to edit). A new built-in sink is one file plus one line in `SINKS` (name -> the class's dotted path;
+the module is imported only when a run names the sink).
 """
 from __future__ import annotations
 
 import importlib
 
-from orchestrator.metrics.console import ConsoleProgress
-from orchestrator.metrics.jsonl import JsonlLogger
-from orchestrator.metrics.prometheus import PrometheusExporter
 from orchestrator.metrics.sink import MetricSink, MetricSinks, SinkContext
 
-SINKS: dict[str, type[MetricSink]] = {
-    "console": ConsoleProgress,  # run.progress: the table and progress bar
-    "jsonl": JsonlLogger,  # <run.output_dir>/metrics.jsonl: the run's record (rl-orch size, the plot read it)
-    "prometheus": PrometheusExporter,  # /metrics when metrics.prometheus_port > 0
+SINKS: dict[str, str | type[MetricSink]] = {
+    "console": "orchestrator.metrics.console:ConsoleProgress",  # run.progress: the table and progress bar
+    "jsonl": "orchestrator.metrics.jsonl:JsonlLogger",  # <run.output_dir>/metrics.jsonl: the run's record
+    "prometheus": "orchestrator.metrics.prometheus:PrometheusExporter",  # /metrics when metrics.prometheus_port > 0
 }
 
 
 def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
-    """The sink class of a registered `name` or a dotted path `pkg.module:Class`. Raises ValueError naming
-    `key`, the value and the registered names when it cannot be found or is not a MetricSink."""
-    if name in SINKS:
-        return SINKS[name]
-    if ":" not in name:
+    """The sink class of a registered `name` or a dotted path `pkg.module:Class` / `pkg.module.Class`. Raises
+    ValueError naming `key`, the value and the registered names when it cannot be found or is not a MetricSink."""
+    target = SINKS.get(name, name)
+    if isinstance(target, type):
+        return target
+    if ":" in target:
+        module, _, attr = target.partition(":")
+    elif "." in target:
+        module, _, attr = target.rpartition(".")
+    else:
         raise ValueError(f"{key}: unknown sink {name!r}; registered: {sorted(SINKS)}, or a dotted path "
                          "'pkg.module:Class' to a MetricSink subclass")
-    module, _, attr = name.partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -38,6 +40,15 @@ def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
 
 
 def build_sinks(cfg, ctx: SinkContext) -> MetricSinks:
-    """Every sink of `metrics.sinks` that its config turns on, in the listed order."""
-    made = (resolve_sink(name).from_config(cfg, ctx) for name in cfg.metrics.sinks)
-    return MetricSinks([s for s in made if s is not None])
+    """Every sink of `metrics.sinks` that its config turns on, in the listed order. When one cannot be made,
+    the ones already made are closed (a serving Prometheus exporter stops) and the error is raised."""
+    made: list[MetricSink] = []
+    try:
+        for name in cfg.metrics.sinks:
+            sink = resolve_sink(name).from_config(cfg, ctx)
+            if sink is not None:
+                made.append(sink)
+    except BaseException:
+        MetricSinks(made).close()
+        raise
+    return MetricSinks(made)

@@ -1,8 +1,10 @@
 """placement.auto: after `sizing.warmup_steps` steps, apply the sizer's recommendation by re-placing the actors.
 
-    found, why = decide(rows, cfg)                      # pure: a Replacement (config overrides) or None, and why
-    fields = auto_replace(controller, step, row, ckpt)  # the hook in GRPOController.run (decide + replace_actors)
-    fields = replace_actors(controller, step, overrides, ckpt)  # the mechanics, with explicit overrides
+    found, why = decide(rows, cfg)          # a Replacement (config overrides) or None, and why
+    new_cfg = with_overrides(cfg, found.overrides)
+    row.update(replacement_fields(found))  # what the step's row records
+
+Pure (no Ray): the controller does the re-placement itself (GRPOController._replace; mechanics below).
 
 Decision (`decide`, no Ray): the warm-up rows are measured as `rl-orch size` measures a metrics.jsonl
 (orchestrator.sizing.measurements: first step dropped, medians), at the GPUs per role the current config
@@ -19,10 +21,10 @@ None (nothing to do) when the measurement is insufficient (fewer than 2 timed ro
 when the sizer cannot size it, when the recommendation is the current placement, or when it is predicted
 less than MIN_GAIN faster than the current one (a re-placement costs a checkpoint and an actor restart).
 
-Mechanics (`replace_actors`): checkpoint the step (`GRPOController.checkpoint`, or the one the step just
-wrote) -> `GRPOController.replace`: pending async batches discarded -> `Job.replace` (actors killed, placement
-groups removed, the new config's actors and weight syncer started) -> `GRPOController.restore` (trainer
-weights, optimizer, scheduler, RNG, loader; then a verified weight sync to every engine). When the new placement
+Mechanics (GRPOController._replace, orchestrator/controller.py): checkpoint the step (or use the one the
+step just wrote) -> pending async batches discarded -> `Job.replace` (actors killed, placement groups
+removed, the new config's actors and weight syncer started) -> `GRPOController.restore` (trainer weights,
+optimizer, scheduler, RNG, loader; then a verified weight sync to every engine) -> rollouts restarted. When the new placement
 cannot be reserved (PlacementError), the old config is started again from the same checkpoint; any other
 failure propagates with a note naming the checkpoint, which stays on disk (checkpoint.resume=<it>).
 """
@@ -30,9 +32,7 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -197,50 +197,17 @@ def decide(rows: list[dict], cfg, modes: Optional[tuple[str, ...]] = None) -> tu
                   f"{'; '.join(skipped[:3])}")
 
 
-# ---- mechanics (Ray: imported inside the functions, so that `decide` stays importable without it) -------------
-def auto_replace(ctl, step: int, row: dict, ckpt: Optional[str] = None) -> dict:
-    """The hook of GRPOController.run after step `sizing.warmup_steps`: `decide` on the logged rows plus this
-    step's `row`, print the one-line decision, and `replace_actors` when there is something to do. Returns
-    the fields to add to the step's row: `sizing/replaced` (1 or 0), and after a re-placement
-    `sizing/predicted_step_s` and `sizing/previous_predicted_step_s` (seconds), `sizing/{rollout,trainer,
-    reference}_gpus`, `sizing/split` (text) and `sizing/replace_s` (seconds the re-placement took)."""
-    rows = ctl.rows() + [row]
-    found, why = decide([r for r in rows if r.get("step", 0) <= step], ctl.cfg)
-    print(why, flush=True)
-    if found is None:
-        return {"sizing/replaced": 0}
-    fields = replace_actors(ctl, step, found.overrides, ckpt)
-    if fields["sizing/replaced"]:
-        s = found.split
-        fields.update({"sizing/predicted_step_s": found.predicted_step_s, "sizing/split": found.description,
-                       "sizing/previous_predicted_step_s": found.current_step_s, "sizing/rollout_gpus": s.rollout,
-                       "sizing/trainer_gpus": s.trainer, "sizing/reference_gpus": s.reference})
-    return fields
+def replacement_fields(found: Replacement) -> dict:
+    """The `sizing/*` fields a re-placement adds to its step's row: `sizing/predicted_step_s` and
+    `sizing/previous_predicted_step_s` (seconds), `sizing/split` (text), `sizing/{rollout,trainer,reference}_gpus`."""
+    s = found.split
+    return {"sizing/predicted_step_s": found.predicted_step_s, "sizing/split": found.description,
+            "sizing/previous_predicted_step_s": found.current_step_s, "sizing/rollout_gpus": s.rollout,
+            "sizing/trainer_gpus": s.trainer, "sizing/reference_gpus": s.reference}
 
 
-def replace_actors(ctl, step: int, overrides: dict[str, Any], ckpt: Optional[str] = None) -> dict:
-    """Re-place the actors of controller `ctl` (a GRPOController after step `step`) into `ctl.cfg` with
-    `overrides` (dotted key -> value), resuming from a checkpoint of `step` (`ckpt`, the one the step wrote,
-    or a new one). Returns {"sizing/replaced": 1, "sizing/replace_s"}, or after a fallback to the old
-    placement (the new one could not be reserved: PlacementError) {"sizing/replaced": 0,
-    "sizing/replace_failed": 1, ...}. Raises ConfigError before anything stops when the overrides are
-    invalid; any other failure propagates with a note naming the checkpoint (it stays on disk)."""
-    t0 = time.perf_counter()
-    old_cfg = ctl.cfg
-    new_cfg = with_overrides(old_cfg, overrides)
-    folder = Path(ckpt or ctl.checkpoint(step))
-    try:
-        placed = ctl.replace(new_cfg, folder)  # GRPOController.replace: Job.replace, restore, rollouts
-    except BaseException as e:
-        e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
-                   f"resume with checkpoint.resume={folder}")
-        raise
-    fields: dict[str, Any] = {"sizing/replaced": 1} if placed else {"sizing/replaced": 0, "sizing/replace_failed": 1}
-    fields["sizing/replace_s"] = time.perf_counter() - t0
-    if placed:
-        OmegaConf.save(ctl.cfg, Path(ctl.cfg.run.output_dir) / f"config_replaced_step_{step}.yaml", resolve=True)
-        changed = ", ".join(f"{k}={OmegaConf.select(ctl.cfg, k)}" for k in overrides
-                            if OmegaConf.select(old_cfg, k) != OmegaConf.select(ctl.cfg, k))
-        print(f"placement.auto: re-placed after step {step} in {fields['sizing/replace_s']:.1f} s: "
-              f"{changed or 'nothing changed'} (resumed from {folder})", flush=True)
-    return fields
+def describe_change(old_cfg, new_cfg, overrides: dict[str, Any]) -> str:
+    """"key=value, ..." of the overridden keys whose value changed, or "nothing changed"."""
+    changed = ", ".join(f"{k}={OmegaConf.select(new_cfg, k)}" for k in overrides
+                        if OmegaConf.select(old_cfg, k) != OmegaConf.select(new_cfg, k))
+    return changed or "nothing changed"

@@ -81,6 +81,8 @@ class EnvRunner:
         self.stats = EnvStats()
         self._slots: tuple | None = None
         self._lock = threading.Lock()
+        self._finished: set = set()  # threads whose env call returned and whose result is being delivered
+        self._abandoned: set = set()  # threads still running after their call timed out (stats.stuck_threads)
 
     async def make(self) -> Environment:
         """A new env instance (constructor run in a thread). Raises EnvFailure."""
@@ -116,15 +118,17 @@ class EnvRunner:
             except asyncio.TimeoutError:
                 with self._lock:
                     self.stats.timeouts += 1
-                    if not getattr(thread, "_finished", False):
+                    if thread not in self._finished:
                         self.stats.stuck_threads += 1
-                        setattr(thread, "_abandoned", True)
+                        self._abandoned.add(thread)
                 raise EnvFailure("timeout", where, f"took longer than env.step_timeout_s={self.step_timeout_s}") from None
             except EnvFailure:
                 self.stats.errors += 1
                 raise
             finally:
                 self.stats.calls += 1
+                with self._lock:
+                    self._finished.discard(thread)
 
     def _thread_main(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future, fn: Callable[[], Any]) -> None:
         try:
@@ -133,10 +137,11 @@ class EnvRunner:
             outcome = ("error", f"{type(e).__name__}: {e}")
         with self._lock:
             me = threading.current_thread()
-            if getattr(me, "_abandoned", False):
+            if me in self._abandoned:
+                self._abandoned.discard(me)
                 self.stats.stuck_threads -= 1
                 return
-            setattr(me, "_finished", True)
+            self._finished.add(me)
         try:
             loop.call_soon_threadsafe(_settle, future, outcome, threading.current_thread().name)
         except RuntimeError:  # the event loop is closed: nobody waits for this result any more

@@ -1,6 +1,6 @@
 """The rollout-source seam: launch a batch of groups on the rollout workers, collect their trajectories.
 
-    source = make_rollout_source(cfg, workers, wait)    # single-turn, or multi-turn when env.name is set
+    source = SingleTurnSource(cfg, workers, wait)       # or MultiTurnSource when env.name is set
     launched = source.launch(requests)                  # the workers' calls, not waited for
     trajs = source.collect(launched, version, row)      # wait, stale-version check, `rollout/*` metrics
 

@@ -8,8 +8,8 @@ config's allowed `weight_sync.strategy` values, `auto`'s candidates and `rl-orch
     predict_sync(setup)["disk"]       # SyncEstimate of every strategy with a predictor
     get("disk").load()                # the strategy object (imports its module: torch, maybe Ray)
 
-A new strategy is one module plus one `register(...)` line (below, or in your own code before the run
-starts; docs/extending_weight_sync.md). The module is imported only by `StrategyEntry.load`, so this
+A new strategy is one module plus one `register(...)` line below; or, with no file of ours, its dotted
+module path as `weight_sync.strategy` (`get` imports and registers it; docs/extending_weight_sync.md). The module is imported only by `StrategyEntry.load`, so this
 file stays importable without Ray or torch.
 """
 from __future__ import annotations
@@ -64,9 +64,22 @@ def strategy_names() -> tuple[str, ...]:
 
 
 def get(name: str) -> StrategyEntry:
-    """The entry of `name`; raises ValueError naming `weight_sync.strategy` and the allowed values."""
+    """The entry of `name`: a registered name, or a dotted module path `pkg.module` whose module defines
+    `STRATEGY` (and optionally `PREDICT`, its cost-model predictor); such a module is imported and registered
+    under its path on first use, so a user's strategy needs no file of ours. Raises ValueError naming
+    `weight_sync.strategy` and the allowed values."""
+    if name not in _REGISTRY and "." in name:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            raise ValueError(f"weight_sync.strategy={name!r}: cannot import it ({e})") from None
+        if not hasattr(module, "STRATEGY"):
+            raise ValueError(f"weight_sync.strategy={name!r}: the module defines no STRATEGY "
+                             "(an actors.weight_sync.base.WeightSyncStrategy; docs/extending_weight_sync.md)")
+        register(name, name, getattr(module, "PREDICT", None))
     if name not in _REGISTRY:
-        raise ValueError(f"weight_sync.strategy={name!r}: choose one of {sorted(_REGISTRY)} (or auto)")
+        raise ValueError(f"weight_sync.strategy={name!r}: choose one of {sorted(_REGISTRY)} (or auto), or a dotted "
+                         "path pkg.module to a module with STRATEGY")
     return _REGISTRY[name]
 
 

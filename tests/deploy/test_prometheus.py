@@ -23,7 +23,7 @@ from prometheus_client import generate_latest
 from omegaconf import OmegaConf
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.metrics import JsonlLogger, read_jsonl
+from orchestrator.metrics import read_jsonl
 from orchestrator.metrics import SinkContext, registry
 from orchestrator.metrics.prometheus import METRICS, PrometheusExporter, error_kind
 from orchestrator.weight_sync import WeightMismatchError

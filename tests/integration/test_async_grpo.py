@@ -38,10 +38,10 @@ def test_async_staleness_never_exceeds_its_bound(ray_local, tiny_model, tmp_path
         assert ray.get(trainer.get_step.remote()) == 3
         # the version check still catches a batch of a version other than the expected one
         req = PromptRequest(group_id=0, prompt_ids=[1, 2, 3, 4, 5], answer="")
-        launched = controller.rollout.launch([req])
-        assert controller.rollout.collect(launched, 3, {})[0].weight_version == 3
+        launched = controller.source.launch([req])
+        assert controller.source.collect(launched, 3, {})[0].weight_version == 3
         with pytest.raises(WeightMismatchError, match="version 3, expected 2"):
-            controller.rollout.collect(launched, 2, {})
+            controller.source.collect(launched, 2, {})
     finally:
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]
@@ -94,7 +94,7 @@ def test_async_multi_turn_guessing_game(ray_local, tiny_model, tmp_path):
         result = controller.run()
         trainer, _ = assert_engine_holds_trainer_weights(controller, 3)
         assert ray.get(trainer.get_step.remote()) == 3
-        placed = controller.rollout.router.loads()
+        placed = controller.source.router.loads()
     finally:
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]

@@ -28,8 +28,19 @@ def test_the_example_is_registered_with_its_predictor(tiny_model, tmp_path):
         _cfg(tiny_model, tmp_path, "weight_sync.strategy=carrier_pigeon")
 
 
-def test_example_strategy_syncs_verified_and_bit_exact(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=shared_file")
+def test_the_example_by_dotted_path_needs_no_registry_line(tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=docs.examples.weight_sync_example")
+    assert cfg.weight_sync.strategy in strategy_names()  # registered under its path on first use
+    assert "docs.examples.weight_sync_example" in predict_sync(setup_from_fabric(1e9, 2, 1, 1, 0))  # its PREDICT
+    with pytest.raises(ConfigError, match="weight_sync.strategy='docs.examples.my_env': the module defines no STRATEGY"):
+        _cfg(tiny_model, tmp_path, "weight_sync.strategy=docs.examples.my_env")
+    with pytest.raises(ConfigError, match="weight_sync.strategy='no_such_pkg.strategy': cannot import it"):
+        _cfg(tiny_model, tmp_path, "weight_sync.strategy=no_such_pkg.strategy")
+
+
+@pytest.mark.parametrize("name", ["shared_file", "docs.examples.weight_sync_example"])
+def test_example_strategy_syncs_verified_and_bit_exact(ray_local, tiny_model, tmp_path, name):
+    cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={name}")
     trainer, engines = _start(cfg, tiny_model)
     try:
         syncer = make_syncer(cfg, trainer, engines)

@@ -46,7 +46,7 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
         # a fresh multi-turn rollout on the synced weights: the engine's logprobs of the trained ids are the
         # trainer's (aligned one to one), and the observation ids carry logprob 0.0
         fresh, _ = ray.get(workers[0].generate_multiturn.remote([{"group_id": 99, "sample": {"seed": 1}, "n": 2}],
-                                                                 controller.rollout.env_cfg, 0))
+                                                                 controller.source.env_cfg, 0))
         ours = ray.get(trainer.logprobs.remote([t.prompt_ids for t in fresh], [t.response_ids for t in fresh]))
         for t, lp in zip(fresh, ours):
             mask = t.multiturn.loss_mask

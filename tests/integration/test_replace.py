@@ -30,13 +30,14 @@ def _cfg(tiny_model, out, *extra):
 
 
 def _force(monkeypatch, overrides: dict, split: Split) -> dict:
-    """decide() returns `overrides`; replace_actors records the trainer's state just before and after."""
+    """decide() returns `overrides`; the controller's re-placement records the trainer's state just before and
+    after."""
     def forced(rows, cfg, modes=None):
         assert [r["step"] for r in rows] == [1, 2]  # the warm-up rows: logged step 1 + this step's row
         return replace.Replacement(overrides, split, f"forced: {overrides}", 1.0, 2.0, 3), "forced"
 
     seen: dict = {}
-    real = replace.replace_actors
+    real = GRPOController._replace
 
     def spy(ctl, step, ovr, ckpt=None):
         seen["before"] = _state(ctl.actors.trainer)
@@ -45,7 +46,7 @@ def _force(monkeypatch, overrides: dict, split: Split) -> dict:
         return seen["fields"]
 
     monkeypatch.setattr(replace, "decide", forced)
-    monkeypatch.setattr(replace, "replace_actors", spy)
+    monkeypatch.setattr(GRPOController, "_replace", spy)
     return seen
 
 

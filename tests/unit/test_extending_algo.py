@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.algo import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AdvantageConfig, AdvantageInputs, LossConfig,
                                LossInputs, compute_policy_loss, compute_token_advantages, import_plugins)
+from orchestrator.algo.registry import plugin_module_name
 from orchestrator.config import ConfigError, load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
@@ -35,7 +36,7 @@ def clean_registries():
         for name in set(reg.names()) - names:
             reg.unregister(name)
     for path in (ESTIMATOR_FILE, LOSS_FILE):
-        sys.modules.pop(f"rl_orch_plugin_{path.stem}", None)
+        sys.modules.pop(plugin_module_name(path), None)
 
 
 # ---- estimator: REINFORCE++ ---------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_config_and_trainer_use_the_loss_from_algo_plugins(tmp_path) -> None:
         load_config(CPU_YAML, ["algo.policy_loss=cispo"])
     assert load_config(CPU_YAML, ["algo.policy_loss=cispo", f"algo.plugins=[{LOSS_FILE}]"]).algo.policy_loss == "cispo"
     POLICY_LOSSES.unregister("cispo")  # a trainer actor is a fresh process: it imports algo.plugins itself
-    sys.modules.pop(f"rl_orch_plugin_{LOSS_FILE.stem}", None)
+    sys.modules.pop(plugin_module_name(LOSS_FILE), None)
     from actors.trainer.trainer import Trainer
 
     folder = save_tiny_llama(tmp_path / "tiny")
@@ -125,3 +126,30 @@ def test_config_and_trainer_use_the_loss_from_algo_plugins(tmp_path) -> None:
     m = Trainer(str(folder), tc, algo, temperature=1.0, max_new_tokens=8).train_step(random_batch(8))
     assert "cispo" in POLICY_LOSSES
     assert math.isfinite(m["actor/loss"]) and m["actor/grad_norm"] > 0
+
+
+def test_two_plugin_files_of_one_name_both_load(tmp_path) -> None:
+    for folder, name in (("a", "alpha_pg"), ("b", "beta_pg")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "losses.py").write_text(
+            "from orchestrator.algo.loss import POLICY_LOSSES, register_policy_loss\n"
+            f"@register_policy_loss({name!r})\n"
+            "def _loss(inputs, cfg):\n    raise NotImplementedError\n")
+    try:
+        cfg = load_config(CPU_YAML, ["algo.policy_loss=beta_pg",
+                                     f"algo.plugins=[{tmp_path / 'a' / 'losses.py'}, {tmp_path / 'b' / 'losses.py'}]"])
+        assert cfg.algo.policy_loss == "beta_pg" and "alpha_pg" in POLICY_LOSSES
+    finally:
+        for name in ("alpha_pg", "beta_pg"):
+            POLICY_LOSSES.unregister(name)
+
+
+def test_a_plugin_that_raises_is_a_config_error_naming_it(tmp_path) -> None:
+    bad = tmp_path / "broken.py"
+    bad.write_text("1 / 0\n")
+    with pytest.raises(ConfigError, match=r"algo.plugins\[0\]='.*broken.py': importing it raised ZeroDivisionError"):
+        load_config(CPU_YAML, [f"algo.plugins=[{bad}]"])
+    missing = tmp_path / "needs_dep.py"
+    missing.write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(ConfigError, match=r"algo.plugins\[0\]=.*needs_dep.py.*no_such_dependency_xyz"):
+        load_config(CPU_YAML, [f"algo.plugins=[{missing}]"])

@@ -48,7 +48,7 @@ def test_a_resume_drops_the_replayed_steps(tmp_path):
 
 
 def test_a_registry_line_makes_it_built_in(tmp_path, monkeypatch):
-    monkeypatch.setitem(registry.SINKS, "csv", CsvSink)
+    monkeypatch.setitem(registry.SINKS, "csv", "docs.examples.csv_sink:CsvSink")  # the line SINKS would get
     cfg = load_config(None, ["metrics.sinks=[console, jsonl, csv]", "run.progress=false"])
     sinks = _run_rows(cfg, tmp_path, ROWS[:1])
     assert isinstance(sinks.find(CsvSink), CsvSink) and isinstance(sinks.find(JsonlLogger), JsonlLogger)
@@ -77,7 +77,33 @@ def test_an_error_reaches_every_sink_and_every_sink_is_closed(tmp_path):
     ("[jsonl, 'no_such_pkg.mod:Sink']", "metrics.sinks: cannot import sink 'no_such_pkg.mod:Sink'"),
     ("[jsonl, 'orchestrator.metrics.sink:SinkContext']", "is not a MetricSink subclass"),
     ("[console]", "'jsonl' is required"),
+    ("[jsonl, console, jsonl]", r"\['jsonl'\] listed more than once"),
 ])
 def test_bad_sinks_are_refused_naming_the_key(sinks, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [f"metrics.sinks={sinks}"])
+
+
+def test_both_dotted_spellings_resolve_and_a_failed_sink_closes_the_others(tmp_path):
+    assert registry.resolve_sink("docs.examples.csv_sink.CsvSink") is CsvSink
+    assert registry.resolve_sink("docs.examples.csv_sink:CsvSink") is CsvSink
+    closed = []
+
+    class Made(CsvSink):
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    class Broken(CsvSink):
+        @classmethod
+        def from_config(cls, cfg, ctx):
+            raise ValueError("metrics.broken: bad setting")
+
+    cfg = type("Cfg", (), {"metrics": type("M", (), {"sinks": ["made", "broken"]})()})()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.SINKS, "made", Made)
+        mp.setitem(registry.SINKS, "broken", Broken)
+        mp.setattr(Made, "from_config", classmethod(lambda cls, c, ctx: cls(tmp_path / "m.csv")))
+        with pytest.raises(ValueError, match="bad setting"):
+            registry.build_sinks(cfg, SinkContext(tmp_path, "t", 1))
+    assert closed == [True]

@@ -231,7 +231,7 @@ def test_train_step_on_and_off_give_the_same_weights(tiny, shared_calls, over, l
     algo = OmegaConf.structured(AlgoConfig)
     algo.kl_coef = 0.1  # ref logprobs enter the loss too
     on, off = _pair(tiny, algo, **over)
-    on._shared_prefix_layout = layout  # "auto" picks "row" for these short rows
+    on.shared_prefix_layout = layout  # "auto" picks "row" for these short rows
     batch = _batch()
     # reference logprobs near the policy's (k3 KL stays moderate): the plain path's, shifted by 0.1
     batch.ref_logprobs = [[v + 0.1 for v in r] for r in off.logprobs(batch.prompt_ids, batch.response_ids)]

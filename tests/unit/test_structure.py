@@ -18,6 +18,8 @@ ALLOWED_PRIVATE = {
     "internal_kv._internal_kv_put", "internal_kv._internal_kv_get", "internal_kv._internal_kv_del",  # Ray's KV
     "result._replace",  # NamedTuple's public copy-with-changes method (underscore by namedtuple convention)
     "model.config._attn_implementation",  # transformers' attention switch (no public setter)
+    "getattr(config, '_attn_implementation', None)",  # the same, read
+    "getattr(model, '_no_split_modules', None)",  # transformers: the decoder-layer classes FSDP wraps one by one
 }
 
 
@@ -50,6 +52,14 @@ def test_no_module_reaches_into_private_state():
     bad = []
     for path in _sources():
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):  # `from x import _y`: another module's private name
+                bad += [f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}"
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr") \
+                    and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                    and str(node.args[1].value).startswith("_") and not str(node.args[1].value).startswith("__") \
+                    and ast.unparse(node) not in ALLOWED_PRIVATE:
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                     and not _is_own(node) and ast.unparse(node) not in ALLOWED_PRIVATE):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
