@@ -14,6 +14,7 @@ file stays importable without Ray or torch.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -58,6 +59,11 @@ register("delta", "actors.weight_sync.delta", predict_delta)
 register("object_store", "actors.weight_sync.object_store", predict_object_store)
 
 
+def unregister(name: str) -> None:
+    """Remove strategy `name` (tests restore the registry this way); an unknown name is a no-op."""
+    _REGISTRY.pop(name, None)
+
+
 def strategy_names() -> tuple[str, ...]:
     """Every registered strategy, in registration order (the config also accepts "auto")."""
     return tuple(_REGISTRY)
@@ -85,8 +91,10 @@ def get(name: str) -> StrategyEntry:
 
 def predict_sync(setup: SyncSetup) -> dict[str, SyncEstimate]:
     """Predicted cost of every registered strategy that has a predictor, keyed by name (formulas in each
-    estimate's notes, see orchestrator/weight_sync/cost_model.py)."""
-    return {e.name: e.predict(setup) for e in _REGISTRY.values() if e.predict is not None}
+    estimate's notes, see orchestrator/weight_sync/cost_model.py). A predictor shared by two strategies (a
+    user's strategy priced as `disk`) reports under each strategy's own name."""
+    return {e.name: dataclasses.replace(e.predict(setup), strategy=e.name)
+            for e in _REGISTRY.values() if e.predict is not None}
 
 
 def choose_strategy(setup: SyncSetup, candidates: Optional[tuple[str, ...] | list[str]] = None) -> str:

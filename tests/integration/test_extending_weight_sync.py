@@ -1,7 +1,8 @@
 """The worked example of docs/extending_weight_sync.md: a new weight-sync strategy in one file
 (docs/examples/weight_sync_example.py, "shared_file") plus its registry line, used for real syncs.
 
-Importing the example registers it; the config then accepts `weight_sync.strategy=shared_file`, and the
+Importing the example registers it (inside the tests: the fixture takes it out of the registry again, so no
+other test sees it); the config then accepts `weight_sync.strategy=shared_file`, and the
 shared syncer drives it into two vLLM engines on the tiny model: every engine ends bit-exact with the
 trainer across an optimizer step, verification passes (and catches a corrupted load), old versions go.
 """
@@ -12,17 +13,31 @@ from pathlib import Path
 import pytest
 import ray
 
-from docs.examples import weight_sync_example
 from orchestrator.config import ConfigError
 from orchestrator.weight_sync import WeightMismatchError, predict_sync, setup_from_fabric, strategy_names
+from orchestrator.weight_sync import registry
 from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.test_weight_sync import _assert_bit_exact, _cfg, _kill, _start, _train_once
 
 pytestmark = pytest.mark.integration
+EXAMPLE = "docs.examples.weight_sync_example"
 
 
-def test_the_example_is_registered_with_its_predictor(tiny_model, tmp_path):
-    assert "shared_file" in strategy_names() and weight_sync_example.ENTRY.load() is weight_sync_example.STRATEGY
+@pytest.fixture(autouse=True)
+def example_registered():
+    """The example module, imported (its registry line runs); afterwards the registry is as before."""
+    import importlib
+
+    before = set(registry.strategy_names())
+    module = importlib.import_module(EXAMPLE)
+    registry.register("shared_file", EXAMPLE, module.PREDICT)  # its registry line (runs once per import)
+    yield module
+    for name in set(registry.strategy_names()) - before:
+        registry.unregister(name)
+
+
+def test_the_example_is_registered_with_its_predictor(tiny_model, tmp_path, example_registered):
+    assert "shared_file" in strategy_names() and example_registered.ENTRY.load() is example_registered.STRATEGY
     assert "shared_file" in predict_sync(setup_from_fabric(1e9, 2, 1, 1, 0))
     with pytest.raises(ConfigError, match="weight_sync.strategy='carrier_pigeon'"):
         _cfg(tiny_model, tmp_path, "weight_sync.strategy=carrier_pigeon")
