@@ -1,6 +1,6 @@
 """RewardActor: the Ray actor that scores rollouts, a thin shell over `RewardScorer`.
 
-All logic (grouping, process-pool timeout, output checks) lives in
+All logic (grouping, process-pool timeout and memory limit, failure counts, output checks) lives in
 `orchestrator.reward.scorer.RewardScorer`; this actor only hosts one scorer in its own process so the
 controller can call it remotely::
 
@@ -28,6 +28,9 @@ class RewardActor:
         timeout_s: hard limit in seconds per (function, group) call.
         num_workers: worker processes of the scorer's pool.
         mp_start_method: worker start method, see `RewardScorer`.
+        reward_model: ``{"path", "weight", "batch_size"}`` of a learned reward, or None. It runs in this actor's
+            process, not in the pool, and is not under `memory_limit_mb`.
+        memory_limit_mb: MiB of writable memory per scorer worker process (reward.memory_limit_mb; 0 = none).
     """
 
     def __init__(
@@ -37,8 +40,9 @@ class RewardActor:
         num_workers: int = 2,
         mp_start_method: StartMethod = "forkserver",
         reward_model: Optional[dict] = None,
+        memory_limit_mb: int = 4096,
     ) -> None:
-        self._scorer = RewardScorer(functions, timeout_s, num_workers, mp_start_method)
+        self._scorer = RewardScorer(functions, timeout_s, num_workers, mp_start_method, memory_limit_mb)
         self._model = None
         self._model_weight = 0.0
         if reward_model:  # {"path", "weight", "batch_size"}

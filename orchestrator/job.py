@@ -192,7 +192,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     rm = cfg.reward.model_path
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
-                                                          reward_model=rm_spec)
+                                                          reward_model=rm_spec, memory_limit_mb=cfg.reward.memory_limit_mb)
     everyone = [*ranks, *rollout, reward] + ([reference] if reference else [])
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)

@@ -87,6 +87,11 @@ class RewardConfig:
     functions: list = field(default_factory=lambda: [RewardFunctionConfig()])
     timeout_s: float = number(10.0, gt=0)  # hard per-group limit; a timeout scores 0 and is counted
     num_workers: int = number(2, gt=0)  # scorer processes
+    # MiB of writable memory per scorer process (RLIMIT_DATA); past it the call fails alone. 0 = no limit.
+    memory_limit_mb: int = number(4096, ge=0)
+    # The run stops when more than this fraction of a step's reward calls fail (time out, raise, run out
+    # of memory); each failed call scores 0 for its function and group. 1.0 = never stop, 0.0 = on any failure.
+    max_failed_frac: float = number(0.5, ge=0, le=1)
     # Optional learned reward: a local HF sequence-classification folder; its score is added with weight.
     model_path: Optional[str] = None
     model_weight: float = number(1.0, finite=True)

@@ -1,12 +1,25 @@
-"""Score completions with weighted reward functions, in worker processes, under a hard timeout.
+"""Score completions with weighted reward functions, in worker processes, under a hard timeout and a memory limit.
 
 `RewardScorer` calls every reward function once per group (the samples sharing a rollout group id),
-each call in a `pebble.ProcessPool` worker process with `timeout_s`: a hung call is killed and gives
-0.0 for that function and group, counted in ``reward/timeouts``. Because the timeout is a process
-kill, not a signal, scoring works from the main thread, a worker thread or inside a Ray actor
-(case C06). An exception raised inside a reward function is logged with its traceback, counted in
-``reward/errors`` and gives 0.0 for that group. A function returning the wrong number of values, or a
+each call in a `pebble.ProcessPool` worker process with `timeout_s`. Because the timeout is a process
+kill, not a signal, scoring works from the main thread, a worker thread or inside a Ray actor (case C06).
+
+Failures follow one policy (orchestrator/reward/failures.py): a call that times out (its worker is killed),
+raises (logged with its traceback), or runs out of memory scores 0.0 for that function and group and is
+counted in ``reward/timeouts``, ``reward/errors`` or ``reward/memory_errors`` (disjoint);
+``reward/failed_frac`` is their sum over the calls, and `RewardResult.failures` names the functions for the
+caller's stop check (`check_reward_failures`). A function returning the wrong number of values, or a
 non-finite or non-numeric value, is a bug in the function and raises `ValueError` (case C05).
+
+Memory: each worker process runs under ``setrlimit(RLIMIT_DATA, memory_limit_mb)`` (Linux >= 4.7 counts the
+heap, private anonymous mappings and thread stacks: the memory the process writes). An allocation past it
+fails at once: Python raises MemoryError inside the function (a memory error; the worker lives on) or C code
+that cannot handle a failed allocation crashes the worker (an error, ProcessExpired); a worker killed by
+SIGKILL (the kernel's OOM killer) counts as a memory error too. Either way the pool starts a new worker and
+the other calls go on. RLIMIT_DATA rather than RLIMIT_AS: address space also counts reservations that use
+no memory (64 MiB per glibc malloc arena, one per thread up to 8 per core; library mappings), so a 4 GiB
+RLIMIT_AS refuses to start 64 threads on a many-core node while they hold 34 MiB.
+Shared memory (/dev/shm, MAP_SHARED) is not counted.
 
 Plain class, no Ray: `actors/reward.py` wraps it as `RewardActor`.
 
@@ -22,6 +35,8 @@ import logging
 import math
 import multiprocessing
 import numbers
+import resource
+import signal
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +45,7 @@ from typing import Literal
 
 from pebble import ProcessExpired, ProcessPool
 
+from orchestrator.reward.failures import FailureTally, failure_metrics
 from orchestrator.reward.functions import resolve_reward_fn
 
 logger = logging.getLogger(__name__)
@@ -45,17 +61,36 @@ class RewardResult:
         rewards: weighted sum of the reward functions per sample, length B, in batch order.
         per_function: raw value of each reward function per sample (keyed by the name it was given),
             each length B; 0.0 where the call timed out or raised.
-        metrics: ``reward/mean``, ``reward/<name>_mean``, ``reward/timeouts``, ``reward/errors``
-            (counts of (function, group) calls), ``reward/score_s`` (wall seconds).
+        metrics: ``reward/mean``, ``reward/<name>_mean``, ``reward/timeouts``, ``reward/errors``,
+            ``reward/memory_errors`` (disjoint counts of (function, group) calls), ``reward/failed_frac``
+            (their sum / calls), ``reward/score_s`` (wall seconds).
+        failures: the failed calls by function and kind, and the number of calls (functions x groups).
     """
 
     rewards: list[float]
     per_function: dict[str, list[float]]
     metrics: dict[str, float] = field(default_factory=dict)
+    failures: FailureTally = field(default_factory=FailureTally)
 
 
 class _ResolveError(Exception):
     """A reward function name did not resolve in a worker; the scorer re-raises it as ValueError."""
+
+
+class _OutOfMemory(Exception):
+    """A reward function raised MemoryError in its worker (counted as a memory error)."""
+
+
+def _limit_memory(limit_mb: int) -> None:
+    """Worker initializer: cap the process's writable memory (RLIMIT_DATA, soft and hard) at `limit_mb` MiB;
+    0 = no limit. Never above an existing hard limit (that would raise and the worker would not start)."""
+    if limit_mb <= 0:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = limit_mb << 20
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def _call_reward_fn(name: str, completions: list[str], answers: list[str]) -> object:
@@ -64,7 +99,13 @@ def _call_reward_fn(name: str, completions: list[str], answers: list[str]) -> ob
         fn = resolve_reward_fn(name)
     except ValueError as error:
         raise _ResolveError(f"in the reward worker process: {error}") from None
-    result = fn(completions, answers)
+    out_of_memory = False
+    try:
+        result = fn(completions, answers)
+    except MemoryError:
+        out_of_memory = True  # raised below, once the function's frames (and what they hold) are freed
+    if out_of_memory:
+        raise _OutOfMemory(f"reward function {name!r} ran out of memory (MemoryError) in its worker process")
     tolist = getattr(result, "tolist", None)
     return tolist() if callable(tolist) else result
 
@@ -121,12 +162,14 @@ class RewardScorer:
             dotted path ``"pkg.module:function"`` importable by the workers. Names must be unique.
         timeout_s: seconds one call (one function, one group) may run in a worker before it is killed.
         num_workers: worker processes; groups score in parallel across them.
+        memory_limit_mb: MiB of writable memory per worker process (RLIMIT_DATA, see the module docstring);
+            0 = no limit.
         mp_start_method: how workers start. ``forkserver`` (default) forks from a clean single-threaded
             server, safe inside threaded processes such as Ray actors; with ``forkserver``/``spawn`` a
             driver script must guard its entry point with ``if __name__ == "__main__":``.
     Raises:
         ValueError: empty or duplicate names, a name that does not resolve, a non-finite weight,
-            ``timeout_s <= 0`` or ``num_workers < 1``.
+            ``timeout_s <= 0``, ``num_workers < 1`` or ``memory_limit_mb < 0``.
     """
 
     def __init__(
@@ -135,17 +178,22 @@ class RewardScorer:
         timeout_s: float = 10.0,
         num_workers: int = 2,
         mp_start_method: StartMethod = "forkserver",
+        memory_limit_mb: int = 4096,
     ) -> None:
         self.functions = _validate_functions(functions)
         if not timeout_s > 0:
             raise ValueError(f"reward timeout_s must be > 0, got {timeout_s}")
         if num_workers < 1:
             raise ValueError(f"reward num_workers must be >= 1, got {num_workers}")
+        if memory_limit_mb < 0:
+            raise ValueError(f"reward memory_limit_mb must be >= 0 (0 = no limit), got {memory_limit_mb}")
         self.timeout_s = float(timeout_s)
+        self.memory_limit_mb = int(memory_limit_mb)
         context = multiprocessing.get_context(mp_start_method)
         if mp_start_method == "forkserver":
             context.set_forkserver_preload(["orchestrator.reward.functions"])
-        self._pool: ProcessPool | None = ProcessPool(max_workers=num_workers, context=context)
+        self._pool: ProcessPool | None = ProcessPool(max_workers=num_workers, context=context,
+                                                     initializer=_limit_memory, initargs=(self.memory_limit_mb,))
 
     def score(
         self, completions: list[str], answers: list[str], group_ids: list[int]
@@ -181,7 +229,7 @@ class RewardScorer:
                     _call_reward_fn, args=args, timeout=self.timeout_s
                 )
         try:
-            per_function, timeouts, errors = self._collect(futures, groups, len(completions))
+            per_function, failures = self._collect(futures, groups, len(completions))
         finally:
             for future in futures.values():
                 future.cancel()
@@ -191,49 +239,47 @@ class RewardScorer:
         ]
         metrics = {f"reward/{name}_mean": _mean(values) for name, values in per_function.items()}
         metrics["reward/mean"] = _mean(rewards)
-        metrics["reward/timeouts"] = float(timeouts)
-        metrics["reward/errors"] = float(errors)
+        metrics.update(failure_metrics(failures, "reward"))
         metrics["reward/score_s"] = time.perf_counter() - start
-        return RewardResult(rewards=rewards, per_function=per_function, metrics=metrics)
+        return RewardResult(rewards=rewards, per_function=per_function, metrics=metrics, failures=failures)
 
     def _collect(
         self, futures: dict[tuple[str, int], Future], groups: dict[int, list[int]], batch_size: int
-    ) -> tuple[dict[str, list[float]], int, int]:
-        """Wait for every call; place checked values; count timeouts and errors (those give 0.0)."""
+    ) -> tuple[dict[str, list[float]], FailureTally]:
+        """Wait for every call; place checked values; count the failed calls by kind (those give 0.0)."""
         per_function = {name: [0.0] * batch_size for name, _ in self.functions}
-        timeouts = errors = 0
+        failures = FailureTally(calls=len(futures))
         for (name, group_id), future in futures.items():
             positions = groups[group_id]
             try:
                 raw = future.result()
             except _ResolveError as error:
                 raise ValueError(str(error)) from error
-            except TimeoutError as error:
-                if hasattr(error, "traceback"):  # raised by the function itself, not by the pool
-                    errors += 1
-                    _log_error(name, group_id, error)
-                    continue
-                timeouts += 1
-                logger.warning(
-                    "reward function %r timed out after %.1f s on group %s; scored 0.0",
-                    name, self.timeout_s, group_id,
-                )
-                continue
-            except ProcessExpired as error:
-                errors += 1
-                logger.warning(
-                    "reward function %r killed its worker on group %s (%s); scored 0.0",
-                    name, group_id, error,
-                )
-                continue
-            except Exception as error:  # noqa: BLE001 - counted and logged, see module docstring
-                errors += 1
-                _log_error(name, group_id, error)
+            except Exception as error:  # noqa: BLE001 - scored 0, counted and logged: see the module docstring
+                failures.add(name, self._failure_kind(name, group_id, error))
                 continue
             values = check_reward_values(name, raw, len(positions))
             for position, value in zip(positions, values):
                 per_function[name][position] = value
-        return per_function, timeouts, errors
+        return per_function, failures
+
+    def _failure_kind(self, name: str, group_id: int, error: Exception) -> str:
+        """Log one failed call; return its kind: "timeout", "memory" or "error"."""
+        if isinstance(error, TimeoutError) and not hasattr(error, "traceback"):  # the pool's, not the function's
+            logger.warning("reward function %r timed out after %.1f s on group %s; scored 0.0",
+                           name, self.timeout_s, group_id)
+            return "timeout"
+        if isinstance(error, _OutOfMemory):
+            logger.warning("reward function %r ran out of memory on group %s (reward.memory_limit_mb=%s); "
+                           "scored 0.0", name, group_id, self.memory_limit_mb or "none")
+            return "memory"
+        if isinstance(error, ProcessExpired):
+            killed = error.exitcode == -signal.SIGKILL  # how the kernel's OOM killer ends a process
+            logger.warning("reward function %r killed its worker on group %s (%s%s); scored 0.0", name, group_id,
+                           error, ", SIGKILL: the kernel's OOM killer?" if killed else "")
+            return "memory" if killed else "error"
+        _log_error(name, group_id, error)
+        return "error"
 
     def close(self) -> None:
         """Stop the worker processes. Idempotent; `score` raises RuntimeError afterwards."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import time
 
 
@@ -54,6 +56,31 @@ def crash(completions: list[str], answers: list[str]) -> list[float]:
 def raise_timeout(completions: list[str], answers: list[str]) -> list[float]:
     """Raises its own TimeoutError (an error of the function, not a scorer timeout)."""
     raise TimeoutError("upstream service timed out")
+
+
+def eat_on_marker(completions: list[str], answers: list[str]) -> list[float]:
+    """For a group whose first completion is "EAT": one 8 GiB allocation (fails at once under a smaller
+    memory limit). "NIBBLE": 1 MiB at a time until the limit, every piece kept. Else the worker's pid."""
+    if completions and completions[0] == "EAT":
+        held = bytearray(8 << 30)
+        return [float(len(held))] * len(completions)
+    if completions and completions[0] == "NIBBLE":
+        pieces = []
+        while True:
+            pieces.append(bytearray(1 << 20))
+    return [float(os.getpid())] * len(completions)
+
+
+def sigkill_self(completions: list[str], answers: list[str]) -> list[float]:
+    """Kills its own worker with SIGKILL, as the kernel's OOM killer would."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return [0.0] * len(completions)
+
+
+def data_limit(completions: list[str], answers: list[str]) -> list[float]:
+    """The worker's soft RLIMIT_DATA in bytes (-1 = unlimited), per completion."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return [float(-1 if soft == resource.RLIM_INFINITY else soft)] * len(completions)
 
 
 NOT_CALLABLE = 3

@@ -177,6 +177,8 @@ def test_worker_crash_and_own_timeout_error_count_as_errors(helper: str) -> None
     assert result.rewards == [1.0, 0.0]
     assert result.metrics["reward/errors"] == 2.0
     assert result.metrics["reward/timeouts"] == 0.0
+    assert result.metrics["reward/memory_errors"] == 0.0  # an exit code, not SIGKILL: an error
+    assert result.metrics["reward/failed_frac"] == 0.5  # 2 of 4 calls (2 functions x 2 groups)
 
 
 def test_name_unresolvable_in_worker_raises(monkeypatch: pytest.MonkeyPatch) -> None:
