@@ -15,8 +15,10 @@ anywhere, so this one also rewards the format. Add it next to `accuracy` with a 
 
 The contract (orchestrator/reward/functions.py, orchestrator/reward/scorer.py): called with the
 completions of ONE group and their gold answers (strings), it returns one finite float per completion.
-It runs in a reward worker process under `reward.timeout_s` (a timeout scores 0.0 for that group, counted
-in `reward/timeouts`; an exception scores 0.0, counted in `reward/errors`); a wrong number of values, or a
+It runs in a reward worker process under `reward.timeout_s` and `reward.memory_limit_mb` (a timeout scores
+0.0 for that group, counted in `reward/timeouts`; an exception scores 0.0, counted in `reward/errors`; memory
+past the limit scores 0.0, counted in `reward/memory_errors`; the run stops when more than
+`reward.max_failed_frac` of a step's calls fail); a wrong number of values, or a
 value that is not a finite number, raises an error naming the function (case C05). Each function is
 logged as `reward/<name>_mean` (the name as the config gives it); `reward/mean` is the weighted sum.
 

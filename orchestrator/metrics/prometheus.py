@@ -60,6 +60,7 @@ ROW_COUNTERS = {
     "rollout/prefill_tokens_computed": ("rl_orch_rollout_prefill_tokens_total", {"kind": "computed"}),
     "reward/errors": ("rl_orch_errors_total", {"kind": "reward"}),
     "reward/timeouts": ("rl_orch_errors_total", {"kind": "reward_timeout"}),
+    "reward/memory_errors": ("rl_orch_errors_total", {"kind": "reward_memory"}),
     "sync/failures": ("rl_orch_sync_failures_total", {}),
 }
 
@@ -96,12 +97,12 @@ METRICS = {
     "rl_orch_sync_bytes": ("gauge", "Bytes sent by the last weight sync", ()),
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
     "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version or checksum mismatch)", ()),
-    "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, sync, timeout, step", ("kind",)),
+    "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, reward_memory, sync, timeout, step", ("kind",)),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
 }
 
-ERROR_KINDS = ("reward", "reward_timeout", "sync", "timeout", "step")  # created at 0 so increase() sees the first
+ERROR_KINDS = ("reward", "reward_timeout", "reward_memory", "sync", "timeout", "step")  # created at 0 so increase() sees the first
 BYTE_UNITS = {"_bytes": 1, "_mib": 2**20, "_mb": 2**20, "_gib": 2**30, "_gb": 2**30}  # MB/GB read as MiB/GiB
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FAILURE_KINDS = ("timeout", "error", "memory")  # each failed call is exactly one of these
+_VERBS = {"timeout": "timed out", "error": "raised", "memory": "ran out of memory"}
 _WORDS = {"timeout": ("timeout", "timeouts"), "error": ("error", "errors"), "memory": ("memory error", "memory errors")}
 
 
@@ -94,11 +95,10 @@ def check_failed_frac(tally: FailureTally, max_failed_frac: float, *, step: int,
         return
     todo = [text for kind, text in (advice or {}).items() if tally.count(kind)]
     todo.append(f"or raise {setting} (now {max_failed_frac:g}; 1.0 never stops) to train on through such steps")
+    totals = ", ".join(f"{n} {verb}" for kind, verb in _VERBS.items() if (n := tally.count(kind)))
     raise TooManyFailuresError(
         f"step {step}: {tally.failed} of {tally.calls} {what} failed ({tally.failed_frac:.0%} > {setting}="
-        f"{max_failed_frac:g}), each scored 0: {tally.describe()}. {tally.count('timeout')} timed out, "
-        f"{tally.count('error')} raised, {tally.count('memory')} ran out of memory. What to do: "
-        + "; ".join(todo) + ".")
+        f"{max_failed_frac:g}): {tally.describe()}; in all {totals}. What to do: " + "; ".join(todo) + ".")
 
 
 def check_reward_failures(result, reward_cfg, step: int) -> None:

@@ -32,6 +32,9 @@ class EnvConfig:
     # strips past <think> reasoning); "incremental" renders only the new messages after a fixed
     # dummy history (never checks the past).
     render_mode: str = "strict"
+    # The run stops when more than this fraction of a step's episodes end on an env error or timeout
+    # (each ends its episode, counted in env/errors). 1.0 = never stop, 0.0 = on any failure.
+    max_failed_frac: float = 0.5
 
 
 def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> None:
@@ -46,6 +49,8 @@ def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> Non
         raise ValueError(f"env.step_timeout_s={env.step_timeout_s}: need > 0 seconds")
     if env.max_turns < 1:
         raise ValueError(f"env.max_turns={env.max_turns}: need >= 1")
+    if not 0 <= env.max_failed_frac <= 1:
+        raise ValueError(f"env.max_failed_frac={env.max_failed_frac}: need a fraction in [0, 1]")
     if env.max_tokens < 2:
         raise ValueError(f"env.max_tokens={env.max_tokens}: need >= 2")
     if max_model_len is not None and env.max_tokens > max_model_len:

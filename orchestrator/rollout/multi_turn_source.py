@@ -14,9 +14,14 @@ when their calls return (or fail).
 rewards: a trajectory's reward is the sum of its turn rewards (``multiturn.reward``); the RewardActor's
 functions are not called. Advantages stay per trajectory.
 
+Failures (the policy of orchestrator/reward/failures.py): an env call that raises or times out ends its episode
+(a failed step adds no reward; the turns before it keep theirs; a failed make/reset leaves no trajectory), counted
+in env/errors (timeouts included) and env/timeouts; env/failed_frac = failed episodes / episodes of the batch, and
+`collect` stops the run (TooManyFailuresError) when it exceeds env.max_failed_frac.
+
 Metrics (into the step's row): rollout/turns_mean, rollout/turns_max, rollout/truncated_frac,
 rollout/trajectories, env/step_s (mean seconds inside env.step), env/errors, env/timeouts,
-env/reset_failures, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hit_rate,
+env/reset_failures, env/failed_frac, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hit_rate,
 rollout/tokens, rollout/tokens_per_s, rollout/worker<k>_tokens_per_s, rollout/response_len_mean
 (sampled + observation ids), rollout/sampled_len_mean, router/groups_per_worker_max, reward/mean,
 reward/std, reward/max, reward/min.
@@ -27,6 +32,7 @@ import inspect
 import torch
 from omegaconf import OmegaConf
 
+from orchestrator.reward.failures import FailureTally, check_failed_frac
 from orchestrator.rollout.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.source import Launched, RolloutSource, Wait
@@ -73,8 +79,18 @@ class MultiTurnSource(RolloutSource):
             self.router.release(r.group_id)
 
     def collect(self, launched: Launched, expected_version: int, row: dict) -> list[Trajectory]:
-        """As `RolloutSource.collect`; RuntimeError naming env.name when every environment reset failed."""
-        if not any(ts for ts, _ in self.fetch(launched)):
+        """As `RolloutSource.collect`, after the failure policy: ``env/failed_frac`` into `row`; TooManyFailuresError
+        naming env.name past env.max_failed_frac; RuntimeError naming env.name when every reset failed."""
+        results = self.fetch(launched)
+        failures = env_failures(results, self.cfg.env.name, len(launched.requests) * self.cfg.rollout.n)
+        row["env/failed_frac"] = failures.failed_frac
+        first = next((t.multiturn.env_error for ts, _ in results for t in ts if "error:" in t.multiturn.env_error), "")
+        timeout_s = self.cfg.env.step_timeout_s
+        advice = {"timeout": f"make the environment faster or raise env.step_timeout_s (now {timeout_s:g} s)",
+                  "error": "fix the environment's make/reset/step" + (f" (first error: {first})" if first else "")}
+        check_failed_frac(failures, self.cfg.env.max_failed_frac, step=row.get("step", -1), advice=advice,
+                          what="environment episodes", setting="env.max_failed_frac")
+        if not any(ts for ts, _ in results):
             raise RuntimeError(f"multi-turn rollout returned no trajectory: every reset of env.name="
                                f"{self.cfg.env.name!r} failed (see env/reset_failures and the worker logs)")
         return super().collect(launched, expected_version, row)
@@ -92,6 +108,16 @@ class MultiTurnSource(RolloutSource):
         row.update({"reward/mean": float(r.mean()), "reward/std": float(r.std()) if len(rewards) > 1 else 0.0,
                     "reward/max": float(r.max()), "reward/min": float(r.min())})
         return rewards
+
+
+def env_failures(results: list, name: str, episodes: int) -> FailureTally:
+    """The failed episodes of one batch from the workers' [(trajectories, metrics)]: an episode ends at its first
+    failed env call (make, reset or step), so ``env/errors`` (timeouts included) counts failed episodes."""
+    tally = FailureTally(calls=episodes)
+    timeouts = sum(int(m.get("env/timeouts", 0)) for _, m in results)
+    tally.add(name, "timeout", timeouts)
+    tally.add(name, "error", sum(int(m.get("env/errors", 0)) for _, m in results) - timeouts)
+    return tally
 
 
 def _check_kwargs(factory, env_cfg) -> None:

@@ -167,13 +167,14 @@ def test_nan_loss_sets_the_nan_gauge_and_keeps_the_raw_loss(exporter):
 
 def test_errors_are_counted_by_kind(exporter):
     exporter.log_row({"step": 1, "reward/errors": 3.0, "reward/timeouts": 1.0})
-    exporter.log_row({"step": 2, "reward/errors": 2.0, "reward/timeouts": 0.0})
+    exporter.log_row({"step": 2, "reward/errors": 2.0, "reward/timeouts": 0.0, "reward/memory_errors": 2.0})
     exporter.count_error("sync")
     exporter.count_error("timeout")
     exporter.count_error("timeout")
     s = _registry_samples(exporter)
     assert _value(s, "rl_orch_errors_total", kind="reward") == 5
     assert _value(s, "rl_orch_errors_total", kind="reward_timeout") == 1
+    assert _value(s, "rl_orch_errors_total", kind="reward_memory") == 2
     assert _value(s, "rl_orch_errors_total", kind="sync") == 1
     assert _value(s, "rl_orch_errors_total", kind="timeout") == 2
     assert _value(s, "rl_orch_errors_total", kind="step") == 0

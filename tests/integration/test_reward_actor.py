@@ -54,3 +54,17 @@ def test_c05_wrong_length_raises_through_actor(ray_local: None) -> None:
     with pytest.raises(ValueError, match="returned 1 values for a group of 3") as info:
         ray.get(actor.score.remote(["a", "b", "c"], ["x"] * 3, [0, 0, 0]), timeout=120)
     assert name in str(info.value)
+
+
+def test_memory_eater_fails_alone_inside_actor(ray_local: None) -> None:
+    eat = "tests.unit.reward_helpers:eat_on_marker"
+    actor = RewardActor.remote([(eat, 1.0)], timeout_s=10.0, num_workers=1, memory_limit_mb=512)
+    pid = ray.get(actor.score.remote(["warm"], [""], [0]), timeout=120).rewards[0]  # the worker's pid
+    start = time.perf_counter()
+    result = ray.get(actor.score.remote(["EAT", "b"], ["", ""], [0, 1]), timeout=60)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 3.0  # the 8 GiB allocation is refused at once, far under timeout_s=10
+    assert result.rewards == [0.0, pid]  # the other group scored by the same worker
+    assert result.metrics["reward/memory_errors"] == 1.0 and result.metrics["reward/failed_frac"] == 0.5
+    assert ray.get(actor.score.remote(["c"], [""], [0]), timeout=60).rewards == [pid]  # and it goes on
+    ray.get(actor.close.remote(), timeout=60)

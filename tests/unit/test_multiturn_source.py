@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import load_config
+from orchestrator.config import ConfigError, load_config
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, _rollout_metrics
 from orchestrator.rollout.types import MultiTurnInfo, PromptRequest, Trajectory
 
@@ -77,3 +77,52 @@ def test_bad_env_config_is_rejected_naming_the_key(override, message):
 
     with pytest.raises(ConfigError, match=message):
         load_config("configs/grpo_guessing_cpu.yaml", [override])
+
+
+def _failed_batch():
+    """2 groups x n=3 = 6 episodes on 2 workers: 1 reset timed out and 1 reset raised (no trajectory each),
+    2 episodes ended by a step that raised (env_error), 2 finished."""
+    def traj(group, error=""):
+        t = _traj(group, 0.5, 2, [1, 0, 1], stop="env_error" if error else "done")
+        t.multiturn.env_error = error
+        return t
+    step_error = "env step error: RuntimeError: boom"
+    base = {"rollout/trajectories": 2.0, "rollout/turns_mean": 2.0, "env/step_s_mean": 0.1, "rollout/tokens": 4.0,
+            "rollout/tokens_per_s": 2.0, "rollout/generate_s": 1.0, "rollout/prefill_tokens_requested": 10.0,
+            "rollout/prefill_tokens_computed": 5.0, "rollout/in_flight_max": 3.0}
+    w0 = ([traj(0), traj(0, step_error)], dict(base, **{"env/errors": 2.0, "env/timeouts": 1.0, "env/reset_failures": 1.0}))
+    w1 = ([traj(1), traj(1, step_error)], dict(base, **{"env/errors": 2.0, "env/timeouts": 0.0, "env/reset_failures": 1.0}))
+    requests = [PromptRequest(group_id=g, prompt_ids=[1], answer="", prompt="q") for g in (0, 1)]
+    return requests, [w0, w1]
+
+
+def _collect(max_failed_frac: float, row: dict):
+    from orchestrator.rollout.source import Launched
+
+    requests, results = _failed_batch()
+    source = MultiTurnSource(_cfg(f"env.max_failed_frac={max_failed_frac}"), [None, None], wait=lambda refs: results)
+    launched = Launched(requests, [0, 1], ["ref0", "ref1"], meta={"groups_per_worker_max": 1})
+    return source.collect(launched, -1, row)
+
+
+def test_env_failures_past_the_fraction_stop_the_run_naming_the_env_and_what_to_do():
+    from orchestrator.reward import TooManyFailuresError
+
+    row = {"step": 4}
+    with pytest.raises(TooManyFailuresError) as info:
+        _collect(0.5, row)  # 4 of 6 episodes failed: 0.67 > 0.5
+    message = str(info.value)
+    for text in ("step 4: 4 of 6 environment episodes failed", "env.max_failed_frac=0.5",
+                 "'guessing': 1 timeout, 3 errors",
+                 "env.step_timeout_s (now 10 s)", "first error: env step error: RuntimeError: boom"):
+        assert text in message, (text, message)
+    assert row["env/failed_frac"] == pytest.approx(4 / 6)
+
+
+def test_env_failures_within_the_fraction_train_on():
+    row = {"step": 4}
+    trajs = _collect(0.7, row)
+    assert len(trajs) == 4 and row["env/failed_frac"] == pytest.approx(4 / 6)
+    assert row["env/errors"] == 4.0 and row["env/timeouts"] == 1.0 and row["env/reset_failures"] == 2.0
+    with pytest.raises(ConfigError, match=r"env.max_failed_frac=1.5: need a fraction in \[0, 1\]"):
+        _cfg("env.max_failed_frac=1.5")

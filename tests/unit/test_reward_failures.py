@@ -66,7 +66,7 @@ def test_stop_message_names_functions_counts_kinds_and_what_to_do():
         check_reward_failures(result, REWARD_CFG, step=7)
     message = str(info.value)
     for text in ("step 7", "3 of 4 reward function calls", "75% > reward.max_failed_frac=0.5",
-                 "'pkg.mod:slow': 2 timeouts", "'pkg.mod:big': 1 memory error", "2 timed out, 0 raised, 1 ran out",
+                 "'pkg.mod:slow': 2 timeouts", "'pkg.mod:big': 1 memory error", "in all 2 timed out, 1 ran out of memory",
                  "reward.timeout_s (now 2 s)", "reward.memory_limit_mb (now 512", "1.0 never stops"):
         assert text in message, (text, message)
     assert "traceback" not in message  # no function raised: the advice for errors is left out
