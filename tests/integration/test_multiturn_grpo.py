@@ -81,6 +81,8 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
                 "actor/grad_norm", "timing/generate_s"):
         assert all(key in r for r in rows), key
     assert sum(r["env/errors"] for r in rows) == len(errors)
+    for r in rows:  # failed episodes / episodes (2 groups x n=4); below env.max_failed_frac, so the run went on
+        assert r["env/failed_frac"] == pytest.approx(r["env/errors"] / 8) and r["env/failed_frac"] <= 0.5
     for r in rows:
         assert 1.0 <= r["rollout/turns_mean"] <= 3.0
         assert 0 < r["rollout/prefill_tokens_computed"] < r["rollout/prefill_tokens_requested"]  # prefix cache hits
