@@ -60,7 +60,7 @@ class RewardResult:
     Attributes:
         rewards: weighted sum of the reward functions per sample, length B, in batch order.
         per_function: raw value of each reward function per sample (keyed by the name it was given),
-            each length B; 0.0 where the call timed out or raised.
+            each length B; 0.0 where the call failed (timed out, raised, ran out of memory).
         metrics: ``reward/mean``, ``reward/<name>_mean``, ``reward/timeouts``, ``reward/errors``,
             ``reward/memory_errors`` (disjoint counts of (function, group) calls), ``reward/failed_frac``
             (their sum / calls), ``reward/score_s`` (wall seconds).
@@ -162,11 +162,11 @@ class RewardScorer:
             dotted path ``"pkg.module:function"`` importable by the workers. Names must be unique.
         timeout_s: seconds one call (one function, one group) may run in a worker before it is killed.
         num_workers: worker processes; groups score in parallel across them.
-        memory_limit_mb: MiB of writable memory per worker process (RLIMIT_DATA, see the module docstring);
-            0 = no limit.
         mp_start_method: how workers start. ``forkserver`` (default) forks from a clean single-threaded
             server, safe inside threaded processes such as Ray actors; with ``forkserver``/``spawn`` a
             driver script must guard its entry point with ``if __name__ == "__main__":``.
+        memory_limit_mb: MiB of writable memory per worker process (RLIMIT_DATA, see the module docstring);
+            0 = no limit.
     Raises:
         ValueError: empty or duplicate names, a name that does not resolve, a non-finite weight,
             ``timeout_s <= 0``, ``num_workers < 1`` or ``memory_limit_mb < 0``.
