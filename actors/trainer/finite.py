@@ -12,12 +12,12 @@ What it costs (the default model, SmolLM2-135M, fp32 AdamW; docs/trainer.md has 
    flag rides along the metric sums the ranks already all-reduce).
 2. A copy of the weights and the AdamW state (3x the fp32 weights) is made only when the step *could* overflow:
    with finite gradients, AdamW moves every element by at most lr * |m_hat| / eps (the denominator
-   sqrt(v_hat) + eps is >= eps), so with P >= max|p| and M >= max|exp_avg| (2-norms of each tensor, one
-   fused pass each, `torch._foreach_norm`), |p_new| <= P |1 - lr wd| + lr (b1 M + (1 - b1) G) / ((1 - b1^t) eps),
+   sqrt(v_hat) + eps is >= eps), so with P >= max|p| and M >= max|exp_avg| (the 2-norms of all weights and of
+   all first moments, one fused pass each, `torch.nn.utils.get_total_norm`), |p_new| <= P |1 - lr wd| + lr (b1 M + (1 - b1) G) / ((1 - b1^t) eps),
    G the clipped gradient norm (`adamw_bound`). Below a quarter of the dtype's largest value the step cannot
    make a weight non-finite, and no copy is made; an absurd lr (1e30, inf), exploding moments or weights near
    overflow take the copy. Other optimizers (or AdamW with amsgrad) always take it.
-3. After the step, one fused pass checks the weights (`all_finite`: a 2-norm per tensor; an overflowing norm is
+3. After the step, one fused pass checks the weights (`all_finite`: their 2-norm; an overflowing norm is
    confirmed element-wise). With a copy, the optimizer state is checked too and a failure restores both.
    A failure without a copy (the bound said it could not happen) raises FloatingPointError: nothing can be
    restored, the run stops before the weights reach an engine.
@@ -128,13 +128,12 @@ def adamw_bound(group: dict, p_max: float, m_max: float, grad_norm: float, t: fl
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """True when every element of every tensor is finite: one fused 2-norm pass (`torch._foreach_norm`);
+    """True when every element of every tensor is finite: one fused 2-norm pass (`get_total_norm`);
     only when a norm is not finite (a NaN, an inf, or a norm that overflowed) are the elements checked."""
     local = [_local(t) for t in tensors if t.numel()]
     if not local:
         return True
-    norms = torch._foreach_norm(local)
-    if bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
+    if math.isfinite(float(torch.nn.utils.get_total_norm(local))):
         return True
     return all(bool(torch.isfinite(t).all()) for t in local)
 
@@ -186,8 +185,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _max_norm(tensors: list[torch.Tensor]) -> float:
-    """The largest 2-norm of the tensors (>= their largest |element|); 0 for none; inf or NaN propagate."""
+    """The 2-norm of all the tensors' elements together (>= their largest |element|), one fused pass
+    (`get_total_norm`: foreach kernels); 0 for none; inf or NaN propagate."""
     local = [_local(t) for t in tensors if t.numel()]
-    if not local:
-        return 0.0
-    return float(torch.stack([n.float() for n in torch._foreach_norm(local)]).max())
+    return float(torch.nn.utils.get_total_norm(local)) if local else 0.0
