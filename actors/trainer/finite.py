@@ -13,8 +13,8 @@ What it costs (the default model, SmolLM2-135M, fp32 AdamW; docs/trainer.md has 
 2. A copy of the weights and the AdamW state (3x the fp32 weights) is made only when the step *could* overflow:
    with finite gradients, AdamW moves every element by at most lr * |m_hat| / eps (the denominator
    sqrt(v_hat) + eps is >= eps), so with P >= max|p| and M >= max|exp_avg| (the 2-norms of all weights and of
-   all first moments, one fused pass each, `torch.nn.utils.get_total_norm`), |p_new| <= P |1 - lr wd| + lr (b1 M + (1 - b1) G) / ((1 - b1^t) eps),
-   G the clipped gradient norm (`adamw_bound`). Below a quarter of the dtype's largest value the step cannot
+   all first moments, one fused pass each, `torch.nn.utils.get_total_norm`) and G the clipped gradient norm,
+   |p_new| <= P |1 - lr wd| + lr (b1 M + (1 - b1) G) / ((1 - b1^t) eps)  (`adamw_bound`). Below a quarter of the dtype's largest value the step cannot
    make a weight non-finite, and no copy is made; an absurd lr (1e30, inf), exploding moments or weights near
    overflow take the copy. Other optimizers (or AdamW with amsgrad) always take it.
 3. After the step, one fused pass checks the weights (`all_finite`: their 2-norm; an overflowing norm is
