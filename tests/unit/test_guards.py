@@ -116,3 +116,25 @@ def test_run_guards_from_a_loaded_config():
     assert out == {"actor/skipped_updates_total": 1.0, "actor/skipped_in_a_row": 1.0, "guard/reward_collapse": 1.0}
     with pytest.raises(DivergedError, match="run.max_skipped_updates=2"):
         guards.after_step(2, _row(1.0))
+
+
+def test_rl_orch_run_prints_a_stopped_run_and_exits_1(monkeypatch, capsys):
+    import argparse
+
+    import orchestrator.controller as controller_module
+    from orchestrator.cli.run import run_cmd
+
+    class Stops:
+        def __init__(self, cfg):
+            self.cfg = cfg
+
+        def run(self):
+            raise DivergedError("run.max_skipped_updates=3: 3 optimizer updates in a row were skipped")
+
+        def shutdown(self):
+            self.cfg = None
+
+    monkeypatch.setattr(controller_module, "GRPOController", Stops)
+    args = argparse.Namespace(config="configs/grpo_arith_cpu.yaml", overrides=[], force=False)
+    assert run_cmd(args) == 1
+    assert "run stopped: run.max_skipped_updates=3" in capsys.readouterr().err
