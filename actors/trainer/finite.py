@@ -109,8 +109,8 @@ def step_is_safe(optimizer: torch.optim.Optimizer, grad_norm: float, all_max: Al
     moments = [optimizer.state[p]["exp_avg"] for p in params if "exp_avg" in optimizer.state.get(p, {})]
     p_max, m_max = all_max([_max_norm(params), _max_norm(moments)])
     limit = min(torch.finfo(p.dtype).max for p in params) / 4
-    steps = [float(optimizer.state[p]["step"]) for p in params if "step" in optimizer.state.get(p, {})]
-    t = (max(steps) if steps else 0.0) + 1.0
+    # the smallest step count gives the smallest bias correction 1 - b1^t, the largest bound (no state yet: t = 1)
+    t = min(float(optimizer.state[p]["step"]) if "step" in optimizer.state.get(p, {}) else 0.0 for p in params) + 1.0
     bound = max(adamw_bound(g, p_max, m_max, grad_norm, t) for g in groups)
     return all(math.isfinite(x) and x < limit for x in (p_max, m_max, grad_norm, bound))
 
