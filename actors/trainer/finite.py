@@ -106,6 +106,8 @@ def step_is_safe(optimizer: torch.optim.Optimizer, grad_norm: float, all_max: Al
     if any(g.get("amsgrad") for g in groups):
         return False
     params = _params(optimizer)
+    if not params:
+        return True
     moments = [optimizer.state[p]["exp_avg"] for p in params if "exp_avg" in optimizer.state.get(p, {})]
     p_max, m_max = all_max([_max_norm(params), _max_norm(moments)])
     limit = min(torch.finfo(p.dtype).max for p in params) / 4
