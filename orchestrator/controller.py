@@ -23,6 +23,7 @@ from orchestrator.algo import (AdvantageInputs, TrainBatch, compute_token_advant
                                sequence_abs_mean, token_rows)
 from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
+from orchestrator.guards import RunGuards
 from orchestrator.job import Actors, Job
 from orchestrator.memory.preflight import preflight
 from orchestrator.metrics import METRICS_FILE, SinkContext, plot_run, read_jsonl
@@ -91,6 +92,7 @@ class GRPOController:
             check_env(cfg)
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
         self.pipeline: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
+        self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
 
     @property
     def actors(self) -> Optional[Actors]:
@@ -196,7 +198,9 @@ class GRPOController:
         return advantages, ref
 
     def _end_step(self, step: int, timer: PhaseTimer, row: dict, t0: float) -> tuple[dict, Optional[str]]:
-        """Checkpoint (every `checkpoint.every_steps` and at the last step), phase times, role busy/idle."""
+        """Guards (orchestrator/guards: may stop the run), checkpoint (every `checkpoint.every_steps` and at the
+        last step), phase times, role busy/idle."""
+        row.update(self.guards.after_step(step, row))
         ckpt = None
         with timer.phase("checkpoint"):
             every = self.cfg.checkpoint.every_steps

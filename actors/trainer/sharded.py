@@ -36,8 +36,12 @@ same as with one trainer.
   A checkpoint of a single trainer (no `sharded/`) loads too: the full weights and optimizer state are
   sharded on load.
 
-Limits: a rank that raises (e.g. a non-finite loss on its shard only) leaves the other ranks waiting in
-a collective until the group's timeout (`run.phase_timeout_s`); the controller stops the run then.
+- Non-finite updates (actors/trainer/finite.py): a non-finite loss on any rank's shard (its flag is summed
+  with the metric sums), a non-finite global gradient norm, or non-finite weights after the step on any rank
+  (`_all_max`) skip the update on every rank alike; each rank's shards and AdamW state stay as they were.
+
+Limits: a rank that raises leaves the other ranks waiting in a collective until the group's timeout
+(`run.phase_timeout_s`); the controller stops the run then.
 Each rank loads the full fp32 model onto its device once before sharding it (fine up to ~7B on 80 GB
 GPUs; larger needs meta-device init). With LoRA only linear target modules work on D > 1 ranks (checked
 at start); the DCP `sharded/` files hold the frozen base weights too.
@@ -45,6 +49,7 @@ at start); the DCP `sharded/` files hold the frozen base weights too.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import ray
@@ -111,6 +116,16 @@ class ShardedTrainer(Trainer):
         out = dict(zip(keys, t.tolist()))
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
+
+    def _all_max(self, values: list[float]) -> list[float]:
+        """Collective: the element-wise max of `values` over the ranks (NaN wins), so that the update
+        guard (actors/trainer/finite.py) decides the same on every rank."""
+        t = torch.tensor(values, dtype=torch.float64, device=next(self.model.parameters()).device)
+        nan = torch.isnan(t).to(torch.float64)
+        both = torch.cat([torch.nan_to_num(t, nan=0.0, posinf=math.inf), nan])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        out, seen = both[: len(values)], both[len(values):]
+        return [math.nan if s > 0 else float(v) for v, s in zip(out.tolist(), seen.tolist())]
 
     def _empty_micro_batches(self, count: int) -> int:
         """Collective (before any micro-batch of a mini-batch): the ranks' largest micro-batch count

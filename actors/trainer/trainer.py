@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import attention
+from actors.trainer import attention, finite
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
@@ -84,7 +85,10 @@ class Trainer:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One policy update on a global batch (orchestrator/algo/batch.py: ids, and per response token the
         rollout logprobs, advantages, optional reference logprobs and loss mask). Returns `actor/*` and
-        `timing/*` metrics. Raises FloatingPointError when the loss is not finite (nothing is applied then).
+        `timing/*` metrics. A mini-batch whose loss, gradient norm or updated weights are not finite is not
+        applied (actors/trainer/finite.py: weights, optimizer state, LR schedule and `step` stay as they were);
+        `actor/skipped_updates` counts them, `actor/skipped_trailing` those at the end of the step,
+        `actor/nonfinite_{loss,grad_norm,weights}` say why.
         """
         t0 = time.perf_counter()
         n = len(batch)
@@ -100,7 +104,8 @@ class Trainer:
             old = [old_all[i] for i in idx] if old_all is not None else None
             for k, v in self._mini_batch_update(batch, idx, old).items():
                 metrics.setdefault(k, []).append(v)
-        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out = {k: sum(v) / (1 if k in finite.UPDATE_COUNTS else len(v)) for k, v in metrics.items()}  # counts add up
+        out["actor/skipped_trailing"] = float(finite.trailing_skips(metrics["actor/skipped_updates"]))
         out["timing/train_s"] = time.perf_counter() - t0
         out.update(peak_memory_metrics("trainer"))
         return out
@@ -151,7 +156,7 @@ class Trainer:
             self._empty_micro_batch()
         sums = self._reduce_sums(sums)  # summed over data-parallel ranks
         tokens = max(sums.pop("actor/tokens"), 1.0)
-        loss = sums.pop("loss")
+        loss, nonfinite_loss = sums.pop("loss"), sums.pop("nonfinite_loss")  # summed over every rank
         out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
         out["actor/loss"] = loss  # the mini-batch loss: micro-batch losses add up to it
         out["actor/token_occupancy"], out["actor/micro_batches"] = occupancy, float(len(groups))
@@ -159,15 +164,25 @@ class Trainer:
             out.update(self.router_aux.finish())
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")  # 0 = no clipping
         out["actor/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-        if not all(torch.isfinite(p.grad).all() for p in self.model.parameters() if p.grad is not None):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient at optimizer step {self.step}: the run stops before "
-                                     "applying it; resume from the last checkpoint (checkpoint.resume=latest)")
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
+        out.update(self._guarded_update(nonfinite_loss == 0, out, max_norm))
         return out
+
+    def _guarded_update(self, loss_finite: bool, out: dict, max_norm: float) -> dict[str, float]:
+        """The optimizer step unless the loss, the grad norm or the updated weights are non-finite
+        (actors/trainer/finite.py); a skipped step leaves the schedule and `step` too. Returns its counts."""
+        reason, copied = finite.guarded_step(self.optimizer, loss_finite, out["actor/grad_norm"], max_norm,
+                                             self._all_max)
+        if reason is None:
+            self.scheduler.step()
+            self.step += 1
+        else:
+            self.optimizer.zero_grad(set_to_none=True)  # the skipped gradients never reach a later update
+            if getattr(self, "rank", 0) == 0:
+                print(f"trainer: update skipped at optimizer step {self.step}: non-finite {reason} (loss "
+                      f"{out['actor/loss']}, grad norm {out['actor/grad_norm']}); weights and optimizer state "
+                      "unchanged", flush=True)
+        return finite.outcome_metrics(reason, copied)
 
     def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self.router_aux is not None else None  # MoE: per-layer router logits of this forward
@@ -192,14 +207,13 @@ class Trainer:
         loss, m = compute_policy_loss(inputs, self.algo)  # the registered `algo.policy_loss` (orchestrator/algo/loss.py)
         if self.router_aux is not None:  # router load-balancing loss over real tokens (case C12)
             loss = loss + self.router_aux.add(router, real_tokens_mask)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite loss {loss.item()} at optimizer step {self.step}")
-        loss.backward()
+        loss.backward()  # also when not finite: FSDP ranks join every backward; the update is then skipped
         with torch.no_grad():
             gap = (logprobs.detach() - rollout)[mask]
         tokens = float(mask.sum())
         out = {k: v * tokens for k, v in m.items() if k != "actor/tokens"}
         out["loss"] = float(loss.detach())
+        out["nonfinite_loss"] = 0.0 if math.isfinite(out["loss"]) else 1.0
         out["actor/logprob_gap_abs"] = float(gap.abs().sum())
         out["actor/rollout_kl_k1"] = float((-gap).sum())
         out["actor/tokens"] = tokens
@@ -220,6 +234,10 @@ class Trainer:
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         return sums
+
+    def _all_max(self, values: list[float]) -> list[float]:
+        """Element-wise max of `values` over the data-parallel ranks (the update guard's shared decision)."""
+        return values
 
     def _empty_micro_batches(self, count: int) -> int:
         """How many empty micro-batches to run after this rank's `count` real ones; 0 for D = 1."""

@@ -1,6 +1,7 @@
 """`rl-orch run <config.yaml> [key=value ...]`: load and validate the config, run the GRPO job, print where
 its outputs are. Exit code 2 with a message naming the input for a bad config, dataset, placement or memory
-plan (before any actor starts where it can be found then)."""
+plan (before any actor starts where it can be found then); exit code 1 with the message for a run stopped by its
+guards (updates skipped in a row: run.max_skipped_updates; guards.action=stop)."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,7 @@ def run_cmd(args: argparse.Namespace) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     from orchestrator.controller import GRPOController
+    from orchestrator.guards import DivergedError, GuardTripped
     from orchestrator.memory.preflight import MemoryPlanError
     from orchestrator.placement.groups import PlacementError
 
@@ -44,6 +46,9 @@ def run_cmd(args: argparse.Namespace) -> int:
     except MemoryPlanError as e:  # the pre-flight plan: no actor was started
         print(f"memory error: {e}", file=sys.stderr)
         return 2
+    except (DivergedError, GuardTripped) as e:  # run.max_skipped_updates, guards.action=stop (orchestrator/guards)
+        print(f"run stopped: {e}", file=sys.stderr)
+        return 1
     finally:
         controller.shutdown()
     print(f"final checkpoint: {result.checkpoint}")

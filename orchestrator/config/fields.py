@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Iterator, Optional, Union
 
 Allowed = Union[tuple, Callable[[], tuple]]
@@ -44,7 +44,8 @@ class Range:
     def describe(self) -> str:
         lo, hi = (self.gt if self.gt is not None else self.ge), (self.lt if self.lt is not None else self.le)
         if lo is not None and hi is not None:
-            text = f"must be in {'(' if self.gt is not None else '['}{lo:g}, {hi:g}{')' if self.lt is not None else ']'}"
+            text = (f"must be {'a finite number ' if self.finite else ''}in {'(' if self.gt is not None else '['}"
+                    f"{lo:g}, {hi:g}{')' if self.lt is not None else ']'}")
         elif lo is not None:
             text = f"must be {'a finite number ' if self.finite else ''}{'>' if self.gt is not None else '>='} {lo:g}"
         elif hi is not None:
@@ -82,20 +83,34 @@ def _walk(schema: type, prefix: str = "") -> Iterator[tuple[str, tuple[str, ...]
 
 
 def check_fields(cfg, schema: type) -> None:
-    """Check every choice and range field of `cfg` (a loaded config of `schema`). Raises ValueError naming the
-    key path and the allowed values or the range, e.g. "algo.kl_coef=-0.1 must be a finite number >= 0"."""
-    for key, path, f, _ in _walk(schema):
-        if "choices" not in f.metadata and "range" not in f.metadata:
+    """Check every choice and range field of `cfg` (a loaded config of `schema`), and that every number is finite
+    (NaN and +-inf are refused in any numeric field or list of numbers, with a range or without). Raises ValueError
+    naming the key path and the allowed values or the range, e.g. "algo.kl_coef=-0.1 must be a finite number >= 0",
+    "trainer.lr=inf must be a finite number in (0, 1]", "trainer.betas[1]=nan must be a finite number"."""
+    for key, path, f, hint in _walk(schema):
+        if dataclasses.is_dataclass(hint):
             continue
         value = cfg
         for part in path:
             value = getattr(value, part)
+        _check_finite(key, value, f.metadata.get("range"))
         if "choices" in f.metadata:
             allowed = allowed_values(f.metadata["choices"])
             if value not in allowed:
                 raise ValueError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
-        elif not f.metadata["range"].holds(value):
+        elif "range" in f.metadata and not f.metadata["range"].holds(value):
             raise ValueError(f"{key}={value!r} {f.metadata['range'].describe()}")
+
+
+def _check_finite(key: str, value, bounds: Optional[Range]) -> None:
+    """Raise ValueError when `value` (a number, or a list of them) holds NaN or an infinity."""
+    items = [(key, value)]
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+    for name, x in items:
+        if isinstance(x, float) and not math.isfinite(x):
+            what = dataclasses.replace(bounds, finite=True).describe() if bounds else "must be a finite number"
+            raise ValueError(f"{name}={x!r} {what}")
 
 
 def field_choices(schema: type) -> dict[str, Allowed]:

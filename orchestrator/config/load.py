@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.fields import check_fields
 from orchestrator.config.schema import Config, RewardFunctionConfig
+from orchestrator.guards.signals import check_guards_config
 
 
 class ConfigError(ValueError):
@@ -125,6 +126,13 @@ def validate(cfg) -> None:
     _check_reward_functions(cfg)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"trainer.betas={list(cfg.trainer.betas)} must have 2 values")
+    for i, beta in enumerate(cfg.trainer.betas):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
+            raise ConfigError(f"trainer.betas[{i}]={beta!r} must be in [0, 1) (AdamW's moment decay rates)")
+    try:  # the guards section (orchestrator/guards/signals.py)
+        check_guards_config(cfg.guards, cfg.algo.kl_coef)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _check_env(cfg)
     _check_async(cfg)
     _check_auto_placement(cfg)

@@ -136,7 +136,7 @@ class LoraConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = number(20, gt=0)
-    lr: float = number(1e-5, gt=0)
+    lr: float = number(1e-5, gt=0, le=1)  # AdamW's peak learning rate (above 1 the weights blow up)
     # GRPO shared-prompt forward: the n samples of a group share one prompt, so the prompt is run once per
     # group and its keys/values are reused by every sample (exact: same loss and gradients)
     shared_prefix: bool = True
@@ -219,6 +219,9 @@ class RunConfig:
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
     phase_timeout_s: float = number(3600.0, gt=0)
+    # This many optimizer updates skipped in a row (non-finite loss, gradient norm or updated weights;
+    # actors/trainer/finite.py) stop the run with a message saying what was non-finite and when.
+    max_skipped_updates: int = number(3, ge=0, note="(0 = never stop)")
 
 
 @dataclass
@@ -290,6 +293,23 @@ class MemoryConfig:
 
 
 @dataclass
+class GuardsConfig:
+    """Optional run-health guards (orchestrator/guards/signals.py), each off by default. A tripped guard sets
+    its `guard/<name>` metric to 1 and prints a warning (Prometheus alerts in deploy/prometheus/alerts.yml)."""
+    action: str = choice("warn", ("warn", "stop"))  # warn | stop: what a tripped guard does to the run
+    # every sample of the step got the same reward (reward/std = 0, e.g. all 0) this many steps in a row
+    reward_collapse_steps: int = number(0, ge=0, note="(0 = off)")
+    # rollout/truncated_frac >= truncated_frac (responses cut at max_new_tokens) this many steps in a row
+    truncated_steps: int = number(0, ge=0, note="(0 = off)")
+    truncated_frac: float = number(0.9, gt=0, le=1)
+    # actor/kl (policy vs reference: needs algo.kl_coef > 0) / actor/grad_norm above factor x their running median
+    kl_spike_factor: float = number(0.0, ge=0, note="(0 = off; else > 1)")
+    grad_norm_spike_factor: float = number(0.0, ge=0, note="(0 = off; else > 1)")
+    spike_window: int = number(20, ge=1)  # steps in the running median
+    spike_min_steps: int = number(5, ge=1)  # values the median needs before a spike counts
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -306,6 +326,7 @@ class Config:
     sizing: SizingConfig = field(default_factory=SizingConfig)
     # Multi-turn rollouts against an environment (orchestrator/rollout/env_config.py); env.name "" = off.
     env: EnvConfig = field(default_factory=EnvConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
 
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the

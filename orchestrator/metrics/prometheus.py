@@ -47,6 +47,7 @@ ROW_GAUGES = {
     "actor/loss": "rl_orch_actor_loss",
     "actor/grad_norm": "rl_orch_actor_grad_norm",
     "actor/lr": "rl_orch_actor_learning_rate",
+    "actor/skipped_in_a_row": "rl_orch_actor_skipped_updates_in_a_row",
     "timing/weight_sync_s": "rl_orch_sync_seconds",
     "sync/seconds": "rl_orch_sync_seconds",  # after timing/weight_sync_s: the sync's own timer wins
     "sync/bytes": "rl_orch_sync_bytes",
@@ -62,6 +63,7 @@ ROW_COUNTERS = {
     "reward/timeouts": ("rl_orch_errors_total", {"kind": "reward_timeout"}),
     "reward/memory_errors": ("rl_orch_errors_total", {"kind": "reward_memory"}),
     "sync/failures": ("rl_orch_sync_failures_total", {}),
+    "actor/skipped_updates": ("rl_orch_actor_skipped_updates_total", {}),
 }
 
 # metric name -> (type, help, labels besides `run`)
@@ -93,6 +95,11 @@ METRICS = {
     "rl_orch_actor_loss_nan": ("gauge", "1 when the step's loss was NaN or infinite, else 0", ()),
     "rl_orch_actor_grad_norm": ("gauge", "Gradient norm before clipping", ()),
     "rl_orch_actor_learning_rate": ("gauge", "Learning rate of the step", ()),
+    "rl_orch_actor_skipped_updates_total": ("counter", "Optimizer updates skipped: non-finite loss, gradient norm "
+                                            "or updated weights (weights and optimizer state unchanged)", ()),
+    "rl_orch_actor_skipped_updates_in_a_row": ("gauge", "Updates skipped in a row (run.max_skipped_updates stops "
+                                               "the run)", ()),
+    "rl_orch_guard_tripped": ("gauge", "1 while an optional guard (guards.*) is tripped, else 0", ("guard",)),
     "rl_orch_sync_seconds": ("gauge", "Wall seconds of the last weight sync", ()),
     "rl_orch_sync_bytes": ("gauge", "Bytes sent by the last weight sync", ()),
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
@@ -164,7 +171,8 @@ class PrometheusExporter(MetricSink):
 
     def _init_series(self) -> None:
         """Counters and the NaN flag exist at 0 from the start, so that the first increase is visible."""
-        for metric in ("rl_orch_trainer_steps_total", "rl_orch_rollout_tokens_total", "rl_orch_sync_failures_total"):
+        for metric in ("rl_orch_trainer_steps_total", "rl_orch_rollout_tokens_total", "rl_orch_sync_failures_total",
+                       "rl_orch_actor_skipped_updates_total"):
             self._series(metric)
         for kind in ERROR_KINDS:
             self._series("rl_orch_errors_total", kind=kind)
@@ -199,6 +207,8 @@ class PrometheusExporter(MetricSink):
             self._observe_memory(key[len("memory/"):], x)
         elif key.startswith("roles/"):
             self._observe_role(key[len("roles/"):], x)
+        elif key.startswith("guard/"):  # orchestrator/guards/signals.py: 0/1 per enabled guard
+            self._series("rl_orch_guard_tripped", guard=key[len("guard/"):]).set(x)
 
     def _count(self, key: str, x: float) -> None:
         metric, labels = ROW_COUNTERS[key]

@@ -4,11 +4,13 @@ The package and its modules are pure (no Ray, no vLLM) except `syncer.py`, the c
 syncer, which drives the trainer and the engines through Ray (import it as
 `orchestrator.weight_sync.syncer`). The senders and receivers live in actors/weight_sync/.
 """
-from orchestrator.weight_sync.checksum import WeightMismatchError, checksum_group, compare_checksums, group_checksums
+from orchestrator.weight_sync.checksum import (NonFiniteWeightsError, WeightMismatchError, check_finite_checksums,
+                                               checksum_group, compare_checksums, group_checksums)
 from orchestrator.weight_sync.cost_model import (FABRICS, SyncEstimate, SyncSetup, SyncSetupError, fabric_gbps,
                                                  setup_from_fabric)
 from orchestrator.weight_sync.registry import choose_strategy, predict_sync, register, strategy_names
 
-__all__ = ["WeightMismatchError", "checksum_group", "compare_checksums", "group_checksums",
+__all__ = ["NonFiniteWeightsError", "WeightMismatchError", "check_finite_checksums", "checksum_group",
+           "compare_checksums", "group_checksums",
            "FABRICS", "SyncEstimate", "SyncSetup", "SyncSetupError", "choose_strategy",
            "fabric_gbps", "predict_sync", "register", "setup_from_fabric", "strategy_names"]

@@ -19,6 +19,24 @@ class WeightMismatchError(RuntimeError):
     """An engine's weights differ from the trainer's; the message names the tensor group."""
 
 
+class NonFiniteWeightsError(RuntimeError):
+    """The trainer's own weights hold NaN or inf (its checksums are not finite): no engine could match them and
+    a retry cannot help; the message names the first such tensor group. Not a WeightMismatchError."""
+
+
+def check_finite_checksums(groups: dict[str, list[float]], where: str = "the trainer") -> None:
+    """Raise NonFiniteWeightsError naming the first tensor group (in the order of the weights) whose float64
+    sum or sum of squares is NaN or inf. Float64 sums of finite fp32/bf16 values never overflow (at most
+    ~1e77 per element squared), so a non-finite checksum means a non-finite weight."""
+    for group, (total, squares, *_) in groups.items():
+        if not (math.isfinite(total) and math.isfinite(squares)):
+            raise NonFiniteWeightsError(
+                f"{where}'s weights are not finite: tensor group {group!r} has sum {total!r}, sum of squares "
+                f"{squares!r} (the first such group in the model's order). The trainer skips updates that would make "
+                "them so (actors/trainer/finite.py), so they came from elsewhere: a checkpoint holding NaN or inf, or "
+                "an update path that bypasses the guard. Resume from an earlier checkpoint (checkpoint.resume=<path>)")
+
+
 def checksum_group(name: str) -> str:
     """'model.layers.3.self_attn.q_proj.weight' -> 'model.layers.3.self_attn'; 'lm_head.weight' -> 'lm_head'."""
     parts = name.split(".")
@@ -78,15 +96,18 @@ def _sums_f64(flat: torch.Tensor) -> tuple[float, float]:
 
 def compare_checksums(expected: dict[str, list[float]], actual: dict[str, list[float]], *,
                       where: str = "engine", rel_tol: float = 1e-9) -> None:
-    """Raise WeightMismatchError naming the first tensor group that is missing or differs."""
+    """Raise WeightMismatchError naming the first tensor group that is missing or differs (a non-finite value on
+    the engine's side is named as such). Check the trainer's own checksums first (`check_finite_checksums`:
+    the syncer does), or its NaN reads as a mismatch here."""
     for group, exp in sorted(expected.items()):
         got = actual.get(group)
         if got is None:
             raise WeightMismatchError(f"{where}: tensor group {group!r} is missing after the weight sync")
         for label, e, g in zip(("sum", "sum of squares", "element count"), exp, got):
             if not math.isclose(e, g, rel_tol=rel_tol, abs_tol=1e-6):
+                what = "holds non-finite weights (NaN or inf)" if not math.isfinite(g) else "differs from the trainer's"
                 raise WeightMismatchError(
-                    f"{where}: tensor group {group!r} differs from the trainer's after the weight sync "
+                    f"{where}: tensor group {group!r} {what} after the weight sync "
                     f"({label}: trainer {e!r}, engine {g!r}); refusing to roll out on stale or corrupted weights")
 
 

@@ -8,7 +8,9 @@ The strategies themselves live in actors/weight_sync/<strategy>.py (sender, rece
 controller-side hooks of `WeightSyncStrategy`); this file holds what they share. Verification (every
 strategy): each engine reports its weight version and per-group checksums; a wrong version or a
 differing group raises `WeightMismatchError` naming the engine and the tensor group, so no rollout runs
-on stale or corrupted weights. Every call waits at most `weight_sync.timeout_s`.
+on stale or corrupted weights (redone up to weight_sync.retries times). Non-finite checksums of the trainer's
+own weights raise `NonFiniteWeightsError` at once, naming the first such group: no retry can fix them.
+Every call waits at most `weight_sync.timeout_s`.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Optional
 import ray
 
 from actors.weight_sync.base import SyncContext, WeightSender
-from orchestrator.weight_sync import WeightMismatchError, compare_checksums, setup_from_fabric
+from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ class WeightSyncer:
         ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
         t0 = time.perf_counter()
         meta, reports = self._transfer(version, ids)
+        check_finite_checksums(meta.get("groups", {}))  # the trainer's own NaN: NonFiniteWeightsError, never retried
         self.strategy.check_reports(version, reports)
         self._verify(version, meta, reports)
         self._after_verified(version)
@@ -110,6 +113,7 @@ class WeightSyncer:
             meta, *reports = self._get([meta_ref, *loads], f"the {self.name} transfer")
         else:
             meta = self._get(meta_ref, "the trainer's send")
+            check_finite_checksums(meta.get("groups", {}))  # before any engine loads non-finite weights
             loads = [self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids]
             reports = self._get(loads, "engine loads")
         return meta, dict(zip(ids, reports))

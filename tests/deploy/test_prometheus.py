@@ -165,6 +165,19 @@ def test_nan_loss_sets_the_nan_gauge_and_keeps_the_raw_loss(exporter):
     assert _value(_registry_samples(exporter), "rl_orch_actor_loss_nan") == 1
 
 
+def test_skipped_updates_and_guards_are_exported(exporter):
+    assert _value(_registry_samples(exporter), "rl_orch_actor_skipped_updates_total") == 0  # exists from the start
+    exporter.log_row({"step": 1, "actor/skipped_updates": 1.0, "actor/skipped_in_a_row": 1.0,
+                      "guard/reward_collapse": 1.0, "guard/grad_norm_spike": 0.0})
+    exporter.log_row({"step": 2, "actor/skipped_updates": 0.0, "actor/skipped_in_a_row": 0.0,
+                      "guard/reward_collapse": 0.0, "guard/grad_norm_spike": 1.0})
+    s = _registry_samples(exporter)
+    assert _value(s, "rl_orch_actor_skipped_updates_total") == 1
+    assert _value(s, "rl_orch_actor_skipped_updates_in_a_row") == 0
+    assert _value(s, "rl_orch_guard_tripped", guard="reward_collapse") == 0
+    assert _value(s, "rl_orch_guard_tripped", guard="grad_norm_spike") == 1
+
+
 def test_errors_are_counted_by_kind(exporter):
     exporter.log_row({"step": 1, "reward/errors": 3.0, "reward/timeouts": 1.0})
     exporter.log_row({"step": 2, "reward/errors": 2.0, "reward/timeouts": 0.0, "reward/memory_errors": 2.0})

@@ -144,8 +144,8 @@ def _get(cfg, dotted: str):
 
 
 @pytest.mark.parametrize("override, fragment", [
-    ("trainer.lr=-1", "trainer.lr=-1.0 must be > 0"),
-    ("trainer.lr=0", "trainer.lr=0.0 must be > 0"),
+    ("trainer.lr=-1", "trainer.lr=-1.0 must be in (0, 1]"),
+    ("trainer.lr=0", "trainer.lr=0.0 must be in (0, 1]"),
     ("rollout.n=1", "rollout.n=1 must be >= 2"),
     ("rollout.n=0", "rollout.n=0 must be > 0"),
     ("rollout.top_p=1.5", "rollout.top_p=1.5 must be in (0, 1]"),
