@@ -214,6 +214,9 @@ class RunConfig:
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
     phase_timeout_s: float = number(3600.0, gt=0)
+    # Actor restarts allowed over the whole run, every role together (a lost rollout worker replaced, a
+    # trainer/reference restarted from checkpoint); one more failure stops the run naming it (docs/faults.md).
+    max_restarts: int = number(3, ge=0, finite=True)
 
 
 @dataclass
