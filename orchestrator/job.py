@@ -33,7 +33,8 @@ import ray
 
 from actors.pinning import CORES_ENV, engine_env
 from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
-from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups, slot_options
+from orchestrator.placement.groups import (PlacementError, missing_resources, remove_groups, reserve_groups,
+                                           slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
@@ -185,13 +186,15 @@ class Job:
         plan, pgs = self.actors.plan, self.actors.pgs
         slot = plan.slots["rollout"][k]
         timeout = self.cfg.placement.timeout_s
-        ready, _ = ray.wait([pgs[slot.group].ready()], timeout=timeout)
-        if not ready:
-            raise PlacementError(f"rollout worker {k} cannot be restarted: its placement group "
-                                 f"{plan.groups[slot.group].name} is not placed after placement.timeout_s={timeout:g}s "
-                                 f"(it asks {plan.groups[slot.group].bundles}; available now: "
-                                 f"{ray.available_resources()}): add the missing resources, then resume from the last "
-                                 "checkpoint (checkpoint.resume=auto)")
+        group = plan.groups[slot.group]
+        if not wait_placed(pgs[slot.group], timeout):
+            lack = missing_resources([b for g in plan.groups for b in g.bundles], ray.cluster_resources())
+            short = lack or "no more than the cluster has in total"
+            raise PlacementError(
+                f"rollout worker {k} cannot be restarted: its placement group {group.name} (bundles {group.bundles}) is "
+                f"not placed again after placement.timeout_s={timeout:g}s (a lost node?); the job's resources "
+                f"{{name: (asked, cluster total)}}: {short}. Add the missing resources, then resume from the last "
+                "checkpoint (checkpoint.resume=auto)")
         new = start_rollout_worker(self.cfg, plan, pgs, k, self.model_path, self.resume_from)
         self.wait(new.ready.remote())
         return new
