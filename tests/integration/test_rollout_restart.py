@@ -98,3 +98,30 @@ def test_past_max_restarts_the_run_stops_naming_the_worker(ray_local, tiny_model
             controller.run()
     finally:
         controller.shutdown()
+
+
+class KillBeforeAsyncStep(GRPOController):
+    """placement.mode=disaggregated_async: kills rollout worker 0 at the start of step 2, before the batch of
+    step 3 is launched on it (the batch of step 2 was generated during step 1)."""
+
+    def step_async(self, step):
+        if step == 2:
+            os.kill(ray.get(self.job.actors.rollout[0].pid.remote()), signal.SIGKILL)
+        return super().step_async(step)
+
+
+def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async")
+    controller = KillBeforeAsyncStep(cfg)
+    try:
+        result = controller.run()
+        assert_engine_holds_trainer_weights(controller, 3)
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the batch of step 3 (launched during step 2, on weights 1) was issued again to the replacement
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 0, 1]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 0, 2]
+    assert [r["async/weight_version"] for r in rows] == [0, 0, 1]
+    assert rows[-1]["faults/restarts_total"] == 1
