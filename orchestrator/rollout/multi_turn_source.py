@@ -66,8 +66,9 @@ class MultiTurnSource(RolloutSource):
     def launch(self, requests: list[PromptRequest]) -> Launched:
         shards = self.route(requests)
         order = sorted(shards)
+        sent_to = [self.workers[w] for w in order]
         refs = [self._call(w, shards[w]) for w in order]
-        launched = Launched(requests, order, refs, payloads=[shards[w] for w in order])
+        launched = Launched(requests, order, refs, payloads=[shards[w] for w in order], sent_to=sent_to)
         launched.meta["groups_per_worker_max"] = max((len(s) for s in shards.values()), default=0)
         return launched
 

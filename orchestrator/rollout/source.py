@@ -7,11 +7,12 @@
 The bookkeeping every source shares is written once, here: waiting through the job's bounded `wait`, the
 check that every sample carries the weight version the engines held at launch (a WeightMismatchError
 otherwise: no sample trains on weights other than the ones recorded for it), and the per-step metrics
-common to all sources. A source adds how its requests reach the workers (`_calls`) and its own metrics
-(`_metrics`). A rollout worker lost during a batch (its process died: the job's `recover` hook replaces it,
-synced to the current weights) gets the groups of its failed call again; the batch's results hold each
-call's result once (`rollout/worker_restarts`, `rollout/groups_reissued` in the row). The asynchronous pipeline (orchestrator/rollout/async_source.py) wraps any source, since it only
-calls `launch` and `collect`. Pure: no Ray import (actor handles are passed in; `wait` is the job's).
+common to all sources. A source adds how a batch splits into calls (`_shards`), how one call reaches its
+worker (`_call`) and its own metrics (`_metrics`). A call whose worker was lost (its process died: the
+job's `recover` hook replaces the worker, synced to the current weights) is issued again, with the same
+groups, to the replacement; the batch's results hold each call's result once (`rollout/worker_restarts`,
+`rollout/groups_reissued` in the row). The asynchronous pipeline (orchestrator/rollout/async_source.py)
+wraps any source, since it only calls `launch` and `collect`. Pure: no Ray import (actor handles are passed in; `wait` is the job's).
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ Recover = Callable[[int, BaseException], Optional[Any]]
 class Launched:
     """One launched batch: its requests, the workers called (index per call) and their ObjectRefs;
     `results` ([(trajectories, metrics)] per call) once collected, `wait_s` the time spent waiting;
-    `payloads`: each call's groups (issued again when its worker is lost); `restarts`: workers replaced
-    while this batch ran; `reissued`: groups issued again."""
+    `payloads`: each call's groups (issued again when its worker is lost); `sent_to`: the handle each call
+    went to; `restarts`: workers replaced while this batch ran; `reissued`: groups issued again."""
 
     requests: list[PromptRequest]
     workers: list[int]
@@ -42,6 +43,7 @@ class Launched:
     wait_s: float = 0.0
     meta: dict = field(default_factory=dict)
     payloads: list = field(default_factory=list)
+    sent_to: list = field(default_factory=list)
     restarts: int = 0
     reissued: int = 0
 
@@ -59,8 +61,9 @@ class RolloutSource:
     def launch(self, requests: list[PromptRequest]) -> Launched:
         """Submit the batch's calls to the workers; returns at once (nothing is waited for)."""
         shards = self._shards(requests)
+        sent_to = [self.workers[w] for w, _ in shards]
         refs = [self._call(w, payload) for w, payload in shards]
-        return Launched(requests, [w for w, _ in shards], refs, payloads=[p for _, p in shards])
+        return Launched(requests, [w for w, _ in shards], refs, payloads=[p for _, p in shards], sent_to=sent_to)
 
     def fetch(self, launched: Launched) -> list:
         """Wait for the batch's calls (once); returns the workers' [(trajectories, metrics)], one per call.
@@ -101,19 +104,24 @@ class RolloutSource:
         return None
 
     def _wait_call(self, launched: Launched, i: int):
-        """The result of call `i`; while its worker is lost (and `recover` replaces it), the call's groups
-        go to the replacement. The job's restart budget (run.max_restarts) bounds the retries."""
+        """The result of call `i`; while its worker is lost, the call's groups go to its replacement: the one
+        `recover` starts, or the one already started since the call was sent (another batch in flight on
+        the same worker found it lost first). The job's restart budget (run.max_restarts) bounds the retries."""
         while True:
             try:
                 return self.wait(launched.refs[i])
             except Exception as e:  # noqa: BLE001 - `recover` tells a lost worker from other errors
                 w = launched.workers[i]
-                handle = self.recover(w, e) if self.recover is not None and launched.payloads else None
-                if handle is None:
+                if not launched.payloads or self.recover is None:
                     raise
-                self.workers[w] = handle
+                if self.workers[w] is launched.sent_to[i]:  # not replaced since the call was sent
+                    handle = self.recover(w, e)
+                    if handle is None:
+                        raise
+                    self.workers[w] = handle
+                    launched.restarts += 1
+                launched.sent_to[i] = self.workers[w]
                 launched.refs[i] = self._call(w, launched.payloads[i])
-                launched.restarts += 1
                 launched.reissued += len(launched.payloads[i])
 
     # ---- what a source adds -------------------------------------------------------------------

@@ -24,7 +24,7 @@ FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 0.5},
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1},
                                                       "include_dashboard": False, "_system_config": FAST_DEATH})
     try:
         yield c
@@ -35,7 +35,8 @@ def cluster():
 
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"trainer.total_steps": 3})
-                       + [REWARD, "placement.resource=slot", "memory.preflight=false", *extra])
+                       + [REWARD, "placement.resource=slot", "placement.trainer_per_worker=1",
+                          "placement.rollout_per_worker=1", "memory.preflight=false", *extra])
 
 
 class RemoveNodeDuringGenerate(GRPOController):
@@ -49,7 +50,7 @@ class RemoveNodeDuringGenerate(GRPOController):
         if row["step"] != 2:
             return super().generate(requests, row)
         if self.spare:
-            self.spare_node = self.cluster.add_node(num_cpus=0, resources={"slot": 0.5})
+            self.spare_node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
             self.cluster.wait_for_nodes()
         launched = self.source.launch(requests)
         self.cluster.remove_node(self.node, allow_graceful=False)
@@ -57,7 +58,7 @@ class RemoveNodeDuringGenerate(GRPOController):
 
 
 def _start(cluster, tiny_model, tmp_path, spare: bool, *extra):
-    engines = cluster.add_node(num_cpus=0, resources={"slot": 0.5})
+    engines = cluster.add_node(num_cpus=0, resources={"slot": 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     return RemoveNodeDuringGenerate(_cfg(tiny_model, tmp_path, *extra), cluster, engines, spare)
@@ -87,7 +88,7 @@ def test_a_lost_node_without_room_stops_naming_the_missing_resources(cluster, ti
     controller = _start(cluster, tiny_model, tmp_path, False, "placement.timeout_s=10")
     try:
         with pytest.raises(PlacementError, match=r"rollout worker 0 cannot be restarted.*placement.timeout_s=10s"
-                                                 r".*'slot': \(1\.0, 0\.5\).*checkpoint.resume=auto"):
+                                                 r".*'slot': \(2\.0, 1\.0\).*checkpoint.resume=auto"):
             controller.run()
     finally:
         controller.shutdown()

@@ -151,3 +151,16 @@ def test_a_collective_strategy_refuses_a_fresh_engine_clearly():
         syncer.check_replaceable(1, "killed")
     syncer.strategy = SimpleNamespace(concurrent=False)
     syncer.check_replaceable(1, "killed")  # object_store / disk / delta: nothing to refuse
+
+
+def test_a_second_batch_on_a_worker_already_replaced_goes_to_the_replacement_without_a_new_restart():
+    """disaggregated_async: two batches in flight on one worker that dies; the first fetch replaces it."""
+    workers = [FakeWorker("w0", dead=True)]
+    replacements = [FakeWorker("w0-new")]
+    source = SingleTurnSource(CFG, workers, _wait, lambda k, e: replacements.pop(0))
+    first, second = source.launch(_requests(1)), source.launch(_requests(2))
+    row1, row2 = {}, {}
+    assert len(source.collect(first, 4, row1)) == 2 and len(source.collect(second, 4, row2)) == 4
+    assert (row1["rollout/worker_restarts"], row1["rollout/groups_reissued"]) == (1, 1)
+    assert (row2["rollout/worker_restarts"], row2["rollout/groups_reissued"]) == (0, 2)  # one restart in all
+    assert workers[0].name == "w0-new" and workers[0].calls == [[10], [10, 11]]
