@@ -180,14 +180,32 @@ class Job:
               f"run.max_restarts={self.restarts.max_restarts}", flush=True)
         return new
 
-    def _start_rollout_worker(self, k: int):
+    def _start_rollout_worker(self, k: int, tries: int = 3):
         """A fresh rollout worker k in its bundle, waited for: the bundle within placement.timeout_s (a lost
-        node's bundle is re-placed by Ray when the cluster can hold it), the engine within run.phase_timeout_s."""
-        plan, pgs = self.actors.plan, self.actors.pgs
+        node's bundle is re-placed by Ray when the cluster can hold it), the engine within run.phase_timeout_s.
+        A replacement lost while it starts (its bundle was still on a node Ray had not yet found dead) is
+        started again, `tries` times in all."""
+        for attempt in range(1, tries + 1):
+            self._wait_bundle(k)
+            new = start_rollout_worker(self.cfg, self.actors.plan, self.actors.pgs, k, self.model_path,
+                                       self.resume_from)
+            try:
+                self.wait(new.ready.remote())
+                return new
+            except Exception as e:  # noqa: BLE001 - only a lost replacement is started again
+                if attempt == tries or not is_actor_lost(e):
+                    raise
+                print(f"the replacement of rollout worker {k} was lost while starting ({describe(e)}); "
+                      "starting it again", flush=True)
+        raise AssertionError("unreachable")
+
+    def _wait_bundle(self, k: int) -> None:
+        """Wait until rollout worker k's placement group is placed; PlacementError naming the resources the
+        job lacks after placement.timeout_s."""
+        plan, timeout = self.actors.plan, self.cfg.placement.timeout_s
         slot = plan.slots["rollout"][k]
-        timeout = self.cfg.placement.timeout_s
         group = plan.groups[slot.group]
-        if not wait_placed(pgs[slot.group], timeout):
+        if not wait_placed(self.actors.pgs[slot.group], timeout):
             lack = missing_resources([b for g in plan.groups for b in g.bundles], ray.cluster_resources())
             short = lack or "no more than the cluster has in total"
             raise PlacementError(
@@ -195,9 +213,6 @@ class Job:
                 f"not placed again after placement.timeout_s={timeout:g}s (a lost node?); the job's resources "
                 f"{{name: (asked, cluster total)}}: {short}. Add the missing resources, then resume from the last "
                 "checkpoint (checkpoint.resume=auto)")
-        new = start_rollout_worker(self.cfg, plan, pgs, k, self.model_path, self.resume_from)
-        self.wait(new.ready.remote())
-        return new
 
     def checkpoint(self, folder: Path, extra: dict) -> str:
         """Trainer state and `extra` into `folder` (written atomically), plus the tokenizer files beside the
