@@ -143,7 +143,7 @@ class GRPOController:
         """The rollout source over the job's workers (multi-turn when env.name is set), wrapped in the
         one-step-off pipeline for placement.mode=disaggregated_async."""
         kind = MultiTurnSource if self.cfg.env.name else SingleTurnSource
-        self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait)
+        self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait, self.job.recover_rollout)
         self.pipeline = None
         if self.cfg.placement.mode == "disaggregated_async":
             self.pipeline = AsyncRollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)

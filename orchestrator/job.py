@@ -7,7 +7,13 @@
     path = job.checkpoint(folder, extra)   # trainer state + `extra` (atomic), tokenizer files beside the policy
     state = job.restore(folder)            # trainer state back; returns `extra`
     job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
+    job.replace_rollout(k, why)            # a lost rollout worker: a fresh one in its bundle, synced (docs/faults.md)
     job.shutdown()
+
+Lost rollout workers: `recover_rollout` (the rollout sources' hook) and `sync_weights` replace a worker whose
+process died, or whose weight load hung past weight_sync.timeout_s, by a fresh actor in the same
+placement-group bundle; it starts from the weights the job started from and is synced to the current
+version before it samples. Every restart counts against `run.max_restarts` (RestartBudget, orchestrator/faults.py).
 
 
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
@@ -26,7 +32,9 @@ from typing import Any, Optional
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
-from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups, slot_options
+from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
+from orchestrator.placement.groups import (PlacementError, missing_resources, remove_groups, reserve_groups,
+                                           slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
@@ -84,12 +92,16 @@ class Job:
         self.cfg, self.model_path, self.pad_id = cfg, Path(model_path), pad_id
         self.actors: Optional[Actors] = None
         self.syncer = None
+        self.restarts = RestartBudget(cfg.run.max_restarts)  # over the whole run, every role
+        self.version: Optional[int] = None  # the weight version every engine holds (None before the first sync)
+        self.resume_from: Optional[Path] = None
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def start(self, resume_from: Optional[Path] = None) -> None:
         """Reserve every placement group and start every actor (engines from `resume_from/policy` when set),
         then set up the weight syncer (`weight_sync.strategy`; `auto` asks the cost model)."""
         self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
+        self.resume_from, self.version = resume_from, None
         self.syncer = self._make_syncer()
 
     def replace(self, new_cfg, folder: Path) -> tuple[object, bool]:
@@ -126,8 +138,81 @@ class Job:
 
     def sync_weights(self, version: int) -> dict:
         """Trainer -> every engine by `weight_sync.strategy`, verified (version and checksums); a failed
-        verification is redone up to weight_sync.retries times. Returns `sync/*` metrics."""
-        return self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries)
+        verification is redone up to weight_sync.retries times. An engine that died or hung past
+        weight_sync.timeout_s is replaced (`replace_rollout`) and the sync redone. Returns `sync/*` metrics
+        with `sync/engine_restarts` (engines replaced during this sync) and `faults/restarts_total` (over
+        the run). Raises RestartsExhausted past run.max_restarts."""
+        replaced = 0
+        while True:
+            try:
+                metrics = self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries)
+                break
+            except EnginesLost as e:
+                for k in e.engines:
+                    self.replace_rollout(k, e.reasons[k], sync=False)  # the redone sync brings it to `version`
+                replaced += len(e.engines)
+        self.version = version
+        metrics.update({"sync/engine_restarts": replaced, "faults/restarts_total": self.restarts.used})
+        return metrics
+
+    def recover_rollout(self, k: int, error: BaseException):
+        """The rollout sources' hook for a failed call on worker k: None when `error` does not say the actor
+        is gone (the caller raises it); otherwise the handle of its replacement (`replace_rollout`)."""
+        if not is_actor_lost(error):
+            return None
+        return self.replace_rollout(k, describe(error))
+
+    def replace_rollout(self, k: int, why: str, sync: bool = True):
+        """Replace rollout worker k (lost because `why`): spend one restart of run.max_restarts, kill it, start
+        a fresh one in the same placement-group bundle (its engine from the weights the job started from), and
+        connect it to the weight syncer; with `sync`, bring it to the engines' current version (verified).
+        Returns the new handle. Raises RestartsExhausted past the budget, RuntimeError for a strategy that cannot
+        take a new engine (nccl), PlacementError when its bundle is not placed within placement.timeout_s."""
+        self.syncer.check_replaceable(k, why)
+        self.restarts.spend(f"rollout worker {k}", why)
+        old = self.actors.rollout[k]
+        ray.kill(old)  # a hung actor frees its bundle; a dead one: a no-op
+        new = self._start_rollout_worker(k)
+        self.actors.rollout[k] = new
+        self.actors.all[self.actors.all.index(old)] = new
+        self.syncer.replace_engine(k, new, self.version if sync else None)
+        print(f"rollout worker {k} lost ({why}): replaced, restart {self.restarts.used} of "
+              f"run.max_restarts={self.restarts.max_restarts}", flush=True)
+        return new
+
+    def _start_rollout_worker(self, k: int, tries: int = 3):
+        """A fresh rollout worker k in its bundle, waited for: the bundle within placement.timeout_s (a lost
+        node's bundle is re-placed by Ray when the cluster can hold it), the engine within run.phase_timeout_s.
+        A replacement lost while it starts (its bundle was still on a node Ray had not yet found dead) is
+        started again, `tries` times in all."""
+        for attempt in range(1, tries + 1):
+            self._wait_bundle(k)
+            new = start_rollout_worker(self.cfg, self.actors.plan, self.actors.pgs, k, self.model_path,
+                                       self.resume_from)
+            try:
+                self.wait(new.ready.remote())
+                return new
+            except Exception as e:  # noqa: BLE001 - only a lost replacement is started again
+                if attempt == tries or not is_actor_lost(e):
+                    raise
+                print(f"the replacement of rollout worker {k} was lost while starting ({describe(e)}); "
+                      "starting it again", flush=True)
+        raise AssertionError("unreachable")
+
+    def _wait_bundle(self, k: int) -> None:
+        """Wait until rollout worker k's placement group is placed; PlacementError naming the resources the
+        job lacks after placement.timeout_s."""
+        plan, timeout = self.actors.plan, self.cfg.placement.timeout_s
+        slot = plan.slots["rollout"][k]
+        group = plan.groups[slot.group]
+        if not wait_placed(self.actors.pgs[slot.group], timeout):
+            lack = missing_resources([b for g in plan.groups for b in g.bundles], ray.cluster_resources())
+            short = lack or "no more than the cluster has in total"
+            raise PlacementError(
+                f"rollout worker {k} cannot be restarted: its placement group {group.name} (bundles {group.bundles}) is "
+                f"not placed again after placement.timeout_s={timeout:g}s (a lost node?); the job's resources "
+                f"{{name: (asked, cluster total)}}: {short}. Add the missing resources, then resume from the last "
+                "checkpoint (checkpoint.resume=auto)")
 
     def checkpoint(self, folder: Path, extra: dict) -> str:
         """Trainer state and `extra` into `folder` (written atomically), plus the tokenizer files beside the
@@ -168,20 +253,14 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
 def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
     from actors.reference import ReferenceActor
     from actors.reward import RewardActor
-    from actors.rollout.worker import RolloutWorkerActor
 
     def opts(role: str, k: int = 0) -> dict:
         return actor_options(plan, pgs, role, k)
 
-    # on resume the engines start from the checkpoint's policy; the controller then syncs and verifies
-    engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     temp = cfg.rollout.temperature
     ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
     trainer = ranks[0]
-    colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
-    rollout = [RolloutWorkerActor.options(**opts("rollout", k)).remote(engine_path, cfg.rollout, cfg.rollout.seed + k,
-                                                                       colocated=colocated)
-               for k in range(cfg.rollout.num_workers)]
+    rollout = [start_rollout_worker(cfg, plan, pgs, k, model_path, resume_from) for k in range(cfg.rollout.num_workers)]
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = ReferenceActor.options(**opts("reference")).remote(
@@ -199,6 +278,17 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     if len(ranks) > 1:  # the leader fans every call out to ranks 1..D-1
         ray.get(trainer.set_peers.remote(ranks[1:]))
     return actors
+
+
+def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path, resume_from: Optional[Path]):
+    """Rollout worker k (not waited for) in its slot; its engine loads the checkpoint's policy on resume (the
+    controller then syncs and verifies), the base model otherwise."""
+    from actors.rollout.worker import RolloutWorkerActor
+
+    engine_path = str(resume_from / "policy") if resume_from else str(model_path)
+    colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
+    return RolloutWorkerActor.options(**actor_options(plan, pgs, "rollout", k)).remote(
+        engine_path, cfg.rollout, cfg.rollout.seed + k, colocated=colocated)
 
 
 def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0) -> dict:

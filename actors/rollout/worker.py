@@ -77,7 +77,8 @@ class RolloutWorker:
         return self.engine.extension_call("weight_sync", strategy, method, *args)
 
     def extension_call(self, method: str, *args):
-        """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load."""
+        """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load,
+        inject_hang_next_load."""
         return self.engine.extension_call(method, *args)
 
     # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------
@@ -106,3 +107,9 @@ class RolloutWorkerActor(RolloutWorker):
 
     def ready(self) -> bool:
         return True
+
+    def pid(self) -> int:
+        """This actor's process id (fault tests kill it)."""
+        import os
+
+        return os.getpid()

@@ -15,6 +15,7 @@ logprobs with the trainer's after a sync, which covers the packed path end to en
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any, Iterable, Optional
 
 import torch
@@ -40,6 +41,7 @@ class WeightReceiverExtension:
     _receivers: Optional[dict] = None  # strategy name -> WeightReceiver of this worker
     _digests: Optional[dict] = None
     _fault_next_load: bool = False
+    _hang_next_load_s: float = 0.0
 
     def weight_sync(self, strategy: StrategyEntry | str, method: str, *args) -> Any:
         """Run `method` of `strategy`'s receiver (a registry entry, or a registered name): "connect"
@@ -60,6 +62,9 @@ class WeightReceiverExtension:
     def _load(self, stream: Iterable[tuple[str, torch.Tensor]], version: int,
               receiver: Optional[WeightReceiver] = None) -> None:
         receiver = receiver or WeightReceiver()
+        if self._hang_next_load_s:  # fault injection (tests): an engine that stops answering mid-sync
+            time.sleep(self._hang_next_load_s)
+            self._hang_next_load_s = 0.0
         device = next(self.model_runner.get_model().parameters()).device
         checks: dict = {}
         digests: Optional[dict] = {} if self._digests is not None else None
@@ -138,6 +143,10 @@ class WeightReceiverExtension:
     def inject_fault_next_load(self) -> None:
         """Corrupt one value of the next load (tests: verification must catch it)."""
         self._fault_next_load = True
+
+    def inject_hang_next_load(self, seconds: float) -> None:
+        """Block the next load for `seconds` (tests: weight_sync.timeout_s must catch it, the engine be replaced)."""
+        self._hang_next_load_s = float(seconds)
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -222,6 +222,9 @@ class RunConfig:
     # This many optimizer updates skipped in a row (non-finite loss, gradient norm or updated weights;
     # actors/trainer/finite.py) stop the run with a message saying what was non-finite and when.
     max_skipped_updates: int = number(3, ge=0, note="(0 = never stop)")
+    # Actor restarts allowed over the whole run, every role together (a lost rollout worker replaced, a
+    # trainer/reference restarted from checkpoint); one more failure stops the run naming it (docs/faults.md).
+    max_restarts: int = number(3, ge=0, finite=True)
 
 
 @dataclass

@@ -64,6 +64,9 @@ ROW_COUNTERS = {
     "reward/memory_errors": ("rl_orch_errors_total", {"kind": "reward_memory"}),
     "sync/failures": ("rl_orch_sync_failures_total", {}),
     "actor/skipped_updates": ("rl_orch_actor_skipped_updates_total", {}),
+    "rollout/worker_restarts": ("rl_orch_restarts_total", {"kind": "rollout_generate"}),
+    "sync/engine_restarts": ("rl_orch_restarts_total", {"kind": "rollout_sync"}),
+    "rollout/groups_reissued": ("rl_orch_rollout_groups_reissued_total", {}),
 }
 
 # metric name -> (type, help, labels besides `run`)
@@ -105,6 +108,10 @@ METRICS = {
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
     "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version or checksum mismatch)", ()),
     "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, reward_memory, sync, timeout, step", ("kind",)),
+    "rl_orch_restarts_total": ("counter", "Actors replaced after a failure (run.max_restarts), by kind: "
+                               "rollout_generate (lost while generating), rollout_sync (lost or hung in a weight sync)",
+                               ("kind",)),
+    "rl_orch_rollout_groups_reissued_total": ("counter", "Rollout groups issued again after their worker was lost", ()),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
 }

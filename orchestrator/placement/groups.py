@@ -10,6 +10,7 @@ for and what the cluster has, and every group it created is removed, before any 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -88,6 +89,17 @@ def reserve_groups(groups: Sequence[GroupPlan], timeout_s: float, resource: Opti
     available = ray.available_resources()
     remove_groups(pgs)
     raise PlacementError(_gang_message(groups, waiting, timeout_s, available))
+
+
+def wait_placed(pg: PlacementGroup, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether every bundle of `pg` is placed (state CREATED) within `timeout_s` seconds. After a node is
+    lost Ray re-places its bundles (state RESCHEDULING) where the cluster can hold them."""
+    deadline = time.monotonic() + timeout_s
+    while not _is_created(pg):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def _is_created(pg: PlacementGroup) -> bool:

@@ -29,13 +29,15 @@ reward/std, reward/max, reward/min.
 from __future__ import annotations
 
 import inspect
+from typing import Optional
+
 import torch
 from omegaconf import OmegaConf
 
 from orchestrator.reward.failures import FailureTally, check_failed_frac
 from orchestrator.rollout.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
-from orchestrator.rollout.source import Launched, RolloutSource, Wait
+from orchestrator.rollout.source import Launched, Recover, RolloutSource, Wait
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 
@@ -53,8 +55,8 @@ class MultiTurnSource(RolloutSource):
     Raises ValueError (naming env.name) when the environment cannot be resolved.
     """
 
-    def __init__(self, cfg, workers: list, wait: Wait):
-        super().__init__(cfg, workers, wait)
+    def __init__(self, cfg, workers: list, wait: Wait, recover: Optional[Recover] = None):
+        super().__init__(cfg, workers, wait, recover)
         self.env_cfg: dict = check_env(cfg)
         self.router = StickyRouter(len(self.workers))
 
@@ -69,10 +71,15 @@ class MultiTurnSource(RolloutSource):
 
     def launch(self, requests: list[PromptRequest]) -> Launched:
         shards = self.route(requests)
-        refs = [self.workers[w].generate_multiturn.remote(shards[w], self.env_cfg, w) for w in sorted(shards)]
-        launched = Launched(requests, sorted(shards), refs)
+        order = sorted(shards)
+        sent_to = [self.workers[w] for w in order]
+        refs = [self._call(w, shards[w]) for w in order]
+        launched = Launched(requests, order, refs, payloads=[shards[w] for w in order], sent_to=sent_to)
         launched.meta["groups_per_worker_max"] = max((len(s) for s in shards.values()), default=0)
         return launched
+
+    def _call(self, worker: int, payload: list[dict]):
+        return self.workers[worker].generate_multiturn.remote(payload, self.env_cfg, worker)
 
     def release(self, launched: Launched) -> None:
         for r in launched.requests:

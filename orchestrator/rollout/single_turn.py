@@ -17,9 +17,12 @@ from orchestrator.rollout.types import PromptRequest, Trajectory
 class SingleTurnSource(RolloutSource):
     """One generate call per worker with its share of the groups (see the module docstring)."""
 
-    def _calls(self, requests: list[PromptRequest]) -> list[tuple[int, Any]]:
+    def _shards(self, requests: list[PromptRequest]) -> list[tuple[int, Any]]:
         shards = [requests[i :: len(self.workers)] for i in range(len(self.workers))]
-        return [(k, w.generate.remote(s)) for k, (w, s) in enumerate(zip(self.workers, shards)) if s]
+        return [(k, s) for k, s in enumerate(shards) if s]
+
+    def _call(self, worker: int, payload: list[PromptRequest]) -> Any:
+        return self.workers[worker].generate.remote(payload)
 
     def _metrics(self, launched: Launched, trajs: list[Trajectory]) -> dict:
         results = launched.results

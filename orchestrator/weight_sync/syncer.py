@@ -11,6 +11,11 @@ differing group raises `WeightMismatchError` naming the engine and the tensor gr
 on stale or corrupted weights (redone up to weight_sync.retries times). Non-finite checksums of the trainer's
 own weights raise `NonFiniteWeightsError` at once, naming the first such group: no retry can fix them.
 Every call waits at most `weight_sync.timeout_s`.
+
+Lost engines (docs/faults.md): an engine whose load dies or does not answer within `weight_sync.timeout_s`
+raises `EnginesLost` naming it (the job replaces it and syncs again); `replace_engine(k, handle, version)`
+connects a fresh engine k and brings it to `version`. A concurrent strategy (the nccl/gloo collective group)
+cannot take a new member: `check_replaceable` refuses it with an error saying what to use instead.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import Optional
 import ray
 
 from actors.weight_sync.base import SyncContext, WeightSender
+from orchestrator.faults import EnginesLost, describe, is_actor_lost
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
@@ -64,6 +70,24 @@ class WeightSyncer:
         refs = [self.trainer.weight_sync.remote(self.entry, "connect", self.info)]
         refs += [e.weight_sync.remote(self.entry, "connect", self.info, k) for k, e in enumerate(self.engines)]
         self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
+
+    def check_replaceable(self, k: int, why: str) -> None:
+        """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
+        cannot take a fresh engine k: the collective group of a concurrent strategy."""
+        if self.strategy.concurrent:
+            raise RuntimeError(
+                f"rollout worker {k} was lost ({why}) and weight_sync.strategy={self.name} holds a collective group "
+                "with every engine that a fresh engine cannot join: to survive lost engines use "
+                "weight_sync.strategy=object_store, disk or delta; now resume from the last checkpoint "
+                "(checkpoint.resume=auto)")
+
+    def replace_engine(self, k: int, handle, version: Optional[int]) -> dict:
+        """Engine k is a fresh actor `handle` (it holds the weights it started from): connect its receiver,
+        then, unless `version` is None (no sync yet: it holds what the others hold), sync and verify it on
+        `version`. Returns the sync's `sync/*` metrics ({} without a sync)."""
+        self.engines[k], self.engine_versions[k] = handle, None
+        self._get(handle.weight_sync.remote(self.entry, "connect", self.info, k), f"connecting rollout worker {k}")
+        return {} if version is None else self.sync(version, [k])
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
         """Bring engines `engine_ids` (default: all) to `version`; returns `sync/*` metrics."""
@@ -114,9 +138,28 @@ class WeightSyncer:
         else:
             meta = self._get(meta_ref, "the trainer's send")
             check_finite_checksums(meta.get("groups", {}))  # before any engine loads non-finite weights
-            loads = [self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids]
-            reports = self._get(loads, "engine loads")
+            loads = {i: self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids}
+            return meta, self._loads(loads)
         return meta, dict(zip(ids, reports))
+
+    def _loads(self, loads: dict) -> dict[int, dict]:
+        """{engine index: its report} of the engines' loads. Raises EnginesLost naming every engine that died
+        or did not answer within weight_sync.timeout_s (after waiting for all of them)."""
+        ready, _ = ray.wait(list(loads.values()), num_returns=len(loads), timeout=self.ws.timeout_s)
+        done, reports, lost = set(ready), {}, {}
+        for i, ref in loads.items():
+            if ref not in done:
+                lost[i] = f"its weight load did not answer within weight_sync.timeout_s={self.ws.timeout_s:g}s"
+                continue
+            try:
+                reports[i] = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - a dead engine is reported, anything else raised
+                if not is_actor_lost(e):
+                    raise
+                lost[i] = describe(e)
+        if lost:
+            raise EnginesLost(lost)
+        return reports
 
     def _after_verified(self, version: int) -> None:
         """The sender's clean-up once every engine was verified on this version (only for senders that

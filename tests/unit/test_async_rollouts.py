@@ -36,11 +36,14 @@ class FakeSource(RolloutSource):
         super().__init__(ctl.cfg, [None], wait=lambda refs: refs)
         self.ctl = ctl
 
-    def _calls(self, requests):
+    def _shards(self, requests):
+        return [(0, requests)]
+
+    def _call(self, worker, requests):
         self.ctl.launches.append([r.group_id for r in requests])
         trajs = [Trajectory(group_id=r.group_id, prompt_ids=r.prompt_ids, response_ids=[1], logprobs=[-1.0], text="",
                             finish_reason="stop", answer="", weight_version=self.ctl.engine_version) for r in requests]
-        return [(0, (trajs, {"rollout/generate_s": self.ctl.generate_s}))]
+        return (trajs, {"rollout/generate_s": self.ctl.generate_s})
 
     def _metrics(self, launched, trajs):
         return {}

@@ -1,0 +1,94 @@
+"""A lost node (docs/faults.md): several raylets on this machine (ray.cluster_utils.Cluster). The head holds
+the trainer and the reward actor; a second node holds the rollout worker (the custom resource `slot` puts
+it there). The node is removed while step 2 generates: with a spare node the bundle is re-placed there,
+the worker restarted in it and the run finishes; without one the run stops naming the missing resources.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.placement.groups import PlacementError
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+
+
+@pytest.fixture
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1},
+                                                      "include_dashboard": False, "_system_config": FAST_DEATH})
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _cfg(tiny_model, out, *extra):
+    return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"trainer.total_steps": 3})
+                       + [REWARD, "placement.resource=slot", "placement.trainer_per_worker=1",
+                          "placement.rollout_per_worker=1", "memory.preflight=false", *extra])
+
+
+class RemoveNodeDuringGenerate(GRPOController):
+    """Removes `node` right after step 2's groups were launched on it (after adding `spare`, when given)."""
+
+    def __init__(self, cfg, cluster, node, spare: bool):
+        super().__init__(cfg)
+        self.cluster, self.node, self.spare, self.spare_node = cluster, node, spare, None
+
+    def generate(self, requests, row):
+        if row["step"] != 2:
+            return super().generate(requests, row)
+        if self.spare:
+            self.spare_node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
+            self.cluster.wait_for_nodes()
+        launched = self.source.launch(requests)
+        self.cluster.remove_node(self.node, allow_graceful=False)
+        return self.source.collect(launched, self.version, row)
+
+
+def _start(cluster, tiny_model, tmp_path, spare: bool, *extra):
+    engines = cluster.add_node(num_cpus=0, resources={"slot": 1})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return RemoveNodeDuringGenerate(_cfg(tiny_model, tmp_path, *extra), cluster, engines, spare)
+
+
+def _rollout_node(controller) -> str:
+    slot = controller.job.actors.plan.slots["rollout"][0]
+    table = ray.util.placement_group_table(controller.job.actors.pgs[slot.group])
+    return table["bundles_to_node_id"][slot.bundle]
+
+
+def test_a_lost_node_is_survived_when_a_spare_node_holds_the_worker(cluster, tiny_model, tmp_path):
+    controller = _start(cluster, tiny_model, tmp_path, True)
+    try:
+        result = controller.run()
+        assert _rollout_node(controller) == controller.spare_node.node_id  # the bundle moved to the spare node
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 2, 0]
+    assert rows[-1]["sync/version"] == 3
+
+
+def test_a_lost_node_without_room_stops_naming_the_missing_resources(cluster, tiny_model, tmp_path):
+    controller = _start(cluster, tiny_model, tmp_path, False, "placement.timeout_s=10")
+    try:
+        with pytest.raises(PlacementError, match=r"rollout worker 0 cannot be restarted.*placement.timeout_s=10s"
+                                                 r".*'slot': \(2\.0, 1\.0\).*checkpoint.resume=auto"):
+            controller.run()
+    finally:
+        controller.shutdown()

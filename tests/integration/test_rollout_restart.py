@@ -1,0 +1,127 @@
+"""Lost rollout workers are survived (docs/faults.md): a worker whose process is killed during a step's
+generation, or whose weight load hangs past weight_sync.timeout_s, is replaced in its bundle, synced to the
+current weights, and its groups are issued again; the run finishes every step with the same samples per step.
+Past run.max_restarts the run stops with an error naming the worker and what to do.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+
+import pytest
+import ray
+
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.faults import RestartsExhausted
+from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+
+
+def _cfg(tiny_model, out, *extra):
+    return load_config("configs/grpo_arith_cpu.yaml",
+                       tiny_overrides(tiny_model, out, **{"trainer.total_steps": 3}) + [REWARD, *extra])
+
+
+class KillDuringGenerate(GRPOController):
+    """Kills rollout worker 0's process (SIGKILL) right after step `kill_step`'s groups are launched on it,
+    before they are collected; records the groups and samples every step trained on."""
+
+    kill_step = 2
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.killed: list[int] = []
+        self.samples: dict[int, Counter] = {}
+
+    def generate(self, requests, row):
+        if row["step"] != self.kill_step:
+            trajs = super().generate(requests, row)
+        else:
+            pid = ray.get(self.job.actors.rollout[0].pid.remote())
+            launched = self.source.launch(requests)
+            os.kill(pid, signal.SIGKILL)
+            self.killed.append(pid)
+            trajs = self.source.collect(launched, self.version, row)
+        self.samples[row["step"]] = Counter(t.group_id for t in trajs)
+        return trajs
+
+
+def test_a_killed_rollout_worker_is_replaced_and_its_groups_reissued(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path)
+    controller = KillDuringGenerate(cfg)
+    try:
+        result = controller.run()
+        new_pid = ray.get(controller.job.actors.rollout[0].pid.remote())
+        # the replacement took step 2's weights before it sampled, and every later sync verified it
+        assert_engine_holds_trainer_weights(controller, 3)
+    finally:
+        controller.shutdown()
+    assert controller.killed and new_pid != controller.killed[0]
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 2, 0]  # prompts_per_step groups, all on worker 0
+    assert rows[-1]["faults/restarts_total"] == 1
+    # every step trained on its own 2 groups of n = 4 samples: nothing lost, nothing counted twice
+    for step, groups in controller.samples.items():
+        assert sorted(groups) == [2 * step, 2 * step + 1]
+        assert set(groups.values()) == {4}
+
+
+def test_a_hung_weight_load_is_replaced_then_synced(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=15", "trainer.total_steps=2")
+    controller = GRPOController(cfg)
+    try:
+        controller.job.start()
+        controller.job.wait(controller.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
+        controller.job.start = lambda resume_from=None: None  # run() on the job started above
+        result = controller.run()
+        assert_engine_holds_trainer_weights(controller, 2)
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["sync/engine_restarts"] for r in rows] == [1, 0]
+    assert [r["sync/version"] for r in rows] == [1, 2]
+    assert rows[-1]["faults/restarts_total"] == 1
+
+
+def test_past_max_restarts_the_run_stops_naming_the_worker(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "run.max_restarts=0")
+    controller = KillDuringGenerate(cfg)
+    try:
+        with pytest.raises(RestartsExhausted, match=r"rollout worker 0 failed .*run.max_restarts=0.*checkpoint.resume"):
+            controller.run()
+    finally:
+        controller.shutdown()
+
+
+class KillBeforeAsyncStep(GRPOController):
+    """placement.mode=disaggregated_async: kills rollout worker 0 at the start of step 2, before the batch of
+    step 3 is launched on it (the batch of step 2 was generated during step 1)."""
+
+    def step_async(self, step):
+        if step == 2:
+            os.kill(ray.get(self.job.actors.rollout[0].pid.remote()), signal.SIGKILL)
+        return super().step_async(step)
+
+
+def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async")
+    controller = KillBeforeAsyncStep(cfg)
+    try:
+        result = controller.run()
+        assert_engine_holds_trainer_weights(controller, 3)
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # the batch of step 3 (launched during step 2, on weights 1) was issued again to the replacement
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 0, 1]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 0, 2]
+    assert [r["async/weight_version"] for r in rows] == [0, 0, 1]
+    assert rows[-1]["faults/restarts_total"] == 1

@@ -1,0 +1,166 @@
+"""Lost rollout workers (orchestrator/faults.py, the sources' reissue in orchestrator/rollout/source.py, the
+job's sync loop): the restart budget, which groups are issued again, and engines lost during a weight sync.
+No Ray: fake handles and a fake `wait`."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.faults import EnginesLost, RestartBudget, RestartsExhausted, describe
+from orchestrator.job import Job
+from orchestrator.rollout import PromptRequest, Trajectory
+from orchestrator.rollout.single_turn import SingleTurnSource
+from orchestrator.weight_sync.syncer import WeightSyncer
+
+CFG = load_config("configs/grpo_arith_cpu.yaml")
+
+
+class Lost(RuntimeError):
+    """Stands for Ray's ActorDiedError."""
+
+
+def test_the_budget_counts_restarts_over_the_run_then_stops_naming_what_failed():
+    budget = RestartBudget(2)
+    assert budget.spend("rollout worker 0", "ActorDiedError: killed") == 1
+    assert budget.spend("rollout worker 1", "hung") == 2
+    with pytest.raises(RestartsExhausted, match=r"rollout worker 0 failed \(oom\).*run.max_restarts=2.*"
+                                               r"rollout worker 0 \(ActorDiedError: killed\).*checkpoint.resume=auto"):
+        budget.spend("rollout worker 0", "oom")
+    assert budget.used == 2 and [w for w, _ in budget.events] == ["rollout worker 0", "rollout worker 1"]
+    with pytest.raises(RestartsExhausted, match="max_restarts=0"):
+        RestartBudget(0).spend("trainer", "x")
+
+
+def test_max_restarts_is_a_checked_run_key():
+    assert CFG.run.max_restarts == 3
+    from orchestrator.config import ConfigError
+
+    with pytest.raises(ConfigError, match="run.max_restarts=-1"):
+        load_config("configs/grpo_arith_cpu.yaml", ["run.max_restarts=-1"])
+
+
+def test_engines_lost_and_describe_name_the_engines_and_the_error():
+    e = EnginesLost({2: "its weight load did not answer within weight_sync.timeout_s=5s", 0: "ActorDiedError"})
+    assert e.engines == [0, 2] and "rollout worker 2: its weight load" in str(e)
+    assert describe(ValueError("first line\nsecond")) == "ValueError: first line"
+    assert describe(KeyError()) == "KeyError" and len(describe(ValueError("x" * 500))) == 160
+
+
+class FakeWorker:
+    """A worker handle whose `generate.remote(groups)` returns a ref: the result, or a Lost error when dead."""
+
+    def __init__(self, name, dead=False):
+        self.name, self.dead, self.calls = name, dead, []
+        self.generate = SimpleNamespace(remote=self._remote)
+
+    def _remote(self, groups):
+        self.calls.append([r.group_id for r in groups])
+        if self.dead:
+            return Lost(f"{self.name} died")
+        trajs = [Trajectory(group_id=r.group_id, prompt_ids=[1], response_ids=[2, 3], logprobs=[-1.0, -1.0], text="",
+                            finish_reason="stop", answer="", weight_version=4) for r in groups for _ in range(2)]
+        metrics = {"rollout/tokens": 2 * len(trajs), "rollout/tokens_per_s": 1.0, "rollout/generate_s": 1.0,
+                   "rollout/prefill_tokens_requested": 1, "rollout/prefill_tokens_computed": 1,
+                   "rollout/prefix_cache_hits": 0}
+        return trajs, metrics
+
+
+def _wait(ref):
+    if isinstance(ref, Exception):
+        raise ref
+    return ref
+
+
+def _requests(n):
+    return [PromptRequest(group_id=10 + i, prompt_ids=[1], answer="") for i in range(n)]
+
+
+def test_a_lost_workers_groups_go_to_its_replacement_once():
+    workers = [FakeWorker("w0"), FakeWorker("w1", dead=True), FakeWorker("w2")]
+    fresh = FakeWorker("w1-new")
+    asked = []
+
+    def recover(k, error):
+        asked.append((k, str(error)))
+        return fresh if isinstance(error, Lost) else None
+
+    source = SingleTurnSource(CFG, workers, _wait, recover)
+    row: dict = {}
+    trajs = source.collect(source.launch(_requests(5)), 4, row)
+    assert asked == [(1, "w1 died")] and workers[1] is fresh  # the live list holds the replacement
+    assert fresh.calls == [[11, 14]]  # exactly the failed call's groups, to the replacement
+    assert sorted(t.group_id for t in trajs) == sorted([10, 11, 12, 13, 14] * 2)  # every group once, n samples each
+    assert row["rollout/worker_restarts"] == 1 and row["rollout/groups_reissued"] == 2
+    assert row["rollout/tokens"] == 20
+
+
+def test_a_worker_lost_twice_is_replaced_twice_and_other_errors_are_raised():
+    fresh = [FakeWorker("a", dead=True), FakeWorker("b")]
+    source = SingleTurnSource(CFG, [FakeWorker("w0", dead=True)], _wait, lambda k, e: fresh.pop(0))
+    row: dict = {}
+    assert len(source.collect(source.launch(_requests(2)), 4, row)) == 4
+    assert row["rollout/worker_restarts"] == 2 and row["rollout/groups_reissued"] == 4
+    no_recovery = SingleTurnSource(CFG, [FakeWorker("w0", dead=True)], _wait, lambda k, e: None)
+    with pytest.raises(Lost, match="w0 died"):
+        no_recovery.collect(no_recovery.launch(_requests(1)), 4, {})
+    without_hook = SingleTurnSource(CFG, [FakeWorker("w0", dead=True)], _wait)
+    with pytest.raises(Lost):
+        without_hook.fetch(without_hook.launch(_requests(1)))
+
+
+class FakeSyncer:
+    """Loses engines `lost[attempt]` on each sync attempt, then passes."""
+
+    def __init__(self, lost):
+        self.lost, self.attempts = list(lost), 0
+
+    def sync_with_retries(self, version, retries):
+        self.attempts += 1
+        if self.lost:
+            raise EnginesLost(self.lost.pop(0))
+        return {"sync/version": version}
+
+
+def test_the_job_replaces_engines_lost_in_a_sync_and_redoes_it():
+    job = Job(CFG, "model", 0)
+    job.syncer = FakeSyncer([{1: "hung"}, {0: "ActorDiedError", 1: "hung again"}])
+    replaced = []
+
+    def replace(k, why, sync=True):
+        job.restarts.spend(f"rollout worker {k}", why)
+        replaced.append((k, why, sync))
+
+    job.replace_rollout = replace
+    metrics = job.sync_weights(7)
+    assert replaced == [(1, "hung", False), (0, "ActorDiedError", False), (1, "hung again", False)]
+    assert job.syncer.attempts == 3 and job.version == 7
+    assert metrics == {"sync/version": 7, "sync/engine_restarts": 3, "faults/restarts_total": 3}
+    job.syncer = FakeSyncer([{0: "x"}])
+    with pytest.raises(RestartsExhausted, match="rollout worker 0 failed"):  # the 4th restart of max_restarts=3
+        job.sync_weights(8)
+
+
+def test_a_collective_strategy_refuses_a_fresh_engine_clearly():
+    syncer = WeightSyncer(CFG, trainer=None, engines=[None, None], strategy="object_store")
+    syncer.strategy = SimpleNamespace(concurrent=True)
+    syncer.name = "nccl"
+    with pytest.raises(RuntimeError, match="rollout worker 1 was lost \\(killed\\).*weight_sync.strategy=nccl.*"
+                                           "object_store, disk or delta"):
+        syncer.check_replaceable(1, "killed")
+    syncer.strategy = SimpleNamespace(concurrent=False)
+    syncer.check_replaceable(1, "killed")  # object_store / disk / delta: nothing to refuse
+
+
+def test_a_second_batch_on_a_worker_already_replaced_goes_to_the_replacement_without_a_new_restart():
+    """disaggregated_async: two batches in flight on one worker that dies; the first fetch replaces it."""
+    workers = [FakeWorker("w0", dead=True)]
+    replacements = [FakeWorker("w0-new")]
+    source = SingleTurnSource(CFG, workers, _wait, lambda k, e: replacements.pop(0))
+    first, second = source.launch(_requests(1)), source.launch(_requests(2))
+    row1, row2 = {}, {}
+    assert len(source.collect(first, 4, row1)) == 2 and len(source.collect(second, 4, row2)) == 4
+    assert (row1["rollout/worker_restarts"], row1["rollout/groups_reissued"]) == (1, 1)
+    assert (row2["rollout/worker_restarts"], row2["rollout/groups_reissued"]) == (0, 2)  # one restart in all
+    assert workers[0].name == "w0-new" and workers[0].calls == [[10], [10, 11]]
