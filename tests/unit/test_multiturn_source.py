@@ -100,7 +100,7 @@ def _collect(max_failed_frac: float, row: dict):
     from orchestrator.rollout.source import Launched
 
     requests, results = _failed_batch()
-    source = MultiTurnSource(_cfg(f"env.max_failed_frac={max_failed_frac}"), [None, None], wait=lambda refs: results)
+    source = MultiTurnSource(_cfg(f"env.max_failed_frac={max_failed_frac}"), [None, None], wait=lambda ref: results[int(ref[-1])])
     launched = Launched(requests, [0, 1], ["ref0", "ref1"], meta={"groups_per_worker_max": 1})
     return source.collect(launched, -1, row)
 
