@@ -211,6 +211,7 @@ class RunConfig:
     # Ray address: "" = $RAY_ADDRESS if set, else start a local Ray.
     ray_address: str = ""
     num_cpus: int = number(0, ge=0, finite=True)  # local Ray only; 0 = all cores
+    ray_loopback: bool = True  # local Ray only: every Ray port on 127.0.0.1 (false: Ray's default, all interfaces)
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
     phase_timeout_s: float = number(3600.0, gt=0)
