@@ -75,8 +75,9 @@ def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_
         compare_checksums(meta["groups"], report["groups"], where="rollout worker 1")  # the checksums still pass
         assert report["version"] == 3
         with pytest.raises(ProbeMismatchError, match=r"rollout worker 1: probe logprobs differ from the trainer's by "
-                                                     r"up to .* above weight_sync.probe_tolerance=0\.001"):
+                                                     r"up to .* above weight_sync.probe_tolerance=0\.001") as err:
             syncer.probe()
+        print(f"negative control: {err.value}")
         assert _rollout_gap(trainer, engines[1]) > 2e-3  # the GRPO tests' check would catch it too
         assert syncer.engine_versions == [3, None]  # the failed engine's next sync is a full one
 
