@@ -260,7 +260,7 @@ class WeightSyncConfig:
     probe: bool = True
     probe_every: int = number(1, ge=1, finite=True)  # probe every N-th sync (an engine's first sync always)
     # max |engine - trainer| logprob in nats over the probe's tokens; 0 = by rollout.dtype (float32 1e-3,
-    # bfloat16/float16 0.5: ten times the differences measured, docs/weight-sync.md)
+    # bfloat16/float16 4.0: ten times the differences measured, docs/weight-sync.md)
     probe_tolerance: float = number(0.0, ge=0, finite=True)
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)

@@ -29,9 +29,11 @@ from orchestrator.weight_sync.checksum import WeightMismatchError
 PROBE_PROMPT = "Question: Tom has 12 apples and buys 30 more. How many apples does he have now?\nAnswer:"
 PROBE_CONTINUATION = " He has 12 + 30 = 42 apples, so the answer is 42."
 
-# Largest |engine - trainer| over the probe's tokens measured after normal syncs (default model, this
-# project's CPU, docs/weight-sync.md), times 10. float16: no CPU measurement, the bfloat16 value (coarser).
-DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.5}
+# Ten times the largest |engine - trainer| over the probe's tokens measured after normal syncs (default model,
+# fp32 trainer, 2 CPU cores, docs/weight-sync.md): float32 engine 2.4e-5 (x10, rounded up to 1e-3 for other
+# CPUs' kernels); bfloat16 engine 0.376 (x10 = 3.8, rounded up: a 16-bit engine against an fp32 trainer
+# only catches gross faults). float16: not measured on CPU, the bfloat16 value (float16 is the finer).
+DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 4.0, "float16": 4.0}
 
 
 class ProbeMismatchError(WeightMismatchError):
