@@ -23,6 +23,7 @@ pinned actors (fake GPUs) get their cores in RL_ORCH_CPU_CORES (actors/pinning.p
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_l
 from orchestrator.placement.groups import (PlacementError, missing_resources, remove_groups, reserve_groups,
                                            slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
+from orchestrator.ray_security import loopback_node_ip, secure_auth_token
 
 # vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
 _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
@@ -44,7 +46,8 @@ _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"
 def connect_ray(cfg) -> None:
     """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
     placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N}; its metrics
-    agent serves Prometheus on metrics.ray_export_port when that is set)."""
+    agent serves Prometheus on metrics.ray_export_port when that is set). A local Ray listens on 127.0.0.1 only
+    (run.ray_loopback) and its auth token file is made readable by this user only (orchestrator/ray_security.py)."""
     if ray.is_initialized():
         return
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
@@ -53,9 +56,11 @@ def connect_ray(cfg) -> None:
     else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
         p = cfg.placement
         fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
-        ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
-                 _metrics_export_port=cfg.metrics.ray_export_port or None)
+        secure_auth_token()  # Ray's token file readable by this user only (orchestrator/ray_security.py)
+        with loopback_node_ip() if cfg.run.ray_loopback else contextlib.nullcontext({}) as bind:
+            ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
+                     runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
+                     _metrics_export_port=cfg.metrics.ray_export_port or None, **bind)
 
 
 @dataclass

@@ -109,6 +109,19 @@ class VLLMEngine:
                 out[wanted[m.name]] += float(m.value)
         return out
 
+    def prompt_logprobs(self, token_ids: Sequence[int], first: int) -> list[float]:
+        """Logprobs [len(token_ids) - first] (float, nats) of token_ids[first:], each given the ids before it:
+        vLLM's prompt logprobs, which are log_softmax(logits) at temperature 1 whatever `logprobs_mode` (the
+        weight-sync probe, orchestrator/weight_sync/probe.py). One greedy token is generated, so the global
+        sampling RNG is not consumed (rollouts stay as seeded); prompt logprobs skip the prefix cache."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = [int(t) for t in token_ids]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        return [float(out.prompt_logprobs[p][ids[p]].logprob) for p in range(max(first, 1), len(ids))]
+
     def update_weights(self, method: str, *args) -> dict:
         """Run a loading method of the worker extension in every worker (`weight_sync` with method "load"),
         drop the prefix cache (stale KV must never be reused) and return the engine's own checksums of its

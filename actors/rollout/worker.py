@@ -76,9 +76,21 @@ class RolloutWorker:
             return checks
         return self.engine.extension_call("weight_sync", strategy, method, *args)
 
+    def probe_tokens(self) -> tuple[list[int], list[int]]:
+        """(prompt ids, continuation ids) of the weight-sync probe text in this engine's tokenizer."""
+        from orchestrator.weight_sync.probe import probe_tokens
+
+        return probe_tokens(lambda text: self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        """The engine's logprobs [len(continuation_ids)] of the continuation after the prompt, temperature 1
+        (the weight-sync probe; the trainer's side is `Trainer.probe_logprobs`)."""
+        self.sleep_state.ensure_awake("probe")
+        return self.engine.prompt_logprobs(list(prompt_ids) + list(continuation_ids), len(prompt_ids))
+
     def extension_call(self, method: str, *args):
         """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load,
-        inject_hang_next_load."""
+        inject_hang_next_load, corrupt_resident_weights, inject_fault_after_next_load."""
         return self.engine.extension_call(method, *args)
 
     # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------

@@ -187,6 +187,13 @@ class ShardedTrainer(Trainer):
         self._collect(refs)
         return out
 
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        """`Trainer.probe_logprobs` on every rank (FSDP gathers each layer), rank 0's result."""
+        refs = self._fan_out("probe_logprobs_local", prompt_ids, continuation_ids)
+        out = Trainer.probe_logprobs(self, prompt_ids, continuation_ids)
+        self._collect(refs)
+        return out
+
     def weights_for_sync(self, dtype: str, device: str = "cpu"):
         """As `Trainer.weights_for_sync`, from the full state dict gathered from all ranks."""
         refs = self._fan_out("join_full_state")
@@ -229,6 +236,9 @@ class ShardedTrainer(Trainer):
 
     def logprobs_local(self, prompt_ids, response_ids) -> list[list[float]]:
         return Trainer.logprobs(self, prompt_ids, response_ids)
+
+    def probe_logprobs_local(self, prompt_ids, continuation_ids) -> list[float]:
+        return Trainer.probe_logprobs(self, prompt_ids, continuation_ids)
 
     def join_full_state(self) -> None:
         self._export_state(merge=True)

@@ -250,6 +250,20 @@ class Trainer:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
         return prefix_share.trainer_batch_logprobs(self, prompt_ids, response_ids)  # shared prompts or plain
 
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+        """Logprobs [len(continuation_ids)] of the continuation at temperature 1, no gradient: the trainer's
+        side of the weight-sync probe (orchestrator/weight_sync/probe.py; vLLM's prompt logprobs are raw). In
+        eval mode: no dropout, no draw from the training RNG."""
+        from actors.trainer.forward import batch_logprobs
+
+        training = self.model.training
+        self.model.eval()
+        try:
+            return batch_logprobs(self.model, [prompt_ids], [continuation_ids], 1.0, 1, self.cfg.precision,
+                                  self.pad_id)[0]
+        finally:
+            self.model.train(training)
+
     def get_step(self) -> int:
         return self.step
 

@@ -10,7 +10,9 @@ Verification: checksums are read back from the engine's resident parameters. Whe
 moved a layer's weight into an opaque packed handle (vLLM's CPU oneDNN path leaves an empty
 parameter behind), that tensor group is checksummed at the point of loading instead: the values the
 model's weight loader consumed for this version. The integration tests also compare the engine's
-logprobs with the trainer's after a sync, which covers the packed path end to end.
+logprobs with the trainer's after a sync, which covers the packed path end to end, and so does the
+controller after every verified sync (the logprob probe, orchestrator/weight_sync/probe.py);
+`corrupt_resident_weights` is its negative control: a resident kernel changed after a verified load.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class WeightReceiverExtension:
     _digests: Optional[dict] = None
     _fault_next_load: bool = False
     _hang_next_load_s: float = 0.0
+    _fault_after_load: float = 0.0  # tests: scale one layer's resident weights right after the next load
 
     def weight_sync(self, strategy: StrategyEntry | str, method: str, *args) -> Any:
         """Run `method` of `strategy`'s receiver (a registry entry, or a registered name): "connect"
@@ -82,6 +85,9 @@ class WeightReceiverExtension:
 
         self.reload_weights(weights_iterator=tap())
         self._retie_output_embeddings()
+        if self._fault_after_load:  # fault injection (tests): the stream was right, the resident kernel is not
+            self.corrupt_resident_weights(self._fault_after_load)
+            self._fault_after_load = 0.0
         self._fault_next_load = False
         self._loaded_checksums, self.weight_version = checks, version
         receiver.loaded(version)
@@ -147,6 +153,29 @@ class WeightReceiverExtension:
     def inject_hang_next_load(self, seconds: float) -> None:
         """Block the next load for `seconds` (tests: weight_sync.timeout_s must catch it, the engine be replaced)."""
         self._hang_next_load_s = float(seconds)
+
+    def inject_fault_after_next_load(self, scale: float = 2.0) -> None:
+        """After the next load (whose stream and checksums are right), `corrupt_resident_weights(scale)`
+        (tests: the logprob probe must catch what the checksums cannot)."""
+        self._fault_after_load = float(scale)
+
+    def corrupt_resident_weights(self, scale: float = 2.0, layer: str = "") -> dict:
+        """Make one linear layer compute with its weight times `scale`, bypassing the weight stream and leaving
+        the recorded checksums alone (tests). `layer`: a module name, default the first decoder layer's
+        `mlp.down_proj`. A layer served by vLLM's CPU GEMM dispatch (`cpu_linear`, over a packed copy when its
+        parameter was emptied) gets that kernel's output scaled; any other has its resident weight scaled in
+        place. Returns {"layer": its name, "packed": whether its parameter is empty (packed away)}. Raises
+        KeyError for an unknown `layer`. The next load rebuilds the layer and undoes this."""
+        modules = dict(self.model_runner.get_model().named_modules())
+        name = layer or next(n for n in modules if n.endswith("layers.0.mlp.down_proj"))
+        mod = modules[name]
+        packed = mod.weight.numel() == 0
+        if callable(getattr(mod, "cpu_linear", None)):
+            inner = mod.cpu_linear
+            mod.cpu_linear = lambda x, weight, bias: inner(x, weight, bias) * scale
+        else:
+            mod.weight.data.mul_(scale)
+        return {"layer": name, "packed": packed}
 
 
 def _digest(t: torch.Tensor) -> str:

@@ -216,6 +216,7 @@ class RunConfig:
     # Ray address: "" = $RAY_ADDRESS if set, else start a local Ray.
     ray_address: str = ""
     num_cpus: int = number(0, ge=0, finite=True)  # local Ray only; 0 = all cores
+    ray_loopback: bool = True  # local Ray only: every Ray port on 127.0.0.1 (false: Ray's default, all interfaces)
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
     phase_timeout_s: float = number(3600.0, gt=0)
@@ -265,6 +266,13 @@ class WeightSyncConfig:
     timeout_s: float = number(600.0, gt=0)  # one sync (all buckets, all engines); past it the run stops with an error
     verify: bool = True  # every engine reports its version and per-group checksums after each sync
     retries: int = number(1, ge=0, finite=True)  # a sync that fails verification is redone this many times (sync/failures counts them)
+    # After a verified sync every engine scores a fixed token sequence and its logprobs must match the trainer's
+    # (orchestrator/weight_sync/probe.py): checks the weights the engine computes with, not only those it loaded.
+    probe: bool = True
+    probe_every: int = number(1, ge=1, finite=True)  # probe every N-th sync (an engine's first sync always)
+    # max |engine - trainer| logprob in nats over the probe's tokens; 0 = by rollout.dtype (float32 1e-3,
+    # bfloat16/float16 4.0: ten times the differences measured, docs/weight-sync.md)
+    probe_tolerance: float = number(0.0, ge=0, finite=True)
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
     fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)

@@ -52,6 +52,7 @@ ROW_GAUGES = {
     "sync/seconds": "rl_orch_sync_seconds",  # after timing/weight_sync_s: the sync's own timer wins
     "sync/bytes": "rl_orch_sync_bytes",
     "sync/version": "rl_orch_sync_weight_version",
+    "sync/probe_max_abs_diff": "rl_orch_sync_probe_max_abs_diff_nats",
 }
 
 # row key -> (counter name, fixed labels): incremented by the row's value (a count for this step)
@@ -106,7 +107,9 @@ METRICS = {
     "rl_orch_sync_seconds": ("gauge", "Wall seconds of the last weight sync", ()),
     "rl_orch_sync_bytes": ("gauge", "Bytes sent by the last weight sync", ()),
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
-    "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version or checksum mismatch)", ()),
+    "rl_orch_sync_probe_max_abs_diff_nats": ("gauge", "Largest engine-trainer logprob difference of the last "
+                                             "weight-sync probe (weight_sync.probe)", ()),
+    "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version, checksum or probe mismatch)", ()),
     "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, reward_memory, sync, timeout, step", ("kind",)),
     "rl_orch_restarts_total": ("counter", "Actors replaced after a failure (run.max_restarts), by kind: "
                                "rollout_generate (lost while generating), rollout_sync (lost or hung in a weight sync)",

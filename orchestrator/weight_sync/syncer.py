@@ -10,7 +10,11 @@ strategy): each engine reports its weight version and per-group checksums; a wro
 differing group raises `WeightMismatchError` naming the engine and the tensor group, so no rollout runs
 on stale or corrupted weights (redone up to weight_sync.retries times). Non-finite checksums of the trainer's
 own weights raise `NonFiniteWeightsError` at once, naming the first such group: no retry can fix them.
-Every call waits at most `weight_sync.timeout_s`.
+Then (weight_sync.probe, every weight_sync.probe_every syncs) each engine
+scores a fixed token sequence and its logprobs must match the trainer's within weight_sync.probe_tolerance
+(orchestrator/weight_sync/probe.py): that checks what the engine computes with, which a backend that
+repacks weights into its own kernels can make differ from what it loaded. Every call waits at most
+`weight_sync.timeout_s`.
 
 Lost engines (docs/faults.md): an engine whose load dies or does not answer within `weight_sync.timeout_s`
 raises `EnginesLost` naming it (the job replaces it and syncs again); `replace_engine(k, handle, version)`
@@ -28,6 +32,7 @@ import ray
 from actors.weight_sync.base import SyncContext, WeightSender
 from orchestrator.faults import EnginesLost, describe, is_actor_lost
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
+from orchestrator.weight_sync.probe import ProbeMismatchError, compare_probe, probe_due, tolerance_for
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,8 @@ class WeightSyncer:
             raise ValueError("weight_sync.strategy=auto: resolve it first (choose_for_config)")
         self.entry = get(self.name)
         self.info: dict = {}
+        self.probe_ids: Optional[tuple[list[int], list[int]]] = None  # (prompt, continuation), made at setup
+        self.syncs = 0  # syncs that passed verification (weight_sync.probe_every counts them)
 
     def _get(self, refs, what: str):
         try:
@@ -70,6 +77,8 @@ class WeightSyncer:
         refs = [self.trainer.weight_sync.remote(self.entry, "connect", self.info)]
         refs += [e.weight_sync.remote(self.entry, "connect", self.info, k) for k, e in enumerate(self.engines)]
         self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
+        if self.ws.probe and self.engines:
+            self.probe_ids = tuple(self._get(self.engines[0].probe_tokens.remote(), "the probe's tokens"))
 
     def check_replaceable(self, k: int, why: str) -> None:
         """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
@@ -90,20 +99,50 @@ class WeightSyncer:
         return {} if version is None else self.sync(version, [k])
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
-        """Bring engines `engine_ids` (default: all) to `version`; returns `sync/*` metrics."""
+        """Bring engines `engine_ids` (default: all) to `version`, verified, then probed when due (the first
+        sync of an engine, and every weight_sync.probe_every-th sync); returns `sync/*` metrics (`sync/seconds`
+        without the probe, which reports `sync/probe_s` and `sync/probe_max_abs_diff` when it ran)."""
         ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
         t0 = time.perf_counter()
+        fresh = any(self.engine_versions[i] is None for i in ids)  # a new, restarted or failed engine: probe it
         meta, reports = self._transfer(version, ids)
         check_finite_checksums(meta.get("groups", {}))  # the trainer's own NaN: NonFiniteWeightsError, never retried
         self.strategy.check_reports(version, reports)
         self._verify(version, meta, reports)
+        due = fresh or probe_due(self.syncs, self.ws.probe_every)
+        probed = self.probe(ids) if self.probe_ids is not None and due else {}
+        self.syncs += 1
         self._after_verified(version)
-        seconds = time.perf_counter() - t0
-        metrics = self.strategy.metrics(meta, reports)
+        seconds = time.perf_counter() - t0 - probed.get("sync/probe_s", 0.0)  # the transfer + checks; probe apart
+        metrics = {**self.strategy.metrics(meta, reports), **probed}
         moved = metrics.get("sync/bytes", meta["bytes"])
         metrics.update({"sync/seconds": seconds, "sync/version": version, "sync/bytes_full": meta["bytes"],
                         "sync/bytes": moved, "sync/gbps": moved * len(ids) / max(seconds, 1e-9) / 1e9})
         return metrics
+
+    def probe(self, engine_ids: Optional[list[int]] = None) -> dict:
+        """Score the probe sequence on engines `engine_ids` (default: all) and on the trainer, compare within
+        weight_sync.probe_tolerance (0: the engine dtype's default). Returns {"sync/probe_max_abs_diff": the
+        largest difference in nats over the engines, "sync/probe_s": seconds}. Raises ProbeMismatchError
+        (a WeightMismatchError) naming the first engine outside the tolerance, whose verified version is
+        forgotten (the redo sends it full weights); RuntimeError before setup made the probe's tokens."""
+        if self.probe_ids is None:
+            raise RuntimeError("weight-sync probe: no probe tokens (weight_sync.probe=false, or setup not run)")
+        ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
+        t0 = time.perf_counter()
+        prompt, cont = self.probe_ids
+        refs = [self.trainer.probe_logprobs.remote(prompt, cont)]
+        refs += [self.engines[i].probe_logprobs.remote(prompt, cont) for i in ids]
+        want, *got = self._get(refs, "the logprob probe")
+        tolerance = tolerance_for(self.ws.probe_tolerance, self.dtype)
+        largest = 0.0
+        for i, lps in zip(ids, got):
+            try:
+                largest = max(largest, compare_probe(lps, want, tolerance, where=f"rollout worker {i}"))
+            except ProbeMismatchError:
+                self.engine_versions[i] = None
+                raise
+        return {"sync/probe_max_abs_diff": largest, "sync/probe_s": time.perf_counter() - t0}
 
     def sync_with_retries(self, version: int, retries: int) -> dict:
         """`sync(version)`, redone up to `retries` times (weight_sync.retries) when verification fails: a

@@ -94,7 +94,8 @@ def test_prometheus_scrapes_a_live_grpo_run(tmp_path, tiny_model):
         # Ray's node metrics agent, and vLLM's own engine metrics through it (rollout.ray_metrics)
         assert _query(base, f'max_over_time(up{{job="ray"}}{window})')[0]["value"][1] == "1"
         vllm_tokens = _scalar(base, f'max(max_over_time(ray_vllm_generation_tokens_total{window}))')
-        assert 0 < vllm_tokens <= sum(r["rollout/tokens"] for r in rows), (vllm_tokens, log.read_text()[-2000:])
+        probes = sum("sync/probe_s" in r for r in rows)  # each weight-sync probe samples one token (max_tokens=1)
+        assert 0 < vllm_tokens <= sum(r["rollout/tokens"] for r in rows) + probes, (vllm_tokens, log.read_text()[-2000:])
         # every vLLM metric the Grafana dashboard plots was really scraped
         scraped = _metric_names(base, "ray_vllm_.*")
         if all(r["rollout/prefix_cache_hit_rate"] == 0 for r in rows):  # Ray exports a counter at its first inc

@@ -1,0 +1,92 @@
+"""The logprob probe after a weight sync: what the engine computes with, not only what it was sent (pure).
+
+Checksums (checksum.py) prove the transfer: the values the engine's loader consumed equal the trainer's.
+Where a backend repacks weights into its own kernels (vLLM's CPU GEMM packs every linear weight and leaves
+an empty parameter behind; fused MoE layouts on GPUs), the resident kernel is not what was checksummed. So
+after a verified sync the controller also scores one fixed token sequence on both sides and compares:
+
+    prompt_ids, continuation_ids = probe_tokens(tokenizer.encode)     # once, ~40 ids of fixed text
+    engine:  vLLM prompt logprobs of prompt_ids + continuation_ids  -> [len(continuation_ids)] float
+    trainer: its forward over the same ids                          -> [len(continuation_ids)] float
+    max_abs_diff = compare_probe(engine, trainer, tolerance, where="rollout worker 1")
+
+Temperature: vLLM (0.32) computes prompt logprobs from the raw logits for every `logprobs_mode` ("prompt
+tokens skip sampling processors", vllm/v1/worker/gpu_model_runner.py), so both sides score at
+temperature 1, log_softmax(logits). The sampled tokens' temperature handling (case C03) is checked
+where it matters, on the rollout's own logprobs; the probe checks the weights.
+
+Tolerance (`weight_sync.probe_tolerance`, 0 = by the engine's dtype, `DEFAULT_TOLERANCE`): ten times the
+largest difference measured after normal syncs (docs/weight-sync.md gives the measurement).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from orchestrator.weight_sync.checksum import WeightMismatchError
+
+# Fixed text: the prompt and the continuation are scored together, the continuation's tokens compared.
+PROBE_PROMPT = "Question: Tom has 12 apples and buys 30 more. How many apples does he have now?\nAnswer:"
+PROBE_CONTINUATION = " He has 12 + 30 = 42 apples, so the answer is 42."
+
+# Ten times the largest |engine - trainer| over the probe's tokens measured after normal syncs (default model,
+# fp32 trainer, 2 CPU cores, docs/weight-sync.md): float32 engine 2.4e-5 (x10, rounded up to 1e-3 for other
+# CPUs' kernels); bfloat16 engine 0.376 (x10 = 3.8, rounded up: a 16-bit engine against an fp32 trainer
+# only catches gross faults). float16: not measured on CPU, the bfloat16 value (float16 is the finer).
+DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 4.0, "float16": 4.0}
+
+
+class ProbeMismatchError(WeightMismatchError):
+    """An engine's logprobs of the probe sequence differ from the trainer's by more than the tolerance:
+    its resident weights are not the trainer's although the transfer verified (retried like a checksum
+    mismatch by `WeightSyncer.sync_with_retries`)."""
+
+
+def probe_tokens(encode: Callable[[str], Sequence[int]], min_tokens: int = 8) -> tuple[list[int], list[int]]:
+    """(prompt ids, continuation ids) of the fixed probe text. `encode`: text -> token ids without special
+    tokens (e.g. `lambda s: tokenizer.encode(s, add_special_tokens=False)`). Raises ValueError when either
+    part has fewer than `min_tokens` ids (a tokenizer that cannot represent the text)."""
+    prompt, cont = [int(i) for i in encode(PROBE_PROMPT)], [int(i) for i in encode(PROBE_CONTINUATION)]
+    if len(prompt) < min_tokens or len(cont) < min_tokens:
+        raise ValueError(f"weight-sync probe: the tokenizer gives {len(prompt)} prompt and {len(cont)} continuation "
+                         f"ids for the probe text, expected at least {min_tokens} each")
+    return prompt, cont
+
+
+def tolerance_for(configured: float, dtype: str) -> float:
+    """The probe tolerance in nats: `configured` (weight_sync.probe_tolerance) when > 0, else the default
+    for the engine's `dtype` (rollout.dtype). Raises ValueError for a dtype without a default."""
+    if configured > 0:
+        return float(configured)
+    if dtype not in DEFAULT_TOLERANCE:
+        raise ValueError(f"weight_sync.probe_tolerance=0 (by dtype): no default for rollout.dtype={dtype!r}; "
+                         f"set weight_sync.probe_tolerance (defaults exist for {sorted(DEFAULT_TOLERANCE)})")
+    return DEFAULT_TOLERANCE[dtype]
+
+
+def probe_due(sync_index: int, every: int) -> bool:
+    """Whether the `sync_index`-th sync of a syncer (0-based) runs the probe with weight_sync.probe_every =
+    `every` (>= 1): the first sync always does (a restart or a resume is probed), then every `every`-th."""
+    return sync_index % max(int(every), 1) == 0
+
+
+def compare_probe(engine: Sequence[float], trainer: Sequence[float], tolerance: float, where: str) -> float:
+    """Largest |engine[i] - trainer[i]| in nats (float). Raises ProbeMismatchError naming `where`, the
+    largest difference, the token position and the tolerance when it exceeds `tolerance` or a value is
+    not finite (NaN is reported as NaN); ValueError when the lengths differ."""
+    if len(engine) != len(trainer):
+        raise ValueError(f"{where}: the probe has {len(engine)} engine logprobs for {len(trainer)} trainer logprobs")
+    diffs = [abs(float(a) - float(b)) for a, b in zip(engine, trainer)]
+    bad = [i for i, (a, b) in enumerate(zip(engine, trainer)) if not (math.isfinite(a) and math.isfinite(b))]
+    if bad:
+        i = bad[0]
+        raise ProbeMismatchError(f"{where}: probe logprob at token {i} is not finite (engine {engine[i]}, trainer "
+                                 f"{trainer[i]}): the engine's resident weights are not usable")
+    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
+    largest = diffs[worst] if diffs else 0.0
+    if largest > tolerance:
+        raise ProbeMismatchError(
+            f"{where}: probe logprobs differ from the trainer's by up to {largest:.3g} nats (token {worst}: engine "
+            f"{engine[worst]:.6g}, trainer {trainer[worst]:.6g}), above weight_sync.probe_tolerance={tolerance:g}: "
+            "the engine computes with weights other than the ones it verified on loading")
+    return largest

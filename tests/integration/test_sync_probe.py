@@ -1,0 +1,95 @@
+"""The logprob probe after each weight sync, with its negative control, on two vLLM CPU engines (tiny model).
+
+Positive: every verified sync also probes, within weight_sync.probe_tolerance. Negative control: an engine
+whose RESIDENT weights change after a verified load (one layer's kernel scaled through the worker extension,
+never through the stream) still passes the checksums (vLLM's CPU GEMM packed that weight away; the
+checksums are of what was loaded), but fails the probe, which names the engine; the rollout logprobs of
+such an engine also leave the 2e-3 band the GRPO integration tests check. A fault right after a load fails
+that sync; `sync_with_retries` redoes it (the reload rebuilds the kernel) and counts the failure.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from actors.rollout.worker import RolloutWorkerActor
+from actors.trainer.trainer import TrainerActor
+from orchestrator.algo import TrainBatch
+from orchestrator.config import load_config
+from orchestrator.rollout.types import PromptRequest
+from orchestrator.weight_sync import compare_checksums
+from orchestrator.weight_sync.probe import DEFAULT_TOLERANCE, ProbeMismatchError
+from orchestrator.weight_sync.syncer import make_syncer
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+TOL = DEFAULT_TOLERANCE["float32"]
+
+
+def _start(tiny_model: Path, out: Path):
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [
+        "rollout.num_workers=2", "weight_sync.timeout_s=120", "weight_sync.strategy=object_store"])
+    trainer = TrainerActor.options(num_cpus=0.5).remote(str(tiny_model), cfg.trainer, cfg.algo, 1.0, 12, 0)
+    engines = [RolloutWorkerActor.options(num_cpus=0.5).remote(str(tiny_model), cfg.rollout, k) for k in range(2)]
+    ray.get([a.ready.remote() for a in [trainer, *engines]])
+    return cfg, trainer, engines
+
+
+def _train_once(trainer, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(5, 500, (6,), generator=g).tolist() for _ in range(4)]
+    responses = [torch.randint(5, 500, (5,), generator=g).tolist() for _ in range(4)]
+    batch = TrainBatch.with_sequence_advantages(prompts, responses, [[-1.0] * 5] * 4, [1.0, -1.0, 0.5, -0.5])
+    ray.get(trainer.train_step.remote(batch))
+
+
+def _rollout_gap(trainer, engine) -> float:
+    """Largest |rollout logprob - trainer logprob| over one group of 4 samples (the GRPO tests' 2e-3 check)."""
+    trajs, _ = ray.get(engine.generate.remote([PromptRequest(group_id=0, prompt_ids=[1, 17872, 42, 8581, 553], answer="")]))
+    ours = ray.get(trainer.logprobs.remote([t.prompt_ids for t in trajs], [t.response_ids for t in trajs]))
+    return max(abs(a - b) for t, lp in zip(trajs, ours) for a, b in zip(t.logprobs, lp))
+
+
+def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_model, tmp_path):
+    cfg, trainer, engines = _start(tiny_model, tmp_path)
+    try:
+        syncer = make_syncer(cfg, trainer, engines)
+        diffs = []
+        for version in (1, 2, 3):  # positive: every verified sync probes, within the tolerance
+            if version > 1:
+                _train_once(trainer, version)
+            m = syncer.sync(version)
+            assert m["sync/probe_s"] > 0 and m["sync/probe_max_abs_diff"] <= TOL
+            diffs.append(m["sync/probe_max_abs_diff"])
+        print(f"tiny model fp32: probe max |diff| per sync {diffs}, {m['sync/probe_s']:.3f} s")
+        assert _rollout_gap(trainer, engines[1]) < 2e-3
+
+        # negative control: engine 1's resident kernel changes after the verified load, not through the stream
+        info = ray.get(engines[1].extension_call.remote("corrupt_resident_weights", 1.5))
+        assert info == {"layer": "model.layers.0.mlp.down_proj", "packed": True}  # CPU GEMM packed the weight
+        _, meta = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
+        report = ray.get(engines[1].checksums.remote())
+        compare_checksums(meta["groups"], report["groups"], where="rollout worker 1")  # the checksums still pass
+        assert report["version"] == 3
+        with pytest.raises(ProbeMismatchError, match=r"rollout worker 1: probe logprobs differ from the trainer's by "
+                                                     r"up to .* above weight_sync.probe_tolerance=0\.001") as err:
+            syncer.probe()
+        print(f"negative control: {err.value}")
+        assert _rollout_gap(trainer, engines[1]) > 2e-3  # the GRPO tests' check would catch it too
+        assert syncer.engine_versions == [3, None]  # the failed engine's next sync is a full one
+
+        # a fault right after a load (stream and checksums right): that sync fails naming the engine ...
+        ray.get(engines[0].extension_call.remote("inject_fault_after_next_load", 1.5))
+        with pytest.raises(ProbeMismatchError, match="rollout worker 0: probe logprobs differ"):
+            syncer.sync(4)
+        # ... and a redo (weight_sync.retries) reloads, rebuilding the kernel: passes, counted
+        ray.get(engines[1].extension_call.remote("inject_fault_after_next_load", 1.5))
+        m = syncer.sync_with_retries(4, retries=1)
+        assert m["sync/failures"] == 1 and m["sync/probe_max_abs_diff"] <= TOL
+        assert _rollout_gap(trainer, engines[1]) < 2e-3
+    finally:
+        for a in (trainer, *engines):
+            ray.kill(a)

@@ -1,0 +1,94 @@
+"""The weight-sync logprob probe's pure parts (orchestrator/weight_sync/probe.py): comparison, tolerance,
+schedule, the probe's tokens, and that a failed probe is retried like a checksum mismatch."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.weight_sync import WeightMismatchError
+from orchestrator.weight_sync.probe import (DEFAULT_TOLERANCE, ProbeMismatchError, compare_probe, probe_due,
+                                            probe_tokens, tolerance_for)
+from orchestrator.weight_sync.syncer import WeightSyncer
+
+CFG = load_config("configs/grpo_arith_cpu.yaml")
+
+
+def test_within_tolerance_returns_the_largest_difference():
+    assert compare_probe([-1.0, -2.5, -0.25], [-1.0004, -2.5, -0.2499], 1e-3, "rollout worker 0") == pytest.approx(4e-4)
+    assert compare_probe([], [], 1e-3, "rollout worker 0") == 0.0
+
+
+def test_outside_tolerance_names_engine_difference_token_and_tolerance():
+    with pytest.raises(ProbeMismatchError, match=r"rollout worker 1: .* up to 0\.5 nats \(token 2: engine -3, "
+                                                 r"trainer -2.5\), above weight_sync.probe_tolerance=0.001"):
+        compare_probe([-1.0, -2.0, -3.0], [-1.0, -2.0001, -2.5], 1e-3, "rollout worker 1")
+    assert issubclass(ProbeMismatchError, WeightMismatchError)  # retried like a checksum mismatch
+
+
+def test_nan_is_reported_as_not_finite_not_as_a_difference():
+    with pytest.raises(ProbeMismatchError, match=r"rollout worker 0: probe logprob at token 1 is not finite "
+                                                 r"\(engine nan, trainer -2.0\)"):
+        compare_probe([-1.0, math.nan], [-1.0, -2.0], 1.0, "rollout worker 0")
+
+
+def test_lengths_must_agree():
+    with pytest.raises(ValueError, match="2 engine logprobs for 3 trainer logprobs"):
+        compare_probe([-1.0, -2.0], [-1.0, -2.0, -3.0], 1e-3, "rollout worker 0")
+
+
+def test_tolerance_by_dtype_unless_configured():
+    assert tolerance_for(0.0, "float32") == DEFAULT_TOLERANCE["float32"]
+    assert tolerance_for(0.0, "bfloat16") == DEFAULT_TOLERANCE["bfloat16"] > DEFAULT_TOLERANCE["float32"]
+    assert tolerance_for(0.02, "float32") == 0.02
+    with pytest.raises(ValueError, match="rollout.dtype='int8'"):
+        tolerance_for(0.0, "int8")
+
+
+def test_probe_every_n_syncs_starting_with_the_first():
+    assert [probe_due(k, 1) for k in range(4)] == [True] * 4
+    assert [probe_due(k, 3) for k in range(7)] == [True, False, False, True, False, False, True]
+
+
+def test_config_keys_and_their_ranges():
+    ws = CFG.weight_sync
+    assert (ws.probe, ws.probe_every, ws.probe_tolerance) == (True, 1, 0.0)
+    with pytest.raises(ConfigError, match="weight_sync.probe_every=0"):
+        load_config("configs/grpo_arith_cpu.yaml", ["weight_sync.probe_every=0"])
+    with pytest.raises(ConfigError, match="weight_sync.probe_tolerance=-1"):
+        load_config("configs/grpo_arith_cpu.yaml", ["weight_sync.probe_tolerance=-1"])
+
+
+def test_probe_tokens_of_the_default_tokenizer():
+    from transformers import AutoTokenizer
+
+    from orchestrator.models import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("default"))
+    prompt, cont = probe_tokens(lambda s: tok.encode(s, add_special_tokens=False))
+    assert 16 <= len(prompt) <= 40 and 16 <= len(cont) <= 32
+    assert tok.decode(cont) == " He has 12 + 30 = 42 apples, so the answer is 42."
+    with pytest.raises(ValueError, match="1 prompt and 1 continuation ids"):
+        probe_tokens(lambda s: [7])
+
+
+class _ProbeFails(WeightSyncer):
+    """A syncer whose first sync fails its probe."""
+
+    def __init__(self):
+        super().__init__(CFG, trainer=None, engines=[])
+        self.calls = 0
+
+    def sync(self, version, engine_ids=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise ProbeMismatchError("rollout worker 0: probe logprobs differ from the trainer's by up to 0.7 nats")
+        return {"sync/version": version, "sync/probe_max_abs_diff": 1e-5}
+
+
+def test_a_failed_probe_is_redone_and_counted_then_raised_when_retries_are_spent():
+    s = _ProbeFails()
+    assert s.sync_with_retries(4, retries=1)["sync/failures"] == 1 and s.calls == 2
+    with pytest.raises(ProbeMismatchError, match="rollout worker 0"):
+        _ProbeFails().sync_with_retries(4, retries=0)
