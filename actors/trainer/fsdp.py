@@ -25,6 +25,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import lora
+from orchestrator.checkpoint.state import load_trainer_state
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -109,7 +110,7 @@ def load_unsharded(model, optimizer, folder: Path, peft_model=None) -> None:
         lora.check_no_adapter(folder)
         src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
     set_model_state_dict(model, src, options=StateDictOptions(full_state_dict=True, strict=False))
-    plain = torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"]
+    plain = load_trainer_state(folder / "trainer_state.pt")["optimizer"]  # weights_only=True
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's parameter order
     by_name = {"state": {names[i]: s for i, s in plain["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]]}
