@@ -71,7 +71,10 @@ def find_checkpoint(resume: Optional[str], root: str | Path, hashes: bool = True
         return _newest_verified(resume, Path(root), hashes)
     folder = Path(resume)
     missing = [f for f in REQUIRED if not (folder / f).exists()]
-    if not folder.is_dir() or (missing and read_manifest(folder) is None):
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint.resume={resume!r} is not a complete checkpoint (missing {missing}): "
+                                "no such folder; the other values are auto, latest and none")
+    if missing and read_manifest(folder) is None:
         raise FileNotFoundError(f"checkpoint.resume={resume!r} is not a complete checkpoint (missing {missing})")
     if read_manifest(folder) is None:
         warnings.warn(f"checkpoint.resume={resume!r} has no manifest.json (written before checkpoints had one): "

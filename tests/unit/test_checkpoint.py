@@ -116,7 +116,7 @@ def test_find_checkpoint_incomplete_lists_missing_files(tmp_path: Path) -> None:
 def test_find_checkpoint_nonexistent_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as e:
         find_checkpoint(str(tmp_path / "nope"), tmp_path)
-    assert str(list(REQUIRED)) in str(e.value)
+    assert str(list(REQUIRED)) in str(e.value) and "the other values are auto, latest and none" in str(e.value)
 
 
 def test_prune_keeps_newest_k(tmp_path: Path) -> None:

@@ -109,3 +109,20 @@ def test_a_missing_or_garbled_state_file_is_named(tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"PK\x03\x04 not a zip")
     with pytest.raises(CheckpointError, match=f"{tmp_path / 'bad.pt'}: unreadable"):
         load_trainer_state(tmp_path / "bad.pt")
+
+
+def test_resume_refuses_an_unsafe_old_checkpoint_before_any_actor_starts(tiny, tmp_path):
+    from types import SimpleNamespace
+
+    from orchestrator.checkpoint import CheckpointWarning
+    from orchestrator.checkpoint.resume import resume_checkpoint
+
+    folder = tmp_path / "ckpt" / "step_000050"
+    _old_style_checkpoint(tiny, folder)
+    named = SimpleNamespace(resume=str(folder), dir=str(tmp_path / "ckpt"))
+    with pytest.warns(CheckpointWarning, match="no manifest.json"), pytest.raises(CheckpointError, match="safe loader"):
+        resume_checkpoint(named, tiny, "tiny")  # the controller's constructor calls this, before Ray
+    with pytest.warns(CheckpointWarning, match="skipping"):  # auto never picks a checkpoint without a manifest
+        assert resume_checkpoint(SimpleNamespace(resume="auto", dir=str(tmp_path / "ckpt")), tiny, "tiny") is None
+    assert upgrade_main([str(folder)]) == 0
+    assert resume_checkpoint(SimpleNamespace(resume="auto", dir=str(tmp_path / "ckpt")), tiny, "tiny") == folder
