@@ -25,6 +25,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import lora
+from orchestrator.checkpoint.dcp import SafeLoadPlanner, SafeReader
 from orchestrator.checkpoint.state import load_trainer_state
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
@@ -89,12 +90,13 @@ def save_sharded(model, optimizer, folder: Path) -> None:
 
 
 def load_sharded(model, optimizer, folder: Path) -> None:
-    """Collective: DCP load of `save_sharded`'s files into the current sharding (any D; DCP reshards).
-    Without a process group (a single trainer, `Trainer.load_checkpoint`) it loads in this process."""
+    """Collective: DCP load of `save_sharded`'s files into the current sharding (any D; DCP reshards), read
+    with safe loaders only (orchestrator/checkpoint/dcp.py). Without a process group (a single trainer,
+    `Trainer.load_checkpoint`) it loads in this process."""
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": intended for a single trainer
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())  # no unsafe unpickling
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
