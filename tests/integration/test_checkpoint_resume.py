@@ -1,6 +1,7 @@
 """Resume through the controller on Ray (local, CPU) and vLLM with the tiny model: the run's own command run
 again (`checkpoint.resume: auto`, the default) skips a torn newest checkpoint with a warning naming the file,
-loads the previous one (after verifying every file against its manifest), says so in one line and continues."""
+loads the previous one (after verifying every file against its manifest), says so in one line and continues.
+The first run checkpoints by time (`checkpoint.every_minutes`)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +21,8 @@ def _cfg(tiny_model, out, *extra):
 
 
 def test_a_rerun_skips_the_torn_newest_checkpoint_and_continues(ray_local, tiny_model, tmp_path, capsys):
-    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.every_steps=1", "checkpoint.keep_last=3"))
+    # every_minutes=1e-4 (6 ms): each step outlasts it, so each step ends with a checkpoint (every_steps is 0)
+    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.every_minutes=1e-4", "checkpoint.keep_last=3"))
     try:
         first.run()
     finally:
