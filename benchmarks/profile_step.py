@@ -42,7 +42,7 @@ SMALL = ("sample", "reward", "reference", "advantages", "checkpoint")
 ROLLOUT_PHASES = (("RolloutWorker.generate (", "generate"), ("RolloutWorker._update (", "weight_sync"),
                   ("RolloutWorker.checksums (", "weight_sync"))
 TRAINER_PHASES = (("Trainer.train_step (", "train"), ("Trainer.weights_for_sync (", "weight_sync"),
-                  ("Trainer.save_checkpoint (", "checkpoint"), ("Trainer.save_tokenizer_files (", "checkpoint"))
+                  ("Trainer.save_checkpoint (", "checkpoint"))
 GENERIC_LEAF = "OpOverloadPacket.__call__ ("  # torch.ops.<lib>.<op>(...): says nothing about which op
 IDLE_LEAF = "Worker.main_loop ("  # the actor's main thread waiting for its next call (inside Ray's C++ core)
 

@@ -21,9 +21,10 @@ from typing import Iterator
 @contextmanager
 def atomic_dir(final: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     """Yield a fresh temporary folder `.<name>.tmp-*` beside `final` (parents created). When the block
-    ends normally: every file in it is fsynced (`fsync=True`), an existing `final` is removed and the
-    temporary folder is renamed to `final`. When the block raises: the temporary folder is removed and
-    the exception propagates; `final` is untouched."""
+    ends normally: every file and folder in it is fsynced (`fsync=True`), an existing `final` is removed,
+    the temporary folder is renamed to `final` and the parent folder is fsynced (the rename is durable).
+    When the block raises: the temporary folder is removed and the exception propagates; `final` is
+    untouched."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -34,19 +35,27 @@ def atomic_dir(final: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        if fsync:
+            _fsync_path(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fsync_tree(folder: Path) -> None:
-    """fsync every regular file under `folder` (its data reaches the disk before the rename)."""
+    """fsync every regular file and every folder under `folder`, and `folder` itself (the files' data and
+    the folders' entries reach the disk before the rename)."""
     for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        if p.is_file() or p.is_dir():
+            _fsync_path(p)
+    _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def is_temporary(name: str) -> bool:

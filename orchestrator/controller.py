@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from orchestrator.algo import (AdvantageInputs, TrainBatch, compute_token_advantages, response_mask_tensor,
                                sequence_abs_mean, token_rows)
-from orchestrator.checkpoint import find_checkpoint, prune_checkpoints, step_folder
+from orchestrator.checkpoint import checkpoint_due, prune_checkpoints, step_folder
+from orchestrator.checkpoint.resume import resume_checkpoint, resume_line
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.guards import RunGuards
 from orchestrator.job import Actors, Job
@@ -74,7 +75,8 @@ class GRPOController:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.out_dir / "config.yaml", resolve=True)  # the resolved run config, beside metrics.jsonl (rl-orch size reads it)
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-        self.resume_from = find_checkpoint(cfg.checkpoint.resume, cfg.checkpoint.dir)
+        # verified against its manifest, and of this model: else refused here, before any actor starts
+        self.resume_from = resume_checkpoint(cfg.checkpoint, self.model_path, cfg.model.path)
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -87,6 +89,7 @@ class GRPOController:
         self.examples = examples
         self.metrics_path = self.out_dir / METRICS_FILE
         self.start_step, self.version = 0, 0
+        self.last_checkpoint_t = time.monotonic()  # checkpoint.every_minutes counts from here
         self.job = Job(cfg, self.model_path, self.pad_id)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
@@ -118,8 +121,9 @@ class GRPOController:
         self.job.start(self.resume_from)
         if self.resume_from is not None:
             self.restore(self.resume_from)
+            print(resume_line(self.resume_from, self.start_step, self.cfg.trainer.total_steps), flush=True)
         self._start_rollouts()  # after the restore: nothing in flight at resume
-        last_ckpt = None
+        last_ckpt, self.last_checkpoint_t = None, time.monotonic()
         total = self.cfg.trainer.total_steps
         ctx = SinkContext(self.out_dir, self.cfg.run.name, total, self.start_step)
         with build_sinks(self.cfg, ctx) as sinks:
@@ -198,13 +202,13 @@ class GRPOController:
         return advantages, ref
 
     def _end_step(self, step: int, timer: PhaseTimer, row: dict, t0: float) -> tuple[dict, Optional[str]]:
-        """Guards (orchestrator/guards: may stop the run), checkpoint (every `checkpoint.every_steps` and at the
-        last step), phase times, role busy/idle."""
+        """Guards (orchestrator/guards: may stop the run), checkpoint (at the last step, every
+        `checkpoint.every_steps`, after `checkpoint.every_minutes`), phase times, role busy/idle."""
         row.update(self.guards.after_step(step, row))
-        ckpt = None
+        ckpt, c = None, self.cfg.checkpoint
         with timer.phase("checkpoint"):
-            every = self.cfg.checkpoint.every_steps
-            if step == self.cfg.trainer.total_steps or (every and step % every == 0):
+            if checkpoint_due(step, total_steps=self.cfg.trainer.total_steps, every_steps=c.every_steps,
+                              every_minutes=c.every_minutes, seconds_since_last=time.monotonic() - self.last_checkpoint_t):
                 ckpt = self.checkpoint(step)
         row.update(timer.times)
         row["timing/step_s"] = time.perf_counter() - t0
@@ -287,6 +291,7 @@ class GRPOController:
         extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
         path = self.job.checkpoint(folder, extra)
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
+        self.last_checkpoint_t = time.monotonic()
         return path
 
     def restore(self, folder: Path) -> None:

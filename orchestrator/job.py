@@ -220,11 +220,9 @@ class Job:
                 "checkpoint (checkpoint.resume=auto)")
 
     def checkpoint(self, folder: Path, extra: dict) -> str:
-        """Trainer state and `extra` into `folder` (written atomically), plus the tokenizer files beside the
-        policy so that `folder/policy` loads standalone. Returns the folder."""
-        path = self.wait(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
-        self.wait(self.actors.trainer.save_tokenizer_files.remote(str(self.model_path), path))
-        return path
+        """Trainer state and `extra` into `folder` (written atomically and fsynced, the tokenizer files beside
+        the policy so that `folder/policy` loads standalone, `manifest.json` last). Returns the folder."""
+        return self.wait(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
 
     def restore(self, folder: Path) -> dict:
         """Trainer weights, optimizer, scheduler and RNG from `folder`; returns the checkpoint's `extra` state.

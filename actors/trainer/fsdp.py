@@ -25,6 +25,8 @@ from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import lora
+from orchestrator.checkpoint.dcp import SafeLoadPlanner, SafeReader
+from orchestrator.checkpoint.state import load_trainer_state
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -88,12 +90,13 @@ def save_sharded(model, optimizer, folder: Path) -> None:
 
 
 def load_sharded(model, optimizer, folder: Path) -> None:
-    """Collective: DCP load of `save_sharded`'s files into the current sharding (any D; DCP reshards).
-    Without a process group (a single trainer, `Trainer.load_checkpoint`) it loads in this process."""
+    """Collective: DCP load of `save_sharded`'s files into the current sharding (any D; DCP reshards), read
+    with safe loaders only (orchestrator/checkpoint/dcp.py). Without a process group (a single trainer,
+    `Trainer.load_checkpoint`) it loads in this process."""
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": intended for a single trainer
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(state, storage_reader=SafeReader(str(folder)), planner=SafeLoadPlanner())  # no unsafe unpickling
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
 
@@ -109,7 +112,7 @@ def load_unsharded(model, optimizer, folder: Path, peft_model=None) -> None:
         lora.check_no_adapter(folder)
         src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
     set_model_state_dict(model, src, options=StateDictOptions(full_state_dict=True, strict=False))
-    plain = torch.load(folder / "trainer_state.pt", weights_only=False)["optimizer"]
+    plain = load_trainer_state(folder / "trainer_state.pt")["optimizer"]  # weights_only=True
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's parameter order
     by_name = {"state": {names[i]: s for i, s in plain["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]]}

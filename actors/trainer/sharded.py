@@ -62,9 +62,10 @@ from actors.trainer import lora
 from actors.trainer.forward import batch_logprobs, collate, forward_logprobs
 from actors.trainer.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, init_group, load_sharded, load_unsharded,
                                  save_sharded, shard_model)
-from actors.trainer.trainer import Trainer, keep_fused
+from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch
 from orchestrator.atomic import atomic_dir
+from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 
 class ShardedTrainer(Trainer):
     """One rank of a D-rank FSDP2 trainer; rank 0 (the leader) fans calls out to its peers.
@@ -202,16 +203,18 @@ class ShardedTrainer(Trainer):
         return out
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
-        """Write `sharded/` (DCP: model + optimizer, every rank), `policy/` (HF folder), `trainer_state.pt`
-        (scheduler, step, RNG, world size) and `state.json` into a temporary folder, renamed when
-        complete (a crash never leaves a half checkpoint). Returns the folder."""
-        with atomic_dir(folder, fsync=False) as tmp:  # no fsync: as the checkpoint always was
+        """Write `sharded/` (DCP: model + optimizer, every rank), `policy/` (HF folder with the tokenizer
+        files), `trainer_state.pt` (scheduler, step, RNG, world size), `state.json` and, last, `manifest.json`
+        into a temporary folder, every file and folder fsynced, renamed when complete (a crash never leaves
+        a half checkpoint). Returns the folder."""
+        with atomic_dir(folder) as tmp:
             refs = self._fan_out("join_save", str(tmp))
             self.join_save(str(tmp))
             self._collect(refs)
-            torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": torch.get_rng_state(),
+            torch.save({"scheduler": self.scheduler.state_dict(), "step": self.step, "rng": rng_state(),
                         "world_size": self.dp_size}, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps(extra, indent=2))
+            seal_checkpoint(tmp, self.model_path, extra.get("step", self.step))
         return str(Path(folder))
 
     def load_checkpoint(self, folder: str) -> dict:
@@ -262,10 +265,10 @@ class ShardedTrainer(Trainer):
         else:
             load_unsharded(self.model, self.optimizer, folder, self.peft)
         keep_fused(self.optimizer)
-        state = torch.load(folder / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(folder / "trainer_state.pt")  # weights_only=True
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        torch.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
 
 
 @ray.remote

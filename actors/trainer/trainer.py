@@ -35,6 +35,8 @@ from actors.trainer import prefix_share
 from actors.trainer.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.atomic import atomic_dir
+from orchestrator.checkpoint import write_manifest
+from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 from orchestrator.weight_sync import group_checksums
 from orchestrator.weight_sync.registry import get as get_strategy
 
@@ -46,7 +48,7 @@ class Trainer:
 
     def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: float, max_new_tokens: int,
                  pad_id: int = 0):
-        self.cfg, self.algo = trainer_cfg, algo_cfg
+        self.cfg, self.algo, self.model_path = trainer_cfg, algo_cfg, str(model_path)
         self.temperature, self.max_new_tokens, self.pad_id = temperature, max_new_tokens, pad_id
         # Ray sets OMP_NUM_THREADS to the actor's (fractional -> 1) CPU count; use the host's cores.
         torch.set_num_threads(trainer_cfg.num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
@@ -72,14 +74,9 @@ class Trainer:
         # default per-tensor loop on SmolLM2-135M, 2 CPU threads (benchmarks/optimizer_step.py, RESULTS.md)
         self.optimizer = torch.optim.AdamW(trainable, lr=trainer_cfg.lr, betas=tuple(trainer_cfg.betas),
                                            weight_decay=trainer_cfg.weight_decay, fused=_fused_ok(trainable))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_schedule(trainer_cfg))
         self.step = 0  # optimizer steps taken
         self._senders: dict = {}
-
-    def _lr_lambda(self, step: int) -> float:
-        return lr_multiplier(step, warmup_steps=self.cfg.warmup_steps,
-                             total_steps=self.cfg.total_steps * self.cfg.mini_batches,
-                             min_lr_ratio=self.cfg.min_lr_ratio)
 
     # ---- training -------------------------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -320,18 +317,20 @@ class Trainer:
         return getattr(sender, method)(*args)
 
     def save_checkpoint(self, folder: str, extra: dict) -> str:
-        """Write policy (HF safetensors folder; with LoRA the merged weights, and the adapter in
-        `policy_adapter/`), optimizer, scheduler and `extra` state atomically: into a temporary folder
-        first, renamed when complete. Returns the folder."""
-        with atomic_dir(folder, fsync=False) as tmp:  # no fsync: as the checkpoint always was
+        """Write policy (HF safetensors folder with the tokenizer files; with LoRA the merged weights, and the
+        adapter in `policy_adapter/`), optimizer, scheduler, RNG and `extra` state, then `manifest.json` last,
+        atomically: into a temporary folder, every file and folder fsynced, renamed when complete. Returns
+        the folder."""
+        with atomic_dir(folder) as tmp:
             if self.peft is not None:  # policy/ = merged weights (engines load it on resume), adapter beside
                 lora.save_merged(self.model, tmp / "policy")
                 lora.save_adapter(self.peft, tmp / lora.ADAPTER_DIR)
             else:
                 self.model.save_pretrained(tmp / "policy", safe_serialization=True)
             torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                        "step": self.step, "rng": torch.get_rng_state()}, tmp / "trainer_state.pt")
+                        "step": self.step, "rng": rng_state()}, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps(extra, indent=2))
+            seal_checkpoint(tmp, self.model_path, extra.get("step", self.step))
         return str(Path(folder))
 
     def load_checkpoint(self, folder: str) -> dict:
@@ -342,7 +341,7 @@ class Trainer:
             lora.check_no_adapter(Path(folder))
             src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
             self.model.load_state_dict(src.state_dict())
-        state = torch.load(Path(folder) / "trainer_state.pt", weights_only=False)
+        state = load_trainer_state(Path(folder) / "trainer_state.pt")  # weights_only=True
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         else:  # written by FSDP2 ranks (trainer.num_workers > 1): model + optimizer in DCP files, any D
@@ -351,14 +350,25 @@ class Trainer:
         keep_fused(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
-        torch.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         return json.loads((Path(folder) / "state.json").read_text())
 
-    def save_tokenizer_files(self, model_path: str, folder: str) -> None:
-        """Copy the tokenizer files next to the checkpoint's policy so the folder loads standalone."""
-        for f in Path(model_path).iterdir():
-            if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
-                shutil.copy2(f, Path(folder) / "policy" / f.name)
+
+def lr_schedule(cfg) -> functools.partial:
+    """LambdaLR's multiplier for `trainer` config `cfg`: warmup then cosine over total_steps x mini_batches
+    optimizer steps. A partial of a module function, so the scheduler's state dict is plain data (loads with
+    weights_only=True; a bound method of a Ray actor would carry its `inspect.Signature`)."""
+    return functools.partial(lr_multiplier, warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps * cfg.mini_batches,
+                             min_lr_ratio=cfg.min_lr_ratio)
+
+
+def seal_checkpoint(folder: Path, model_path: str, step: int) -> None:
+    """The last writes into a checkpoint's temporary folder: the tokenizer files beside the policy (the
+    folder loads standalone), then `manifest.json` over every file (orchestrator/checkpoint/manifest.py)."""
+    for f in Path(model_path).iterdir():
+        if "token" in f.name or f.name in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
+            shutil.copy2(f, Path(folder) / "policy" / f.name)
+    write_manifest(folder, step=step, base_model=model_path)
 
 
 def _fused_ok(params: list) -> bool:

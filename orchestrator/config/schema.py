@@ -203,9 +203,14 @@ class SizingConfig:
 @dataclass
 class CheckpointConfig:
     dir: str = "runs/${run.name}/checkpoints"
-    every_steps: int = number(0, ge=0, finite=True)  # 0 = only at the end
+    every_steps: int = number(0, ge=0, finite=True)  # 0 = off (the last step is always checkpointed)
+    # a checkpoint after the step in which this many minutes passed since the last one (bounds the work a
+    # crash or preemption loses); 0 = off
+    every_minutes: float = number(30.0, ge=0, finite=True)
     keep_last: int = 2
-    resume: Optional[str] = None  # a checkpoint folder, "latest", or null
+    # auto | latest: the newest checkpoint under `dir` whose manifest verifies (none: a fresh start; latest
+    # also warns); a checkpoint folder; none / null: a fresh start
+    resume: Optional[str] = "auto"
 
 
 @dataclass

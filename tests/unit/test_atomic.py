@@ -33,3 +33,24 @@ def test_an_error_leaves_the_final_folder_untouched_and_no_temporary(tmp_path):
             raise RuntimeError("disk full")
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     assert [p.name for p in final.iterdir()] == ["keep"]
+
+
+def test_every_file_and_folder_is_fsynced_and_the_rename_too(tmp_path, monkeypatch):
+    import os
+
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    final = tmp_path / "ckpt"
+    with atomic_dir(final) as tmp:
+        (tmp / "policy").mkdir()
+        (tmp / "policy" / "w.safetensors").write_text("w")
+        (tmp / "manifest.json").write_text("{}")
+        name = str(tmp)
+    assert {f"{name}/policy/w.safetensors", f"{name}/manifest.json", f"{name}/policy", name} <= set(synced)
+    assert synced[-1] == str(tmp_path)  # the parent, after the rename: the new name is on disk

@@ -1,4 +1,6 @@
-"""Unit tests of orchestrator.checkpoint: folder naming, completeness, finding and pruning checkpoints."""
+"""Unit tests of orchestrator.checkpoint: folder naming, completeness, finding and pruning checkpoints
+(every checkpoint made here has its manifest, as the trainer writes it; torn and manifest-less folders:
+tests/unit/test_checkpoint_manifest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.checkpoint import (REQUIRED, find_checkpoint, is_complete, list_checkpoints, prune_checkpoints,
-                                     step_folder)
+                                     step_folder, write_manifest)
 
 
 def _make(root: Path, step: int, complete: bool = True, skip: tuple[str, ...] = ()) -> Path:
@@ -23,6 +25,8 @@ def _fill(folder: Path, complete: bool = True, skip: tuple[str, ...] = ()) -> Pa
             continue
         (folder / f).parent.mkdir(parents=True, exist_ok=True)
         (folder / f).write_text("{}")
+    if complete and not skip:
+        write_manifest(folder, step=0, base_model="m")
     return folder
 
 
@@ -78,16 +82,20 @@ def test_find_checkpoint_none(tmp_path: Path) -> None:
     _make(tmp_path, 1)
     assert find_checkpoint(None, tmp_path) is None
     assert find_checkpoint("", tmp_path) is None
+    assert find_checkpoint("none", tmp_path) is None
 
 
-def test_find_checkpoint_latest(tmp_path: Path) -> None:
-    assert find_checkpoint("latest", tmp_path) is None  # nothing saved yet
-    assert find_checkpoint("latest", tmp_path / "missing_root") is None
+@pytest.mark.parametrize("resume", ["latest", "auto"])
+def test_find_checkpoint_latest(tmp_path: Path, resume: str) -> None:
+    assert find_checkpoint("auto", tmp_path) is None  # nothing saved yet: a fresh start, no warning
+    with pytest.warns(UserWarning, match="no verified checkpoint"):  # latest says it found nothing
+        assert find_checkpoint("latest", tmp_path / "missing_root") is None
     _make(tmp_path, 5)
     newest = _make(tmp_path, 20)
-    _make(tmp_path, 30, complete=False)  # newer, but incomplete: skipped
-    _fill(tmp_path / ".step_000040.tmp-x")  # newer, but still temporary: skipped
-    assert find_checkpoint("latest", tmp_path) == newest
+    _make(tmp_path, 30, complete=False)  # newer, but incomplete: skipped (with a warning)
+    _fill(tmp_path / ".step_000040.tmp-x")  # newer, but still temporary: not a step folder
+    with pytest.warns(UserWarning, match="skipping .*step_000030"):
+        assert find_checkpoint(resume, tmp_path) == newest
 
 
 def test_find_checkpoint_explicit_path(tmp_path: Path) -> None:
@@ -108,17 +116,19 @@ def test_find_checkpoint_incomplete_lists_missing_files(tmp_path: Path) -> None:
 def test_find_checkpoint_nonexistent_path(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError) as e:
         find_checkpoint(str(tmp_path / "nope"), tmp_path)
-    assert str(list(REQUIRED)) in str(e.value)
+    assert str(list(REQUIRED)) in str(e.value) and "the other values are auto, latest and none" in str(e.value)
 
 
 def test_prune_keeps_newest_k(tmp_path: Path) -> None:
     folders = [_make(tmp_path, s) for s in (10, 20, 30, 40, 50)]
     incomplete = _make(tmp_path, 5, complete=False)
+    torn = _make(tmp_path, 60)
+    (torn / "trainer_state.pt").write_text("")  # the newest is torn: it does not count, nor is it deleted
     temp = _fill(tmp_path / ".step_000060.tmp-q")
     prune_checkpoints(tmp_path, keep_last=2)
     assert list_checkpoints(tmp_path) == folders[-2:]
     assert not any(f.exists() for f in folders[:-2])
-    assert incomplete.is_dir() and temp.is_dir()  # not complete checkpoints: left alone
+    assert incomplete.is_dir() and temp.is_dir() and torn.is_dir()  # not verified checkpoints: left alone
     prune_checkpoints(tmp_path, keep_last=2)  # idempotent
     assert list_checkpoints(tmp_path) == folders[-2:]
     prune_checkpoints(tmp_path, keep_last=5)  # more than exist: nothing deleted
