@@ -129,8 +129,10 @@ class AsyncRollouts:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the checkpoint's pending batches in flight again (arrived), the loader after them, the
-        pipeline's counters. Call before the first `launch`."""
+        pipeline's counters. Call before the first `launch`. Batches past trainer.total_steps are dropped."""
         for b in unpack(state["batches"]):
+            if b["step"] > self.pipe.total_steps:  # resumed with fewer total steps: never trained
+                continue
             ticket = Ticket(b["step"], b["weight_version"])
             self.pipe.restore(ticket)
             launched = Launched(b["requests"], b["workers"], [], results=b["results"], meta=b["meta"])

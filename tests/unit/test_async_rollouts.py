@@ -160,3 +160,13 @@ def test_no_pending_state_while_a_batch_generates_or_when_none_is_pending():
     rollouts.synced(1)
     _run_to(ctl, rollouts, (2, 3))
     assert rollouts.state_dict() is None  # the last step: nothing launched past trainer.total_steps
+
+
+def test_a_resume_with_fewer_total_steps_drops_the_pending_batch_past_them():
+    ctl = FakeController(total=4)
+    first = _rollouts(ctl)
+    _run_to(ctl, first, (1, 2))
+    resumed_ctl = FakeController(total=2, start_step=2)
+    resumed = _rollouts(resumed_ctl)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.batches == {} and resumed.state_dict() is None
