@@ -165,8 +165,7 @@ def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
     max(max_model_len, 4096) tokens (vLLM's CPU default; it must hold a whole prompt then). With chunked
     prefill, vLLM 0.32 rewinds a seeded request's generator after a partial prefill (`gen.set_offset`),
     which a CPU torch.Generator refuses ("CPU Generator does not use offset"): any prompt split across
-    steps crashed the engine. Whole-prompt prefills cost nothing measurable on our CPU workloads
-    (docs/configuration.md, rollout.seed)."""
+    steps crashed the engine. The throughput cost: benchmarks/seeded_sampling.py (before | whole | after)."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
 
 
