@@ -4,8 +4,8 @@ A: a `RolloutWorkerActor` in Ray (actors/rollout/worker.py), placed and called t
    does (`worker.generate.remote(requests)`, ray.get at the driver), the trajectories built by the
    worker (`to_trajectories`) and shipped back: timed at the driver around the call.
 B: bare vLLM in this process: `vllm.LLM(**engine_kwargs(...))` with the same engine arguments
-   (actors/rollout/vllm_engine.py builds both), the same token prompts, the same `SamplingParams`
-   (n, temperature, top_p, max_tokens, logprobs=0) and the same engine seed; timed around `llm.generate`.
+   (actors/rollout/vllm_engine.py builds both), the same token prompts and `SamplingParams` (one seeded
+   request per sample, `generation_inputs`) and the same engine seed; timed around `llm.generate`.
 Both get the same PromptRequest list each round (the controller's `sample_prompts(round)`), one warm-up
 call each, then A B A B ... Same seed and same call sequence: each round's samples (and token counts)
 should match between A and B, which the script checks. Prints tokens/s of each and the ratio A / B
@@ -55,13 +55,14 @@ def run_a(worker, requests) -> dict:
 
 
 def run_b(llm, cfg, requests) -> dict:
-    from actors.rollout.vllm_engine import sampling_params, to_trajectories, token_prompts
+    from actors.rollout.vllm_engine import generation_inputs, to_trajectories
 
+    prompts, params, issued = generation_inputs(cfg.rollout, requests, cfg.rollout.n)  # the worker's requests
     t0 = time.perf_counter()
-    outputs = llm.generate(token_prompts(requests), sampling_params(cfg.rollout, cfg.rollout.n), use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     t1 = time.perf_counter()
-    trajs = to_trajectories(requests, outputs, 0)  # the worker's postprocessing, timed apart
+    trajs = to_trajectories(issued, outputs, 0)  # the worker's postprocessing, timed apart
     post = time.perf_counter() - t1
     return {"s": dt, "tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs), "post_s": post,
             "ids": [t.response_ids for t in trajs]}

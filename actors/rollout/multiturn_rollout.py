@@ -32,7 +32,7 @@ _ENV_KEYS = ("name", "kwargs", "num_workers", "step_timeout_s", "render_mode")
 
 
 def as_group_request(group: Any) -> GroupRequest:
-    """A `GroupRequest` from itself or a dict {"group_id": int, "sample": dict, "n": int}.
+    """A `GroupRequest` from itself or a dict {"group_id": int, "sample": dict, "n": int[, "seed": int | None]}.
 
     Raises ValueError naming the missing key.
     """
@@ -41,7 +41,8 @@ def as_group_request(group: Any) -> GroupRequest:
     missing = [k for k in ("group_id", "sample", "n") if k not in group]
     if missing:
         raise ValueError(f"multi-turn group request {group!r:.80} lacks {missing}")
-    return GroupRequest(int(group["group_id"]), dict(group["sample"]), int(group["n"]))
+    seed = group.get("seed")
+    return GroupRequest(int(group["group_id"]), dict(group["sample"]), int(group["n"]), None if seed is None else int(seed))
 
 
 class MultiTurnRollout:

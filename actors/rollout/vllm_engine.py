@@ -8,8 +8,9 @@ recomputed logprobs are directly comparable. New weights arrive through the work
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from orchestrator.rollout.seeds import sample_seed
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 EXTENSION = "actors.weight_sync.vllm_extension.WeightReceiverExtension"
@@ -93,9 +94,11 @@ class VLLMEngine:
             self.llm.wake_up(tags=tags)
 
     def generate(self, requests: Sequence[PromptRequest], n: int, weight_version: int) -> list[Trajectory]:
-        """Sample `n` responses per request; all samples of a request share its group id."""
-        outputs = self.llm.generate(token_prompts(requests), sampling_params(self.cfg, n), use_tqdm=False)
-        return to_trajectories(requests, outputs, weight_version)
+        """Sample `n` responses per request; all samples of a request share its group id (see `generation_inputs`).
+        Trajectories come in request order, then sample index."""
+        prompts, params, issued = generation_inputs(self.cfg, requests, n)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return to_trajectories(issued, outputs, weight_version)
 
     def cache_counters(self) -> dict[str, float]:
         """vLLM's own cumulative counters of this engine, in tokens: `prefix_cache_queries` (prompt tokens
@@ -163,19 +166,42 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
     )
     if on_gpu:
         kwargs["gpu_memory_utilization"] = rollout_cfg.gpu_memory_utilization
+    else:
+        kwargs.update(cpu_seeded_scheduling(rollout_cfg.max_model_len))
     if getattr(rollout_cfg, "block_size", 0):  # prefix caching reuses whole blocks of this many tokens
         kwargs["block_size"] = rollout_cfg.block_size
     return kwargs
 
 
-def sampling_params(rollout_cfg, n: int):
+def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
+    """vLLM scheduler settings for per-request seeds on the CPU backend: chunked prefill off, a step budget of
+    max(max_model_len, 4096) tokens (vLLM's CPU default; it must hold a whole prompt then). With chunked
+    prefill, vLLM 0.32 rewinds a seeded request's generator after a partial prefill (`gen.set_offset`),
+    which a CPU torch.Generator refuses ("CPU Generator does not use offset"): any prompt split across
+    steps crashed the engine. The throughput cost: benchmarks/seeded_sampling.py (before | whole | after)."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
+
+
+def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None):
     """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens` (exactly that many
-    with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0)."""
+    with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0); `seed`: vLLM's
+    per-request seed (None: the engine's random state)."""
     from vllm import SamplingParams
 
     return SamplingParams(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0,
+                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0, seed=seed,
                           ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
+
+
+def generation_inputs(rollout_cfg, requests: Sequence[PromptRequest], n: int) -> tuple[list, Any, list]:
+    """(vLLM prompts, SamplingParams, the request of each prompt) for `n` samples per request. Seeded requests
+    (every `seed` set) become n vLLM requests each, sample i with `SamplingParams(n=1, seed=sample_seed(seed, i))`
+    (orchestrator/rollout/seeds.py); otherwise one request of n samples each, on the engine's random state."""
+    if requests and all(r.seed is not None for r in requests):
+        issued = [r for r in requests for _ in range(n)]
+        params = [sampling_params(rollout_cfg, 1, sample_seed(r.seed, i)) for r in requests for i in range(n)]
+        return token_prompts(issued), params, issued
+    return token_prompts(requests), sampling_params(rollout_cfg, n), list(requests)
 
 
 def token_prompts(requests: Sequence[PromptRequest]) -> list:

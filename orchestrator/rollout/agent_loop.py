@@ -26,16 +26,18 @@ from __future__ import annotations
 import asyncio
 import statistics
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 from orchestrator.rollout.env_runner import EnvFailure, EnvRunner
 from orchestrator.rollout.multiturn import MultiTurnTrajectory, TrajectoryBuilder
 from orchestrator.rollout.router import StickyRouter
+from orchestrator.rollout.seeds import sample_seed, turn_seed
 
 
 class AsyncEngine(Protocol):
     async def generate(self, prompt_ids: list, max_tokens: int, worker: Any) -> tuple:
-        """Sample one turn: ([N] ids, [N] logprobs, finish_reason) with 1 <= N <= max_tokens."""
+        """Sample one turn: ([N] ids, [N] logprobs, finish_reason) with 1 <= N <= max_tokens. Called with a
+        keyword `seed` (the turn's sampling seed, an int in [0, 2**63)) too when the group has a seed."""
         ...
 
 
@@ -58,11 +60,14 @@ class AgentLoopConfig:
 
 @dataclass
 class GroupRequest:
-    """One dataset row to roll out `n` times; all n trajectories share `group_id` and a worker."""
+    """One dataset row to roll out `n` times; all n trajectories share `group_id` and a worker. `seed`: the
+    group's sampling seed (orchestrator/rollout/seeds.py; turn t of sample i is sampled with
+    turn_seed(sample_seed(seed, i), t)); None = the engine's own random state."""
 
     group_id: int
     sample: dict
     n: int = 1
+    seed: Optional[int] = None
 
 
 class AgentLoop:
@@ -127,7 +132,8 @@ class AgentLoop:
         builder = TrajectoryBuilder(group.group_id, session.prompt_ids, self.cfg.max_tokens, index)
         for turn in range(self.cfg.max_turns):
             budget = min(self.cfg.max_new_tokens, builder.remaining())
-            ids, logprobs, _finish = await self.engine.generate(builder.context_ids, budget, worker)
+            seeded = {} if group.seed is None else {"seed": turn_seed(sample_seed(group.seed, index), turn)}
+            ids, logprobs, _finish = await self.engine.generate(builder.context_ids, budget, worker, **seeded)
             builder.add_sampled(list(ids), list(logprobs))
             try:
                 step = await self.runner.step(env, session.action_text(list(ids)))

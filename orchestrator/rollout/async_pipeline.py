@@ -150,6 +150,23 @@ class AsyncPipeline:
             self.next_step = steps[0]
         return steps
 
+    def restore(self, ticket: Ticket) -> None:
+        """A resume: the batch of `ticket.step`, generated before the checkpoint (by `ticket.weight_version`),
+        is in flight again, already arrived; the next launch is the step after it."""
+        if ticket.step <= self.engine_version or ticket.step > self.total_steps:
+            raise ValueError(f"restored batch of step {ticket.step} is outside the steps to train "
+                             f"({self.engine_version + 1} .. {self.total_steps})")
+        self.in_flight[ticket.step] = ticket
+        self.next_step = max(self.next_step, ticket.step + 1)
+
+    def counters(self) -> dict[str, int]:
+        """{"dropped", "max_staleness_seen"}: the counters a checkpoint keeps (`load_counters` restores them)."""
+        return {"dropped": self.dropped, "max_staleness_seen": self.max_staleness_seen}
+
+    def load_counters(self, counters: dict) -> None:
+        self.dropped = int(counters.get("dropped", 0))
+        self.max_staleness_seen = int(counters.get("max_staleness_seen", 0))
+
     def metrics(self, admission: Admission) -> dict[str, float]:
         """`async/*` keys of the step's row for the batch trained (see the module docstring), and
         `rollout/staleness` (the same staleness: Prometheus `rl_orch_rollout_staleness_steps`, Grafana)."""

@@ -66,7 +66,8 @@ class MultiTurnSource(RolloutSource):
         for r in requests:
             w = self.router.assign(r.group_id)
             sample = {"prompt": r.prompt, "answer": r.answer, "seed": r.group_id}
-            shards.setdefault(w, []).append({"group_id": r.group_id, "sample": sample, "n": self.cfg.rollout.n})
+            shards.setdefault(w, []).append({"group_id": r.group_id, "sample": sample, "n": self.cfg.rollout.n,
+                                             "seed": r.seed})
         return shards
 
     def launch(self, requests: list[PromptRequest]) -> Launched:

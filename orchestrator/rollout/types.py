@@ -61,9 +61,15 @@ class Trajectory:
 
 @dataclass
 class PromptRequest:
-    """One prompt to sample a group for."""
+    """One prompt to sample a group for.
+
+    seed: the group's sampling seed (`orchestrator.rollout.seeds.group_seed`); sample i is drawn with vLLM
+        seed `sample_seed(seed, i)`, so the group's samples do not depend on the engine or the batch.
+        None: the engine's own random state (not reproducible across engines, batches or resumes).
+    """
 
     group_id: int
     prompt_ids: list[int]
     answer: str
     prompt: str = ""
+    seed: Optional[int] = None

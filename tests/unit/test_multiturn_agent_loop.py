@@ -173,3 +173,27 @@ def test_calculator_tool_use_through_the_chat_template(tok):
     assert tok.decode(observation) == "\n<|im_start|>tool\n27<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(t.trained_ids()).endswith("</tool_call><|im_end|>The answer is 27.<|im_end|>")
     assert m["env/step_s_mean"] > 0.0
+
+
+class SeedRecordingEngine(BinarySearchEngine):
+    """Records the `seed` keyword of every turn (absent when the group has none) by (tag, turn)."""
+
+    def __init__(self, tok):
+        super().__init__(tok, delay_s=lambda tag, turn: 0.0)
+        self.seeds = []
+
+    async def generate(self, prompt_ids, max_tokens, worker, **kw):
+        out = await super().generate(prompt_ids, max_tokens, worker)
+        self.seeds.append(kw.get("seed", "absent"))
+        return out
+
+
+def test_every_turn_of_every_sample_gets_its_own_seed(tok):
+    from orchestrator.rollout.seeds import sample_seed, turn_seed
+
+    engine = SeedRecordingEngine(tok)
+    groups = [GroupRequest(0, {"tag": 0, "secret": 37}, n=2, seed=11), GroupRequest(1, {"tag": 1, "secret": 50}, n=1)]
+    make_loop(tok, engine).run_sync(groups)
+    expected = {turn_seed(sample_seed(11, i), t) for i in range(2) for t in range(3)}  # 37: 3 turns per sample
+    assert sorted(s for s in engine.seeds if s != "absent") == sorted(expected) and len(expected) == 6
+    assert engine.seeds.count("absent") == 1  # the unseeded group's one turn: the engine's random state

@@ -35,3 +35,61 @@ def test_engine_cpu_count_reads_the_first_rank_of_the_vllm_bind_list():
     for bad in ("0,1,", "3-0", "a-b"):
         with pytest.raises(ValueError, match="VLLM_CPU_OMP_THREADS_BIND"):
             _engine_cpu_count(bad)
+
+
+class _Completion:
+    def __init__(self, seed):
+        self.token_ids, self.logprobs = [seed % 7], [{seed % 7: type("L", (), {"logprob": -1.0})()}]
+        self.finish_reason, self.text = "length", str(seed)
+
+
+class _FakeLLM:
+    """vLLM's LLM.generate: one output per prompt, n completions each (token = seed mod 7)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append((prompts, params))
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        return [type("Out", (), {"outputs": [_Completion(p.seed or 0) for _ in range(p.n)]})() for p in params]
+
+
+def _engine():
+    from actors.rollout.vllm_engine import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)  # no vLLM: the generate logic over a fake LLM
+    engine.cfg = load_config("configs/grpo_arith_cpu.yaml", []).rollout
+    engine.llm = _FakeLLM()
+    return engine
+
+
+def test_a_seeded_group_is_issued_as_one_seeded_request_per_sample():
+    from orchestrator.rollout import PromptRequest
+    from orchestrator.rollout.seeds import sample_seed
+
+    engine = _engine()
+    reqs = [PromptRequest(group_id=g, prompt_ids=[1, g + 2], answer="", seed=100 + g) for g in (4, 5)]
+    trajs = engine.generate(reqs, 3, weight_version=2)
+    (prompts, params), = engine.llm.calls
+    assert [p.n for p in params] == [1] * 6
+    assert [p.seed for p in params] == [sample_seed(100 + g, i) for g in (4, 5) for i in range(3)]
+    assert [p["prompt_token_ids"] for p in prompts] == [[1, 6]] * 3 + [[1, 7]] * 3
+    assert [t.group_id for t in trajs] == [4, 4, 4, 5, 5, 5] and {t.weight_version for t in trajs} == {2}
+    assert [t.response_ids for t in trajs] == [[s % 7] for s in (p.seed for p in params)]
+
+
+def test_unseeded_requests_keep_one_request_of_n_on_the_engines_random_state():
+    from orchestrator.rollout import PromptRequest
+
+    engine = _engine()
+    trajs = engine.generate([PromptRequest(group_id=0, prompt_ids=[1], answer="")], 4, weight_version=0)
+    (prompts, params), = engine.llm.calls
+    assert len(prompts) == 1 and params.n == 4 and params.seed is None and len(trajs) == 4
+
+
+def test_cpu_engines_prefill_whole_prompts_for_seeded_requests():
+    from actors.rollout.vllm_engine import cpu_seeded_scheduling
+
+    assert cpu_seeded_scheduling(1024) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096}
+    assert cpu_seeded_scheduling(8192)["max_num_batched_tokens"] == 8192  # a whole prompt fits one step
