@@ -1,7 +1,8 @@
 """A lost node (docs/faults.md): several raylets on this machine (ray.cluster_utils.Cluster). The head holds
-the trainer and the reward actor; a second node holds the rollout worker (the custom resource `slot` puts
-it there). The node is removed while step 2 generates: with a spare node the bundle is re-placed there,
-the worker restarted in it and the run finishes; without one the run stops naming the missing resources.
+the reward actor (CPU only); two nodes with one custom resource `slot` each hold the trainer and the rollout
+worker (one each: every bundle asks one `slot`). The rollout worker's node is removed while step 2
+generates: with a spare node the bundle is re-placed there, the worker restarted in it and the run
+finishes; without one the run stops naming the missing resources.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"slot": 1},
-                                                      "include_dashboard": False, "_system_config": FAST_DEATH})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
+                                                      "_system_config": FAST_DEATH})
     try:
         yield c
     finally:
@@ -40,11 +41,12 @@ def _cfg(tiny_model, out, *extra):
 
 
 class RemoveNodeDuringGenerate(GRPOController):
-    """Removes `node` right after step 2's groups were launched on it (after adding `spare`, when given)."""
+    """Removes the rollout worker's node right after step 2's groups were launched on it (after adding a
+    spare node, when `spare`)."""
 
-    def __init__(self, cfg, cluster, node, spare: bool):
+    def __init__(self, cfg, cluster, spare: bool):
         super().__init__(cfg)
-        self.cluster, self.node, self.spare, self.spare_node = cluster, node, spare, None
+        self.cluster, self.spare, self.spare_node, self.lost = cluster, spare, None, None
 
     def generate(self, requests, row):
         if row["step"] != 2:
@@ -52,16 +54,20 @@ class RemoveNodeDuringGenerate(GRPOController):
         if self.spare:
             self.spare_node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
             self.cluster.wait_for_nodes()
+        node_id = _rollout_node(self)
+        self.lost = next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id)
+        assert not self.lost.head
         launched = self.source.launch(requests)
-        self.cluster.remove_node(self.node, allow_graceful=False)
+        self.cluster.remove_node(self.lost, allow_graceful=False)
         return self.source.collect(launched, self.version, row)
 
 
 def _start(cluster, tiny_model, tmp_path, spare: bool, *extra):
-    engines = cluster.add_node(num_cpus=0, resources={"slot": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=0, resources={"slot": 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    return RemoveNodeDuringGenerate(_cfg(tiny_model, tmp_path, *extra), cluster, engines, spare)
+    return RemoveNodeDuringGenerate(_cfg(tiny_model, tmp_path, *extra), cluster, spare)
 
 
 def _rollout_node(controller) -> str:
@@ -74,6 +80,7 @@ def test_a_lost_node_is_survived_when_a_spare_node_holds_the_worker(cluster, tin
     controller = _start(cluster, tiny_model, tmp_path, True)
     try:
         result = controller.run()
+        assert controller.lost is not None
         assert _rollout_node(controller) == controller.spare_node.node_id  # the bundle moved to the spare node
     finally:
         controller.shutdown()
