@@ -7,7 +7,8 @@
     path = job.checkpoint(folder, extra)   # trainer state + `extra` (atomic), tokenizer files beside the policy
     state = job.restore(folder)            # trainer state back; returns `extra`
     job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
-    job.shutdown()
+    job.shutdown()                         # every actor and placement group (Ray stays up)
+    job.close()                            # shutdown(), then ray.shutdown() when the job started a local Ray
 
 
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
@@ -33,21 +34,24 @@ from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def connect_ray(cfg) -> None:
+def connect_ray(cfg) -> bool:
     """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
     placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N}; its metrics
-    agent serves Prometheus on metrics.ray_export_port when that is set)."""
+    agent serves Prometheus on metrics.ray_export_port when that is set). Returns whether it started a local Ray
+    (False when Ray was already initialised or a cluster was joined)."""
     if ray.is_initialized():
-        return
+        return False
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
+        return False
     else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
         p = cfg.placement
         fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
         ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
                  _metrics_export_port=cfg.metrics.ray_export_port or None)
+        return True
 
 
 @dataclass
@@ -84,11 +88,13 @@ class Job:
         self.cfg, self.model_path, self.pad_id = cfg, Path(model_path), pad_id
         self.actors: Optional[Actors] = None
         self.syncer = None
+        self.started_ray = False  # whether start() started a local Ray (close() shuts it down)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def start(self, resume_from: Optional[Path] = None) -> None:
         """Reserve every placement group and start every actor (engines from `resume_from/policy` when set),
         then set up the weight syncer (`weight_sync.strategy`; `auto` asks the cost model)."""
+        self.started_ray = connect_ray(self.cfg) or self.started_ray
         self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
         self.syncer = self._make_syncer()
 
@@ -113,6 +119,16 @@ class Job:
         if self.actors is not None:
             self.actors.shutdown()
         self.actors, self.syncer = None, None
+
+    def close(self) -> None:
+        """`shutdown()`, then `ray.shutdown()` when `start` started a local Ray: its raylet, GCS and agent
+        processes end and free their ports (idempotent)."""
+        try:
+            self.shutdown()
+        finally:
+            if self.started_ray and ray.is_initialized():
+                ray.shutdown()
+            self.started_ray = False
 
     # ---- calls -------------------------------------------------------------------------------------------
     def wait(self, refs):

@@ -201,6 +201,9 @@ class CheckpointConfig:
     every_steps: int = number(0, ge=0, finite=True)  # 0 = only at the end
     keep_last: int = 2
     resume: Optional[str] = None  # a checkpoint folder, "latest", or null
+    # On SIGTERM/SIGINT (scancel, pod eviction, Ctrl-C) the current step finishes, then a checkpoint is
+    # written (unless the step just wrote one) before the run exits (code 143 / 130); false: exit without one.
+    on_signal: bool = True
 
 
 @dataclass
@@ -214,6 +217,12 @@ class RunConfig:
     progress: bool = True  # progress bar and per-step table on the console
     # Longest an actor call (generate, score, train, sync, checkpoint) may take before the run stops.
     phase_timeout_s: float = number(3600.0, gt=0)
+    # A dead (or hung) trainer rank, reference or reward actor restarts the job from the newest checkpoint of
+    # the run (the base model at step 0 before the first one), at most this many times over the run.
+    max_restarts: int = number(3, ge=0, finite=True)
+    # After SIGTERM/SIGINT: longest wait for the current step (and the checkpoint) to finish before it is
+    # abandoned (no new checkpoint); keep it below the scheduler's kill delay (Slurm KillWait, k8s grace period).
+    stop_grace_s: float = number(25.0, gt=0)
 
 
 @dataclass
