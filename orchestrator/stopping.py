@@ -6,7 +6,8 @@
             stop.check(step, ckpt, save)                 # raises RunStopped after a signal (checkpoint saved)
 
 The first signal lets the step (and its checkpoint) finish within `grace_s` seconds; past that, or on a
-second signal, the step is abandoned: `StepAbandoned` (a BaseException, like KeyboardInterrupt) is raised
+second signal (more than DUPLICATE_S after the first: `scancel` and `ray job stop` signal every process of the
+job, so the controller may get one copy directly and one from the watchdog), the step is abandoned: `StepAbandoned` (a BaseException, like KeyboardInterrupt) is raised
 wherever the controller is waiting and no new checkpoint is written. Exit codes: 128 + the signal number
 (143 for SIGTERM, 130 for SIGINT), the shell's convention for a process ended by that signal.
 """
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from typing import Callable, Optional
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DUPLICATE_S = 2.0  # a repeat within this is the same stop request delivered twice
 
 
 def exit_code(signum: int) -> int:
@@ -60,6 +63,7 @@ class StopOnSignal:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.requested: Optional[int] = None
+        self._since = 0.0  # monotonic time of the first signal
         self._old: dict = {}
 
     def __enter__(self) -> "StopOnSignal":
@@ -77,8 +81,10 @@ class StopOnSignal:
 
     def _on_signal(self, signum, _frame) -> None:
         if self.requested is not None:
-            raise StepAbandoned(signum, "a second signal")
-        self.requested = signum
+            if time.monotonic() - self._since > DUPLICATE_S:
+                raise StepAbandoned(signum, "a second signal")
+            return
+        self.requested, self._since = signum, time.monotonic()
         print(f"{signal.Signals(signum).name}: finishing the current step (at most run.stop_grace_s="
               f"{self.grace_s:g}s), then stopping; send it again to stop at once", flush=True)
         signal.setitimer(signal.ITIMER_REAL, self.grace_s)

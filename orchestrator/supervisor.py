@@ -9,7 +9,8 @@ raises is dead, one that does not answer within PROBE_TIMEOUT_S is hung. When a 
 `controller.restart(controller.last_checkpoint)` stops every actor, starts them again from that checkpoint (the
 base model at step 0 before the first one), restores the trainer state, loader and weight version, and the steps
 go on from there; the metrics log drops its rows past that step (they are redone once). Otherwise (no actor
-found dead: a bug, a bad reward function; a rollout worker, which its own restarts handle) the error stands.
+found dead: a bug, a bad reward function; a rollout worker, which its own restarts handle) the error stands, and
+after a SIGTERM/SIGINT (orchestrator/stopping.py) a failure abandons the step instead of restarting.
 Each row carries `run/restarts`, the restarts used so far. The pure parts (budget, messages) have unit tests.
 """
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import ray
+
+from orchestrator.stopping import StepAbandoned
 
 SUPERVISED_ROLES = ("trainer", "reference", "reward")
 PROBE_TIMEOUT_S = 10.0  # an actor that does not answer ready() within this is hung
@@ -119,6 +122,9 @@ def supervise(controller, run_steps: Callable[[dict], None]) -> int:
             run_steps({"run/restarts": budget.used})
             return budget.used
         except (ray.exceptions.RayError, TimeoutError) as error:
+            stopping = getattr(controller.stop, "requested", None)
+            if stopping is not None:  # SIGTERM to every process (scancel): Ray is going down too, no restart
+                raise StepAbandoned(stopping, f"{type(error).__name__} while stopping: {first_line(error)}") from error
             failures = supervised(probe(controller.actors))
             if not failures:
                 raise

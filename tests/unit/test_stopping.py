@@ -11,7 +11,7 @@ import time
 import pytest
 
 from orchestrator.cli.watchdog import run_watched
-from orchestrator.stopping import RunStopped, StepAbandoned, StopOnSignal
+from orchestrator.stopping import DUPLICATE_S, RunStopped, StepAbandoned, StopOnSignal
 
 
 def test_sigterm_lets_the_step_finish_then_checkpoints_and_stops():
@@ -44,9 +44,12 @@ def test_a_step_past_the_grace_or_a_second_signal_is_abandoned():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # a step that does not finish in time
     assert info.value.exit_code == 143
-    with pytest.raises(StepAbandoned, match="a second signal"), StopOnSignal(30.0):
+    with pytest.raises(StepAbandoned, match="a second signal"), StopOnSignal(30.0) as stop:
         os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)  # the same request twice (scancel + the watchdog's copy): ignored
+        assert stop.requested == signal.SIGINT
+        time.sleep(DUPLICATE_S + 0.2)
+        os.kill(os.getpid(), signal.SIGINT)  # a real second Ctrl-C
         time.sleep(5)
 
 

@@ -3,6 +3,7 @@ controller: a dead supervised actor restarts from the last checkpoint, counted i
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import pytest
 import ray
 
 import orchestrator.supervisor as sup
+from orchestrator.stopping import StepAbandoned
 from orchestrator.supervisor import (Failure, RestartBudget, RunFailedError, checkpoint_step, give_up_message,
                                      restart_message, supervise, supervised)
 
@@ -54,6 +56,7 @@ class FakeController:
     def __init__(self, max_restarts: int, fail: int, ckpt):
         self.cfg = SimpleNamespace(run=SimpleNamespace(max_restarts=max_restarts))
         self.actors, self.last_checkpoint = object(), ckpt
+        self.stop = SimpleNamespace(requested=None)
         self.fail, self.extras, self.restarts = fail, [], []
 
     def run_steps(self, extra: dict) -> None:
@@ -100,3 +103,13 @@ def test_supervise_lets_other_errors_through(monkeypatch):
     with pytest.raises(ValueError, match="a bug"):
         supervise(ctl, bug)
     assert ctl.restarts == []
+
+
+def test_no_restart_while_stopping_on_a_signal(monkeypatch):
+    # scancel signals every process of the job: Ray goes down with the controller's step, nothing to restart
+    monkeypatch.setattr(sup, "probe", lambda actors: [TRAINER_DEAD])
+    ctl = FakeController(max_restarts=3, fail=1, ckpt=None)
+    ctl.stop.requested = signal.SIGTERM
+    with pytest.raises(StepAbandoned, match="RayActorError while stopping") as info:
+        supervise(ctl, ctl.run_steps)
+    assert info.value.exit_code == 143 and ctl.restarts == []
