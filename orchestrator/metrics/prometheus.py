@@ -51,6 +51,7 @@ ROW_GAUGES = {
     "sync/seconds": "rl_orch_sync_seconds",  # after timing/weight_sync_s: the sync's own timer wins
     "sync/bytes": "rl_orch_sync_bytes",
     "sync/version": "rl_orch_sync_weight_version",
+    "run/restarts": "rl_orch_run_restarts",
 }
 
 # row key -> (counter name, fixed labels): incremented by the row's value (a count for this step)
@@ -96,6 +97,7 @@ METRICS = {
     "rl_orch_sync_bytes": ("gauge", "Bytes sent by the last weight sync", ()),
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
     "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version or checksum mismatch)", ()),
+    "rl_orch_run_restarts": ("gauge", "Restarts of the job from its checkpoint so far (run.max_restarts)", ()),
     "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, sync, timeout, step", ("kind",)),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
