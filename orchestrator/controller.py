@@ -131,7 +131,8 @@ class GRPOController:
 
     def run_steps(self, extra: dict) -> None:
         """Steps start_step + 1 .. trainer.total_steps, each row (plus `extra`) into the metrics sinks (a resume
-        or restart drops the logged rows past start_step). After a SIGTERM/SIGINT: RunStopped after the step."""
+        or restart drops the logged rows past start_step). After a SIGTERM/SIGINT: RunStopped after the step (the
+        last step finishes the run as usual)."""
         total = self.cfg.trainer.total_steps
         ctx = SinkContext(self.out_dir, self.cfg.run.name, total, self.start_step)
         save = self.checkpoint if self.cfg.checkpoint.on_signal else None
@@ -141,7 +142,8 @@ class GRPOController:
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
                 sinks.log_row({**row, **extra})
-                self.stop.check(step, ckpt, save)
+                if step < total:  # a signal during the last step: the run is done anyway
+                    self.stop.check(step, ckpt, save)
 
     def rows(self) -> list[dict]:
         """The rows logged so far (metrics.jsonl)."""

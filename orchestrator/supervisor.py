@@ -114,27 +114,39 @@ def probe(actors) -> list[Failure]:
 
 def supervise(controller, run_steps: Callable[[dict], None]) -> int:
     """Run `run_steps({"run/restarts": n})` to the end, restarting the job (module docstring) when a supervised
-    actor died or hung. Returns the restarts used. Raises RunFailedError when run.max_restarts are used up, and
-    the original error when no supervised actor failed."""
+    actor died or hung. Returns the restarts used. Raises RunFailedError when run.max_restarts are used up,
+    StepAbandoned when the failure came while stopping on a signal, and the original error when no supervised
+    actor failed."""
     budget = RestartBudget(controller.cfg.run.max_restarts)
     while True:
         try:
             run_steps({"run/restarts": budget.used})
             return budget.used
         except (ray.exceptions.RayError, TimeoutError) as error:
-            stopping = getattr(controller.stop, "requested", None)
-            if stopping is not None:  # SIGTERM to every process (scancel): Ray is going down too, no restart
-                raise StepAbandoned(stopping, f"{type(error).__name__} while stopping: {first_line(error)}") from error
-            failures = supervised(probe(controller.actors))
-            if not failures:
-                raise
-            folder = controller.last_checkpoint
-            folder = Path(folder) if folder is not None else None
-            if not budget.spend():
-                raise RunFailedError(give_up_message(failures, error, budget.max_restarts, folder)) from error
-            step = checkpoint_step(folder)
-            print(restart_message(failures, error, budget.used, budget.max_restarts, folder, step), flush=True)
-        controller.restart(folder)
+            folder = restart_point(controller, error, budget)
+        try:
+            controller.restart(folder)
+        except BaseException as e:
+            e.add_note(f"supervisor: the restart from {folder or 'the base model'} failed; after fixing the cause, "
+                       "rerun with checkpoint.resume=latest")
+            raise
+
+
+def restart_point(controller, error: BaseException, budget: RestartBudget) -> Optional[Path]:
+    """After `error`: the checkpoint to restart from (None: the base model), with one restart spent and logged;
+    or raise (module docstring: not a supervised failure, stopping on a signal, no restart left)."""
+    stopping = getattr(controller.stop, "requested", None)
+    if stopping is not None:  # SIGTERM to every process (scancel): Ray is going down too, no restart
+        raise StepAbandoned(stopping, f"{type(error).__name__} while stopping: {first_line(error)}") from error
+    failures = supervised(probe(controller.actors))
+    if not failures:
+        raise error
+    folder = Path(controller.last_checkpoint) if controller.last_checkpoint is not None else None
+    if not budget.spend():
+        raise RunFailedError(give_up_message(failures, error, budget.max_restarts, folder)) from error
+    print(restart_message(failures, error, budget.used, budget.max_restarts, folder, checkpoint_step(folder)),
+          flush=True)
+    return folder
 
 
 def checkpoint_step(folder: Optional[Path]) -> int:
