@@ -139,6 +139,7 @@ class GRPOController:
         with build_sinks(self.cfg, ctx) as sinks:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
+                self.last_checkpoint = ckpt or self.last_checkpoint
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
                 sinks.log_row({**row, **extra})
