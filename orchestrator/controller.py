@@ -40,6 +40,8 @@ from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
 from orchestrator.rollout.seeds import group_seed
 from orchestrator.rollout.single_turn import SingleTurnSource
 from orchestrator.rollout.source import RolloutSource
+from orchestrator.stopping import StopOnSignal
+from orchestrator.supervisor import supervise
 
 
 @dataclass
@@ -91,6 +93,9 @@ class GRPOController:
         self.metrics_path = self.out_dir / METRICS_FILE
         self.start_step, self.version = 0, 0
         self.last_checkpoint_t = time.monotonic()  # checkpoint.every_minutes counts from here
+        self.loader_start = self.loader.state_dict()  # a restart before the first checkpoint rewinds to it
+        self.last_checkpoint: Optional[str] = str(self.resume_from) if self.resume_from else None
+        self.stop = StopOnSignal(cfg.run.stop_grace_s)  # installed by run()
         self.job = Job(cfg, self.model_path, self.pad_id)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
@@ -125,21 +130,31 @@ class GRPOController:
             self.restore(self.resume_from)
             print(resume_line(self.resume_from, self.start_step, self.cfg.trainer.total_steps), flush=True)
         self._start_rollouts()  # after the restore: nothing in flight at resume
-        last_ckpt, self.last_checkpoint_t = None, time.monotonic()
+        self.last_checkpoint_t = time.monotonic()
+        with StopOnSignal(self.cfg.run.stop_grace_s) as self.stop:  # SIGTERM/SIGINT: RunStopped after a step
+            supervise(self, self.run_steps)  # a dead trainer/reference/reward actor: restart from the checkpoint
+        if self.last_checkpoint is None:  # e.g. resumed at the final step: nothing new to save
+            self.checkpoint(self.start_step)
+        rows = self.rows()
+        plot = plot_run(rows, self.out_dir / "reward_and_phases.png", title=self.cfg.run.name)
+        return RunResult(checkpoint=str(self.last_checkpoint), metrics=str(self.metrics_path), plot=str(plot), rows=rows)
+
+    def run_steps(self, extra: dict) -> None:
+        """Steps start_step + 1 .. trainer.total_steps, each row (plus `extra`) into the metrics sinks (a resume
+        or restart drops the logged rows past start_step). After a SIGTERM/SIGINT: RunStopped after the step (the
+        last step finishes the run as usual)."""
         total = self.cfg.trainer.total_steps
         ctx = SinkContext(self.out_dir, self.cfg.run.name, total, self.start_step)
+        save = self.checkpoint if self.cfg.checkpoint.on_signal else None
         with build_sinks(self.cfg, ctx) as sinks:
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
+                self.last_checkpoint = ckpt or self.last_checkpoint
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
-                last_ckpt = ckpt or last_ckpt
-                sinks.log_row(row)
-        if last_ckpt is None:  # e.g. resumed at the final step: nothing new to save
-            last_ckpt = str(self.resume_from) if self.resume_from else self.checkpoint(self.start_step)
-        rows = self.rows()
-        plot = plot_run(rows, self.out_dir / "reward_and_phases.png", title=self.cfg.run.name)
-        return RunResult(checkpoint=last_ckpt, metrics=str(self.metrics_path), plot=str(plot), rows=rows)
+                sinks.log_row({**row, **extra})
+                if step < total:  # a signal during the last step: the run is done anyway
+                    self.stop.check(step, ckpt, save)
 
     def rows(self) -> list[dict]:
         """The rows logged so far (metrics.jsonl)."""
@@ -297,7 +312,7 @@ class GRPOController:
         extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
         if self.pipeline is not None and (batches := self.pipeline.state_dict()):  # generated, not trained yet
             extra["async"] = batches
-        path = self.job.checkpoint(folder, extra)
+        self.last_checkpoint = path = self.job.checkpoint(folder, extra)
         prune_checkpoints(self.cfg.checkpoint.dir, self.cfg.checkpoint.keep_last)
         self.last_checkpoint_t = time.monotonic()
         return path
@@ -333,11 +348,7 @@ class GRPOController:
         old_cfg, new_cfg = self.cfg, replace.with_overrides(self.cfg, overrides)
         folder = Path(ckpt or self.checkpoint(step))
         try:
-            if self.pipeline is not None:  # disaggregated_async: pending batches are regenerated
-                self.pipeline.discard()
-            self.cfg, placed = self.job.replace(new_cfg, folder)
-            self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
-            self._start_rollouts()
+            placed = self.restart(folder, new_cfg)
         except BaseException as e:
             e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
                        f"resume with checkpoint.resume={folder}")
@@ -350,5 +361,22 @@ class GRPOController:
                   f"{replace.describe_change(old_cfg, self.cfg, overrides)} (resumed from {folder})", flush=True)
         return fields
 
+    def restart(self, folder: Optional[Path], new_cfg=None) -> bool:
+        """Stop every actor and start them again from checkpoint `folder` (None: the base model at step 0) in
+        `new_cfg` when given (the current config again when it cannot be reserved), restore the trainer state,
+        loader and weight version (a verified weight sync), restart the rollouts. Returns whether `new_cfg` runs.
+        Used by placement.auto and the supervisor (orchestrator/supervisor.py)."""
+        if self.pipeline is not None:  # disaggregated_async: pending batches are regenerated
+            self.pipeline.discard()
+        self.cfg, placed = self.job.replace(new_cfg or self.cfg, folder)
+        if folder is None:
+            self.loader.load_state_dict(self.loader_start)
+            self.start_step, self.version = 0, 0
+        else:
+            self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
+        self._start_rollouts()
+        return placed
+
     def shutdown(self) -> None:
-        self.job.shutdown()
+        """Stop every actor, and the local Ray when this run started it (idempotent)."""
+        self.job.close()

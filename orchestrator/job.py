@@ -8,7 +8,8 @@
     state = job.restore(folder)            # trainer state back; returns `extra`
     job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
     job.replace_rollout(k, why)            # a lost rollout worker: a fresh one in its bundle, synced (docs/faults.md)
-    job.shutdown()
+    job.shutdown()                         # every actor and placement group (Ray stays up)
+    job.close()                            # shutdown(), then ray.shutdown() when the job started a local Ray
 
 Lost rollout workers: `recover_rollout` (the rollout sources' hook) and `sync_weights` replace a worker whose
 process died, or whose weight load hung past weight_sync.timeout_s, by a fresh actor in the same
@@ -43,16 +44,18 @@ from orchestrator.ray_security import loopback_node_ip, secure_auth_token
 _QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def connect_ray(cfg) -> None:
+def connect_ray(cfg) -> bool:
     """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
     placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N}; its metrics
     agent serves Prometheus on metrics.ray_export_port when that is set). A local Ray listens on 127.0.0.1 only
-    (run.ray_loopback) and its auth token file is made readable by this user only (orchestrator/ray_security.py)."""
+    (run.ray_loopback) and its auth token file is made readable by this user only (orchestrator/ray_security.py).
+    Returns whether it started a local Ray (False when Ray was already initialised or a cluster was joined)."""
     if ray.is_initialized():
-        return
+        return False
     address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
+        return False
     else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
         p = cfg.placement
         fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
@@ -61,6 +64,7 @@ def connect_ray(cfg) -> None:
             ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
                      runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
                      _metrics_export_port=cfg.metrics.ray_export_port or None, **bind)
+        return True
 
 
 @dataclass
@@ -100,11 +104,13 @@ class Job:
         self.restarts = RestartBudget(cfg.run.max_restarts)  # over the whole run, every role
         self.version: Optional[int] = None  # the weight version every engine holds (None before the first sync)
         self.resume_from: Optional[Path] = None
+        self.started_ray = False  # whether start() started a local Ray (close() shuts it down)
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def start(self, resume_from: Optional[Path] = None) -> None:
         """Reserve every placement group and start every actor (engines from `resume_from/policy` when set),
         then set up the weight syncer (`weight_sync.strategy`; `auto` asks the cost model)."""
+        self.started_ray = connect_ray(self.cfg) or self.started_ray
         self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
         self.resume_from, self.version = resume_from, None
         self.syncer = self._make_syncer()
@@ -130,6 +136,16 @@ class Job:
         if self.actors is not None:
             self.actors.shutdown()
         self.actors, self.syncer = None, None
+
+    def close(self) -> None:
+        """`shutdown()`, then `ray.shutdown()` when `start` started a local Ray: its raylet, GCS and agent
+        processes end and free their ports (idempotent)."""
+        try:
+            self.shutdown()
+        finally:
+            if self.started_ray and ray.is_initialized():
+                ray.shutdown()
+            self.started_ray = False
 
     # ---- calls -------------------------------------------------------------------------------------------
     def wait(self, refs):

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (argv None: sys.argv; `rl-orch run` then watches its controller in a child process,
+    orchestrator/cli/watchdog.py), or `main([...])` from Python (in-process, e.g. tests)."""
+    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in ("run", "plan", "size", "-h", "--help"):
         argv = ["run", *argv]  # `python -m orchestrator cfg.yaml ...` is `rl-orch run cfg.yaml ...`
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse: usage error (2) or --help (0); returned so main() stays callable
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    args.watchdog = from_command_line
     return args.func(args)
 
 

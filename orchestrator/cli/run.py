@@ -1,12 +1,20 @@
 """`rl-orch run <config.yaml> [key=value ...]`: load and validate the config, run the GRPO job, print where
-its outputs are. Exit code 2 with a message naming the input for a bad config, dataset, placement or memory
-plan (before any actor starts where it can be found then); exit code 1 with the message for a run stopped by its
-guards (updates skipped in a row: run.max_skipped_updates; guards.action=stop)."""
+its outputs are. The controller runs in a child process watched by this one (orchestrator/cli/watchdog.py:
+nothing of the run's local Ray outlives it, even after a SIGKILL); RL_ORCH_NO_WATCHDOG=1 (or `main([...])` from
+Python) runs it in-process.
+
+Exit codes: 0 done; 2 a bad config, dataset, placement or memory plan (before any actor starts where it can be
+found then); 1 a failure (e.g. a supervised actor failed after run.max_restarts restarts: the message says
+what and what to do; a run stopped by its guards: updates skipped in a row,
+run.max_skipped_updates, or guards.action=stop); 143 / 130 stopped by SIGTERM / SIGINT (after the step and its checkpoint, or with the
+step abandoned: the message says which checkpoint to resume from)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from orchestrator.cli.watchdog import is_child, run_watched
 from orchestrator.config import ConfigError, load_config
 from orchestrator.data import DatasetError
 
@@ -22,6 +30,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_cmd(args: argparse.Namespace) -> int:
+    if getattr(args, "watchdog", False) and not is_child() and os.environ.get("RL_ORCH_NO_WATCHDOG") != "1":
+        argv = [sys.executable, "-m", "orchestrator", "run", args.config, *args.overrides]
+        return run_watched(argv + (["--force"] if args.force else []))
     overrides = [*args.overrides, *(["memory.force=true"] if args.force else [])]
     try:
         cfg = load_config(args.config, overrides)
@@ -32,6 +43,8 @@ def run_cmd(args: argparse.Namespace) -> int:
     from orchestrator.guards import DivergedError, GuardTripped
     from orchestrator.memory.preflight import MemoryPlanError
     from orchestrator.placement.groups import PlacementError
+    from orchestrator.stopping import RunStopped, StepAbandoned
+    from orchestrator.supervisor import RunFailedError
 
     try:
         controller = GRPOController(cfg)
@@ -40,6 +53,12 @@ def run_cmd(args: argparse.Namespace) -> int:
         return 2
     try:
         result = controller.run()
+    except (RunStopped, StepAbandoned) as e:  # SIGTERM / SIGINT
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.exit_code
+    except RunFailedError as e:
+        print(f"run failed: {e}", file=sys.stderr)
+        return 1
     except PlacementError as e:
         print(f"placement error: {e}", file=sys.stderr)
         return 2

@@ -211,6 +211,9 @@ class CheckpointConfig:
     # auto | latest: the newest checkpoint under `dir` whose manifest verifies (none: a fresh start; latest
     # also warns); a checkpoint folder; none / null: a fresh start
     resume: Optional[str] = "auto"
+    # On SIGTERM/SIGINT (scancel, pod eviction, Ctrl-C) the current step finishes, then a checkpoint is
+    # written (unless the step just wrote one) before the run exits (code 143 / 130); false: exit without one.
+    on_signal: bool = True
 
 
 @dataclass
@@ -228,9 +231,13 @@ class RunConfig:
     # This many optimizer updates skipped in a row (non-finite loss, gradient norm or updated weights;
     # actors/trainer/finite.py) stop the run with a message saying what was non-finite and when.
     max_skipped_updates: int = number(3, ge=0, note="(0 = never stop)")
-    # Actor restarts allowed over the whole run, every role together (a lost rollout worker replaced, a
-    # trainer/reference restarted from checkpoint); one more failure stops the run naming it (docs/faults.md).
+    # Actor restarts allowed over the whole run, every role together (a lost rollout worker replaced in its
+    # bundle; a dead or hung trainer rank, reference or reward actor: the job restarted from the newest
+    # checkpoint, the base model at step 0 before the first); one more failure stops the run naming it.
     max_restarts: int = number(3, ge=0, finite=True)
+    # After SIGTERM/SIGINT: longest wait for the current step (and the checkpoint) to finish before it is
+    # abandoned (no new checkpoint); keep it below the scheduler's kill delay (Slurm KillWait, k8s grace period).
+    stop_grace_s: float = number(25.0, gt=0)
 
 
 @dataclass

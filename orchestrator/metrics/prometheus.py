@@ -53,6 +53,7 @@ ROW_GAUGES = {
     "sync/bytes": "rl_orch_sync_bytes",
     "sync/version": "rl_orch_sync_weight_version",
     "sync/probe_max_abs_diff": "rl_orch_sync_probe_max_abs_diff_nats",
+    "run/restarts": "rl_orch_run_restarts",
 }
 
 # row key -> (counter name, fixed labels): incremented by the row's value (a count for this step)
@@ -115,6 +116,7 @@ METRICS = {
                                "rollout_generate (lost while generating), rollout_sync (lost or hung in a weight sync)",
                                ("kind",)),
     "rl_orch_rollout_groups_reissued_total": ("counter", "Rollout groups issued again after their worker was lost", ()),
+    "rl_orch_run_restarts": ("gauge", "Restarts of the job from its checkpoint so far (run.max_restarts)", ()),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
 }

@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from orchestrator.faults import RestartBudget
 from prometheus_client import generate_latest
 from omegaconf import OmegaConf
 from prometheus_client.parser import text_string_to_metric_families
@@ -267,6 +269,7 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
 
     class StubJob:  # actors, syncer: not used by the stub steps
         actors = None
+        restarts = RestartBudget(0)
 
         def start(self, resume_from=None):
             pass
@@ -275,7 +278,7 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
     monkeypatch.setattr(controller_mod, "preflight", lambda *a, **k: None)  # the memory plan has its own tests
     monkeypatch.setattr(controller_mod, "plot_run", lambda rows, path, title="": path)
     ctrl = object.__new__(controller_mod.GRPOController)
-    ctrl.cfg, ctrl.out_dir, ctrl.resume_from = cfg, tmp_path, None
+    ctrl.cfg, ctrl.out_dir, ctrl.resume_from, ctrl.last_checkpoint = cfg, tmp_path, None, None
     ctrl.start_step, ctrl.version, ctrl.job = 0, 0, StubJob()
     ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids = tmp_path / "model", 0, []  # what __init__ would have found
     ctrl.metrics_path = tmp_path / "metrics.jsonl"
