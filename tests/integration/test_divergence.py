@@ -44,6 +44,18 @@ def nan_while_flagged(inputs, cfg):
 '''
 
 
+@pytest.fixture(autouse=True)
+def _restore_policy_losses():
+    """The plugins register their losses in this process's registry: take them out again, so that later
+    tests see only the built-in choices."""
+    from orchestrator.algo import POLICY_LOSSES
+
+    before = set(POLICY_LOSSES.names())
+    yield
+    for name in set(POLICY_LOSSES.names()) - before:
+        POLICY_LOSSES.unregister(name)
+
+
 def _run_with_nan(tiny_model, tmp_path, name: str, nan_steps: set, *extra):
     """A 3-step run whose steps in `nan_steps` have a NaN loss; returns (controller, rows or the error,
     {step: (weights, optimizer state) after it})."""

@@ -4,7 +4,8 @@ Run A trains 6 steps (checkpoint every 3). Run B, the same 6-step run, dies as s
 checkpoint), and a new controller resumes B from its latest checkpoint to step 6. (B keeps
 trainer.total_steps=6: the learning-rate schedule and, in disaggregated_async, the prefetch of batch 4
 depend on it.) Every step's rewards, losses and other training metrics, and the final
-policy weights, are equal bit for bit: each sample's vLLM seed comes from (rollout.seed, step, group,
+policy weights, are equal (the samples and rewards exactly; floats to 1e-6, as vLLM CPU logprobs jitter by
+~1e-7 between fresh engines on some machines): each sample's vLLM seed comes from (rollout.seed, step, group,
 sample) (orchestrator/rollout/seeds.py), the trainer's RNG, optimizer, scheduler and the prompt loader are
 checkpointed, and in placement.mode=disaggregated_async the batch generated before the checkpoint (by
 weights nobody holds after it) is kept in the checkpoint and trained on after the resume.
@@ -53,6 +54,15 @@ def _run(tiny_model, out, mode: str, kind=GRPOController, *extra):
         controller.shutdown()
 
 
+def _same(x, y) -> bool:
+    """Equal; floats within 1e-5 relative + 1e-6 absolute. vLLM's CPU kernels are not bitwise reproducible from
+    one engine process to the next on every machine: CI measured the same step-1 samples with logprobs 4e-8 apart
+    between two fresh runs (grad norm 2.0254765 vs 2.0254767), before any resume."""
+    if isinstance(x, float) and isinstance(y, float):
+        return abs(x - y) <= 1e-6 + 1e-5 * abs(y)
+    return x == y
+
+
 def _stable(row: dict) -> dict:
     return {k: v for k, v in row.items()
             if not k.startswith(VOLATILE_PREFIXES) and not k.endswith(VOLATILE_SUFFIXES)}
@@ -70,8 +80,11 @@ def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, 
 
     assert [r["step"] for r in whole.rows] == [r["step"] for r in split.rows] == [1, 2, 3, 4, 5, 6]
     differ = [(a["step"], k, a.get(k), b.get(k)) for a, b in zip(whole.rows, split.rows)
-              for k in sorted(set(_stable(a)) | set(_stable(b))) if a.get(k) != b.get(k)]
+              for k in sorted(set(_stable(a)) | set(_stable(b))) if not _same(a.get(k), b.get(k))]
     assert not differ, differ
+    # the samples themselves are the same: rewards and lengths exactly
+    for key in ("reward/mean", "rollout/response_len_mean"):
+        assert [r[key] for r in whole.rows] == [r[key] for r in split.rows], key
     assert {"reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_len_mean"} <= set(_stable(whole.rows[-1]))
     assert len({r["reward/mean"] for r in whole.rows}) > 1  # the runs really sample: rewards vary by step
     if mode == "disaggregated_async":  # step 4 trained the batch generated before the checkpoint, one step off
@@ -81,5 +94,5 @@ def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, 
     a = load_file(f"{whole.checkpoint}/policy/model.safetensors")
     b = load_file(f"{split.checkpoint}/policy/model.safetensors")
     initial = load_file(str(tiny_model / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-6) for k in a)
     assert any(not torch.equal(a[k], initial[k]) for k in a)  # and they trained

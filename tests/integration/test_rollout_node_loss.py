@@ -86,8 +86,12 @@ def test_a_lost_node_is_survived_when_a_spare_node_holds_the_worker(cluster, tin
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
-    assert [r["rollout/groups_reissued"] for r in rows] == [0, 2, 0]
+    # the node goes while step 2 runs: its loss is found by the generate call (the groups reissued) or, when the
+    # generation had already returned, by the weight sync (the engine replaced there): one restart either way
+    generate = [r["rollout/worker_restarts"] for r in rows]
+    sync = [r.get("sync/engine_restarts", 0) for r in rows]
+    assert sum(generate) + sum(sync) == 1 and generate[0] == sync[0] == 0
+    assert [r["rollout/groups_reissued"] for r in rows] == [2 * g for g in generate]
     assert rows[-1]["sync/version"] == 3
 
 
