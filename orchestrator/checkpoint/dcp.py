@@ -1,7 +1,7 @@
 """Safe reading of torch.distributed.checkpoint (DCP) folders, the `sharded/` part of an FSDP2 checkpoint.
 
 torch's own reader unpickles `.metadata` with `pickle.load` and its default planner reads every non-tensor
-item (optimizer hyperparameters) with `torch.load(weights_only=False)`: a crafted checkpoint could run code.
+item (optimizer hyperparameters) with an unrestricted `torch.load`: a crafted checkpoint could run code.
 Here `.metadata` goes through an unpickler that builds only DCP's metadata classes and a few torch and
 pathlib names, and non-tensor items through `torch.load(weights_only=True)`:
 

@@ -13,6 +13,7 @@ Never run it on a checkpoint of unknown origin: reading it unsafely can run code
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -25,6 +26,9 @@ from orchestrator.checkpoint.manifest import CheckpointError, read_manifest, wri
 from orchestrator.checkpoint.state import load_trainer_state
 
 
+OLD_SCHEDULER_CLASSES = [inspect.Signature, inspect.Parameter, type(inspect.Parameter.POSITIONAL_ONLY), inspect.Parameter.empty]
+
+
 def upgrade(folder: str | os.PathLike) -> list[str]:
     """Upgrade checkpoint `folder` in place (module docstring); returns what was changed ([] = nothing to do).
     Raises CheckpointError when the converted state still does not load safely."""
@@ -34,7 +38,10 @@ def upgrade(folder: str | os.PathLike) -> list[str]:
     try:
         load_trainer_state(path, mmap=True)
     except CheckpointError:
-        state = torch.load(path, weights_only=False)  # the caller vouches for this file (module docstring)
+        # still the safe loader: only the classes old scheduler states hold (Ray's `__signature__` on the
+        # bound LR lambda) are allowed, and they are dropped below
+        with torch.serialization.safe_globals(OLD_SCHEDULER_CLASSES):
+            state = torch.load(path, weights_only=True)
         sched = state.get("scheduler") or {}
         if "lr_lambdas" in sched:
             sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
