@@ -23,6 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 KINDS = {"default (per-tensor loop)": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
+def default_model_params(threads: int, grad_scale: float) -> list:
+    """The default model's parameters (fp32) with seeded random gradients of scale `grad_scale`, on `threads`
+    torch threads (also used by benchmarks/update_guard.py)."""
+    torch.set_num_threads(threads)
+    from transformers import AutoModelForCausalLM
+
+    from orchestrator.models import resolve_model_path
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path("default")), dtype=torch.float32)
+    params = list(model.parameters())
+    torch.manual_seed(0)
+    for p in params:
+        p.grad = torch.randn_like(p) * grad_scale
+    return params
+
+
 def time_step(params: list, kwargs: dict, repeats: int) -> float:
     """Mean seconds of one AdamW step (after one warm-up step that creates the state)."""
     opt = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.99), weight_decay=0.0, **kwargs)
@@ -38,15 +53,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
-
-    from orchestrator.models import resolve_model_path
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path("default")), dtype=torch.float32)
-    params = list(model.parameters())
-    torch.manual_seed(0)
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
+    params = default_model_params(args.threads, grad_scale=1e-3)
     print(f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters in {len(params)} tensors, {args.threads} threads")
     times: dict[str, list[float]] = {k: [] for k in KINDS}
     for _ in range(2):  # alternated

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from actors.trainer import finite  # noqa: E402
+from benchmarks.optimizer_step import default_model_params  # noqa: E402
 
 
 def seconds(fn, repeats: int) -> float:
@@ -37,15 +38,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
-
-    from orchestrator.models import resolve_model_path
-    model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path("default")), dtype=torch.float32)
-    params = list(model.parameters())
-    torch.manual_seed(0)
-    for p in params:
-        p.grad = torch.randn_like(p) / 11600.0  # global norm ~1
+    params = default_model_params(args.threads, grad_scale=1 / 11600.0)  # global gradient norm ~1
     opt = torch.optim.AdamW(params, lr=1e-6, betas=(0.9, 0.99), fused=True)
     opt.step()  # the AdamW state exists
     print(f"{sum(p.numel() for p in params) / 1e6:.1f}M parameters in {len(params)} tensors, {args.threads} threads")
