@@ -374,6 +374,7 @@ class GRPOController:
             self.start_step, self.version = 0, 0
         else:
             self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
+            self.last_checkpoint = str(folder)  # the supervisor may go back past a torn newer one
         self._start_rollouts()
         return placed
 

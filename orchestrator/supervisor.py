@@ -9,7 +9,8 @@ TimeoutError (`Job.wait`: a call past run.phase_timeout_s), every actor is probe
 raises is dead, one that does not answer within PROBE_TIMEOUT_S is hung. When a supervised role is among them,
 `controller.restart(controller.last_checkpoint)` stops every actor, starts them again from that checkpoint (the
 base model at step 0 before the first one), restores the trainer state, loader and weight version, and the steps
-go on from there; the metrics log drops its rows past that step (they are redone once). Otherwise (no actor
+go on from there (a newest checkpoint that no longer verifies against its manifest is skipped for the one
+before it: `restart_checkpoint`); the metrics log drops its rows past that step (they are redone once). Otherwise (no actor
 found dead: a bug, a bad reward function; a rollout worker, which its own restarts handle) the error stands, and
 after a SIGTERM/SIGINT (orchestrator/stopping.py) a failure abandons the step instead of restarting.
 Each row carries `run/restarts`, the restarts used so far. The pure parts (budget, messages) have unit tests.
@@ -23,6 +24,7 @@ from typing import Callable, Optional
 
 import ray
 
+from orchestrator.checkpoint import restart_checkpoint
 from orchestrator.faults import RestartBudget, RestartsExhausted
 from orchestrator.stopping import StepAbandoned
 
@@ -127,7 +129,8 @@ def restart_point(controller, error: BaseException, budget: RestartBudget) -> Op
     failures = supervised(probe(controller.actors))
     if not failures:
         raise error
-    folder = Path(controller.last_checkpoint) if controller.last_checkpoint is not None else None
+    # the newest checkpoint that still verifies: a torn newest one is skipped with a warning naming the file
+    folder = restart_checkpoint(controller.last_checkpoint) if controller.last_checkpoint is not None else None
     try:
         budget.spend(describe(failures), f"{type(error).__name__}: {first_line(error)}")
     except RestartsExhausted:

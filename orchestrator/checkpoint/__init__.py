@@ -4,11 +4,12 @@ trainer state read with safe loaders only (state.py, imports torch: import it by
 Pure: no Ray, no vLLM."""
 from orchestrator.checkpoint.compat import check_same_model, model_identity
 from orchestrator.checkpoint.folders import (REQUIRED, CheckpointWarning, find_checkpoint, is_complete,
-                                             list_checkpoints, prune_checkpoints, step_folder, step_folders)
+                                             list_checkpoints, prune_checkpoints, restart_checkpoint, step_folder,
+                                             step_folders)
 from orchestrator.checkpoint.manifest import (FORMAT_VERSION, MANIFEST, CheckpointError, read_manifest,
                                               verify_manifest, write_manifest)
 from orchestrator.checkpoint.schedule import checkpoint_due
 
 __all__ = ["REQUIRED", "MANIFEST", "FORMAT_VERSION", "CheckpointError", "CheckpointWarning", "check_same_model",
            "checkpoint_due", "find_checkpoint", "is_complete", "list_checkpoints", "model_identity",
-           "prune_checkpoints", "read_manifest", "step_folder", "step_folders", "verify_manifest", "write_manifest"]
+           "prune_checkpoints", "read_manifest", "restart_checkpoint", "step_folder", "step_folders", "verify_manifest", "write_manifest"]

@@ -104,6 +104,33 @@ def _newest_verified(resume: str, root: Path, hashes: bool) -> Optional[Path]:
     return None
 
 
+def restart_checkpoint(last: str | Path) -> Path:
+    """The checkpoint a supervised restart goes back to (orchestrator/supervisor.py): `last`, the run's newest,
+    when its manifest still verifies (every byte), else the newest older `step_<k>` beside it that does, each
+    one skipped with a CheckpointWarning naming the bad file. A folder without a manifest (written before
+    manifests) is taken as it is when complete. Raises CheckpointError naming every problem when none of them
+    verifies (restarting from the base model would silently redo the whole run)."""
+    last = Path(last)
+    match = _STEP_NAME.fullmatch(last.name)
+    older = [p for p in step_folders(last.parent)
+             if match and p != last and int(_STEP_NAME.fullmatch(p.name).group(1)) < int(match.group(1))]
+    found = []
+    for folder in [last, *reversed(older)]:
+        if read_manifest(folder) is None:
+            if is_complete(folder):
+                return folder
+            problems = [f"{folder}: no manifest.json and missing {[f for f in REQUIRED if not (folder / f).exists()]}"]
+        else:
+            problems = verify_manifest(folder, hashes=True)
+        if not problems:
+            return folder
+        found += problems
+        warnings.warn(f"restart: skipping checkpoint {folder}: " + "; ".join(problems), CheckpointWarning,
+                      stacklevel=2)
+    raise CheckpointError(f"restart: no checkpoint at or before {last} verifies: " + "; ".join(found)
+                          + "; nothing to restart from (the run's outputs are left as they are)")
+
+
 def prune_checkpoints(root: str | Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` verified checkpoints (keep_last <= 0 keeps all). Torn folders
     and folders without a manifest are left alone: a torn newest one never costs a good one."""

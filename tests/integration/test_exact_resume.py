@@ -5,7 +5,8 @@ checkpoint), and a new controller resumes B from its latest checkpoint to step 6
 trainer.total_steps=6: the learning-rate schedule and, in disaggregated_async, the prefetch of batch 4
 depend on it.) Every step's rewards, losses and other training metrics, and the final
 policy weights, are equal (the samples and rewards exactly; floats to 1e-6, as vLLM CPU logprobs jitter by
-~1e-7 between fresh engines on some machines): each sample's vLLM seed comes from (rollout.seed, step, group,
+~1e-7 between fresh engines on some machines; the weights to 1e-4 of how far training moved them, since Adam turns
+that jitter into up to lr per step on elements whose gradient is near zero): each sample's vLLM seed comes from (rollout.seed, step, group,
 sample) (orchestrator/rollout/seeds.py), the trainer's RNG, optimizer, scheduler and the prompt loader are
 checkpointed, and in placement.mode=disaggregated_async the batch generated before the checkpoint (by
 weights nobody holds after it) is kept in the checkpoint and trained on after the resume.
@@ -94,5 +95,11 @@ def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, 
     a = load_file(f"{whole.checkpoint}/policy/model.safetensors")
     b = load_file(f"{split.checkpoint}/policy/model.safetensors")
     initial = load_file(str(tiny_model / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-6) for k in a)
-    assert any(not torch.equal(a[k], initial[k]) for k in a)  # and they trained
+    assert a.keys() == b.keys()
+    moved = torch.sqrt(sum(((a[k] - initial[k]) ** 2).sum() for k in a))
+    apart = torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in a))
+    assert moved > 0  # they trained
+    # bitwise where the kernels are (this machine); CI's vLLM CPU logprob jitter (~1e-7) reaches the gradient
+    # through TIS (algo.tis_cap) and Adam's m/sqrt(v) amplifies it on near-zero gradients: 1e-4 of the distance moved
+    assert apart <= 1e-4 * moved, (float(apart), float(moved),
+                                   max(float((a[k] - b[k]).abs().max()) for k in a))

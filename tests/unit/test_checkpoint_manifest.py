@@ -138,3 +138,20 @@ def test_explicit_path_without_manifest_is_resumed_with_a_warning(tmp_path: Path
     (old / "state.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing \['state.json'\]"):
         find_checkpoint(str(old), tmp_path)
+
+
+def test_a_restart_goes_back_past_a_torn_newest_checkpoint_never_forward(tmp_path: Path) -> None:
+    from orchestrator.checkpoint import restart_checkpoint
+
+    ten, twenty, thirty = (_checkpoint(tmp_path, s) for s in (10, 20, 30))  # 30: a later run's, not this one's
+    assert restart_checkpoint(twenty) == twenty
+    data = bytearray((twenty / "trainer_state.pt").read_bytes())
+    data[5] ^= 1  # one byte changed: same size, only the hash sees it
+    (twenty / "trainer_state.pt").write_bytes(bytes(data))
+    with pytest.warns(CheckpointWarning, match=r"skipping checkpoint .*step_000020: .*trainer_state.pt"):
+        assert restart_checkpoint(twenty) == ten
+    (ten / "policy" / "model.safetensors").write_bytes(b"torn")
+    with pytest.warns(CheckpointWarning), pytest.raises(CheckpointError, match=r"no checkpoint at or before .*step_000020"
+                                                         r" verifies: .*trainer_state.pt.*model.safetensors"):
+        restart_checkpoint(twenty)
+    assert restart_checkpoint(thirty) == thirty

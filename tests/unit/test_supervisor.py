@@ -20,9 +20,22 @@ TRAINER_DEAD = Failure("trainer", "trainer rank 1", "dead")
 ROLLOUT_DEAD = Failure("rollout", "rollout worker 0", "dead")
 
 
+def _checkpoint(root: Path, step: int) -> str:
+    """A complete checkpoint folder with its manifest (small stand-in files)."""
+    from orchestrator.checkpoint import step_folder, write_manifest
+
+    folder = step_folder(root, step)
+    (folder / "policy").mkdir(parents=True)
+    (folder / "policy" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+    (folder / "trainer_state.pt").write_bytes(b"state" * 100)
+    (folder / "state.json").write_text(json.dumps({"step": step}))
+    write_manifest(folder, step=step, base_model="/models/tiny")
+    return str(folder)
+
+
 def test_the_budget_is_the_jobs_shared_with_rollout_restarts(monkeypatch, tmp_path):
     monkeypatch.setattr(sup, "probe", lambda actors: [TRAINER_DEAD])
-    ctl = FakeController(max_restarts=2, fail=5, ckpt=str(tmp_path / "step_000002"))
+    ctl = FakeController(max_restarts=2, fail=5, ckpt=_checkpoint(tmp_path, 2))
     ctl.job.restarts.spend("rollout worker 0", "killed")  # one restart already spent on a lost rollout worker
     with pytest.raises(RunFailedError):
         supervise(ctl, ctl.run_steps)
@@ -73,10 +86,20 @@ class FakeController:
 
 def test_supervise_restarts_from_the_last_checkpoint_and_counts(monkeypatch, tmp_path):
     monkeypatch.setattr(sup, "probe", lambda actors: [TRAINER_DEAD])
-    ctl = FakeController(max_restarts=3, fail=2, ckpt=str(tmp_path / "step_000002"))
+    ctl = FakeController(max_restarts=3, fail=2, ckpt=_checkpoint(tmp_path, 2))
     assert supervise(ctl, ctl.run_steps) == 2
     assert ctl.extras == [{"run/restarts": 0}, {"run/restarts": 1}, {"run/restarts": 2}]
     assert ctl.restarts == [Path(tmp_path / "step_000002")] * 2
+
+
+def test_supervise_goes_back_past_a_torn_last_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.setattr(sup, "probe", lambda actors: [TRAINER_DEAD])
+    _checkpoint(tmp_path, 2)
+    ctl = FakeController(max_restarts=3, fail=1, ckpt=_checkpoint(tmp_path, 4))
+    (tmp_path / "step_000004" / "trainer_state.pt").write_bytes(b"torn")
+    with pytest.warns(UserWarning, match=r"skipping checkpoint .*step_000004: .*trainer_state.pt"):
+        supervise(ctl, ctl.run_steps)
+    assert ctl.restarts == [Path(tmp_path / "step_000002")]
 
 
 def test_supervise_before_any_checkpoint_restarts_from_the_base_model(monkeypatch):
