@@ -74,7 +74,7 @@ def overrides(out: Path, steps: int) -> list[str]:
             "checkpoint.keep_last=0",
             "reward.functions=[{name: accuracy, weight: 1.0}, "
             "{name: 'benchmarks.fault_injection:flaky_format', weight: 0.5}]",
-            "reward.timeout_s=5", "algo.plugins=[benchmarks.fault_loss]", "algo.policy_loss=ppo_clip_nan_on_flag",
+            "reward.timeout_s=10", "algo.plugins=[benchmarks.fault_loss]", "algo.policy_loss=ppo_clip_nan_on_flag",
             "run.max_restarts=8", "weight_sync.timeout_s=30", "placement.resource=slot",
             "placement.trainer_per_worker=1", "placement.rollout_per_worker=1", "memory.preflight=false"]
 
@@ -87,7 +87,8 @@ class ScheduledFaults(GRPOController):
         super().__init__(cfg)
         self.cluster, self.pending = cluster, {(s, f) for s, f in SCHEDULE if inject and f not in DATA_FAULTS}
         self.attempts, self.first_start, self.start, self.end = Counter(), {}, {}, {}
-        self.samples: dict[int, list[tuple[int, str]]] = {}
+        self.samples: dict[int, list[tuple[int, str]]] = {}  # in the order the trainer gets them
+        self.digests: dict[int, str] = {}  # sha256 of the trainer's weights after each step
         self.current = 0
 
     def _take(self, step: int, fault: str) -> bool:
@@ -111,13 +112,22 @@ class ScheduledFaults(GRPOController):
             self.job.wait(self.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
         out = super().step(step)
         self.end[step] = time.monotonic()
+        self.digests[step] = self._weights_digest()  # after the timing: not part of the step
         return out
+
+    def _weights_digest(self) -> str:
+        named, _ = ray.get(self.actors.trainer.weights_for_sync.options(num_returns=2).remote("float32"))
+        h = hashlib.sha256()
+        for name, tensor in named:
+            h.update(name.encode()), h.update(tensor.contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
 
     def generate(self, requests, row):
         step = row["step"]
         if self._take(step, "rollout_kill"):
+            pid = ray.get(self.job.actors.rollout[0].pid.remote())  # before the launch: calls queue behind it
             launched = self.source.launch(requests)
-            os.kill(ray.get(self.job.actors.rollout[0].pid.remote()), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
             trajs = self.source.collect(launched, self.version, row)
         elif self._take(step, "node_removed"):
             node = _node_of_rollout(self)
@@ -126,7 +136,7 @@ class ScheduledFaults(GRPOController):
             trajs = self.source.collect(launched, self.version, row)
         else:
             trajs = super().generate(requests, row)
-        self.samples[step] = sorted((t.group_id, hashlib.sha256(json.dumps(
+        self.samples[step] = list((t.group_id, hashlib.sha256(json.dumps(
             [t.prompt_ids, t.response_ids]).encode()).hexdigest()[:16]) for t in trajs)
         return trajs
 
@@ -166,7 +176,7 @@ def run_once(out: Path, steps: int, inject: bool) -> dict:
         cluster.shutdown()
         set_flags(set())
     return {"wall_s": time.monotonic() - t0, "rows": result.rows, "checkpoint": result.checkpoint,
-            "attempts": dict(controller.attempts), "samples": controller.samples,
+            "attempts": dict(controller.attempts), "samples": controller.samples, "digests": controller.digests,
             "step_s": {s: controller.end[s] - controller.start[s] for s in controller.end},
             "span_s": {s: controller.end[s] - controller.first_start[s] for s in controller.end},
             "left_pending": sorted(controller.pending), "warnings": [str(w.message) for w in caught]}
@@ -176,16 +186,19 @@ def sample_accounting(run: dict, ref: dict, steps: int) -> dict:
     """Samples lost (a slot of a step's groups without its sample), counted twice (more than `rollout.n` in a
     group, or a group not of the step), and steps whose samples differ from the reference run's."""
     lost = twice = 0
-    differ = []
+    differ, order = [], []
     for step in range(1, steps + 1):
         got = Counter(g for g, _ in run["samples"].get(step, []))
         expected = {step * PROMPTS + i for i in range(PROMPTS)}
         lost += sum(max(0, N - got[g]) for g in expected)
         twice += sum(max(0, c - N) for g, c in got.items() if g in expected)
         twice += sum(c for g, c in got.items() if g not in expected)
-        if run["samples"].get(step) != ref["samples"].get(step):
+        if sorted(run["samples"].get(step, [])) != sorted(ref["samples"].get(step, [])):
             differ.append(step)
-    return {"samples_lost": lost, "samples_counted_twice": twice, "steps_whose_samples_differ": differ}
+        elif run["samples"].get(step) != ref["samples"].get(step):
+            order.append(step)
+    return {"samples_lost": lost, "samples_counted_twice": twice, "steps_whose_samples_differ": differ,
+            "steps_whose_sample_order_differs": order}
 
 
 def weights_equal(a_ckpt: str, b_ckpt: str) -> dict:
@@ -203,7 +216,10 @@ def report(run: dict, ref: dict, steps: int) -> dict:
     faults = []
     for step, fault in SCHEDULE:
         counter = HANDLED_BY[fault]
-        lost = run["span_s"][step] - ref["step_s"][step]
+        # a process fault: from the first start of its step to the end of the step's last attempt (a restart
+        # and the steps it redid included); a data fault (in both runs): its step's last attempt
+        took = run["step_s"][step] if fault in DATA_FAULTS else run["span_s"][step]
+        lost = took - ref["step_s"][step]
         faults.append({"step": step, "fault": fault, "handled_by": f"{counter}={rows[step].get(counter)}",
                        "injected_in_reference_too": fault in DATA_FAULTS,
                        "time_lost_s": round(lost, 1), "step_s": round(run["step_s"][step], 1)})
@@ -225,7 +241,9 @@ def report(run: dict, ref: dict, steps: int) -> dict:
            "final_weights": weights_equal(run["checkpoint"], ref["checkpoint"]),
            "reward_mean_equal_per_step": [r.get("reward/mean") for r in run["rows"]] ==
                                          [r.get("reward/mean") for r in ref["rows"]],
-           "skipped_checkpoint_warnings": torn}
+           "skipped_checkpoint_warnings": torn,
+           "steps_whose_weights_differ": [s for s in range(1, steps + 1)
+                                          if run["digests"].get(s) != ref["digests"].get(s)]}
     return out
 
 
@@ -246,7 +264,7 @@ def main(argv=None) -> int:
         print(f"{f['step']:>4} {f['fault']:<16} {str(f['survived']):<8} {f['handled_by']:<28} {f['time_lost_s']:>11}"
               + ("  (also in the reference run)" if f["injected_in_reference_too"] else ""))
     for key in ("faults_injected", "faults_survived", "samples_lost", "samples_counted_twice",
-                "steps_whose_samples_differ", "steps_repeated", "attempts_per_step", "each_step_logged_once", "restarts_total",
+                "steps_whose_samples_differ", "steps_whose_sample_order_differs", "steps_whose_weights_differ", "steps_repeated", "attempts_per_step", "each_step_logged_once", "restarts_total",
                 "median_clean_step_s", "wall_s", "reward_mean_equal_per_step", "final_weights",
                 "skipped_checkpoint_warnings"):
         print(f"{key}: {result[key]}")
