@@ -16,7 +16,7 @@ def check_eval_config(cfg) -> None:
     """Raise ValueError naming the eval.* key for: both eval.data and eval.holdout, eval.every_steps > 0 without
     either, a k that is not a whole number in [1, eval.n], eval.n > 1 with greedy decoding (identical samples),
     (eval in use: eval.every_steps, eval.data or eval.holdout set) an eval.pass_function not among
-    reward.functions, eval on a multi-turn run (env.name), or eval.max_new_tokens
+    reward.functions, or eval.max_new_tokens
     + data.max_prompt_tokens over rollout.max_model_len."""
     e = cfg.eval
     if e.data and e.holdout > 0:
@@ -39,9 +39,6 @@ def check_eval_config(cfg) -> None:
     if used and e.pass_function not in ("reward", "auto") and e.pass_function not in names:
         raise ValueError(f"eval.pass_function={e.pass_function!r} is not a reward function of this run; choose one "
                          f"of {names}, 'reward' (the weighted total) or 'auto'")
-    if used and cfg.env.name:
-        raise ValueError(f"eval.* with env.name={cfg.env.name!r}: held-out evaluation is single-turn (rewards from "
-                         "reward.functions); set eval.every_steps=0 for a multi-turn run")
     new_tokens = e.max_new_tokens or cfg.rollout.max_new_tokens
     if cfg.data.max_prompt_tokens + new_tokens > cfg.rollout.max_model_len:
         raise ValueError(f"eval.max_new_tokens ({new_tokens}) + data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) "

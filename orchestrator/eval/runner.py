@@ -5,8 +5,9 @@
     evaluator.before_steps(controller, log)           # step 0 (a fresh start): a row {"step": 0, "eval/*", ...}
     row.update(evaluator.after_step(controller, step))  # every eval.every_steps and at the last step
 
-An evaluation sends the eval prompts through the run's rollout source (the workers hold the current weights,
-verified at the weight sync that ended the step) with their own sampling (`SamplingOverride`: eval.n,
+An evaluation sends the eval prompts through a single-turn rollout source over the run's rollout workers (they
+hold the current weights, verified at the weight sync that ended the step; a multi-turn run's eval prompts are
+answered in one turn too) with their own sampling (`SamplingOverride`: eval.n,
 eval.temperature, eval.max_new_tokens), their own seeds (`eval_seed`) and negative group ids (training's are
 >= 0), and scores them with the run's reward actor. It touches no training state: not the prompt loader,
 not a training seed, not the step's `rollout/*` or `reward/*` metrics; its wall time is `timing/eval_s`,
@@ -22,6 +23,7 @@ from orchestrator.eval.checks import pass_function
 from orchestrator.eval.metrics import response_stats, summarize
 from orchestrator.eval.prompts import eval_split
 from orchestrator.rollout.seeds import eval_seed
+from orchestrator.rollout.single_turn import SingleTurnSource
 from orchestrator.rollout.types import PromptRequest, SamplingOverride, Trajectory
 
 
@@ -68,14 +70,15 @@ class Evaluator:
         return self.evaluate(run) if self.due(step) else {}
 
     def evaluate(self, run) -> dict:
-        """Generate and score the eval prompts on `run`'s workers (a GRPOController: its `source`, `version`,
-        `job` and `actors`); returns `eval/*` metrics and `timing/eval_s`. Raises RuntimeError with no eval prompt,
+        """Generate and score the eval prompts on `run`'s workers (a GRPOController: its `version`, `job` and
+        `actors`); returns `eval/*` metrics and `timing/eval_s`. Raises RuntimeError with no eval prompt,
         WeightMismatchError when a sample's weight version is not run.version."""
         if not self.requests:
             raise RuntimeError("no eval prompts: set eval.data or eval.holdout (docs/eval.md)")
         t0 = time.perf_counter()
         scratch: dict = {}  # the source's rollout/* metrics: not the step's
-        trajs = run.source.generate(self.requests, run.version, scratch)
+        source = SingleTurnSource(self.cfg, run.actors.rollout, run.job.wait, run.job.recover_rollout)
+        trajs = source.generate(self.requests, run.version, scratch)
         prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None
         result = run.job.wait(run.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
                                                              [t.group_id for t in trajs], prompts))

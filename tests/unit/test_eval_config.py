@@ -39,7 +39,6 @@ def test_demo_config_evaluates_greedy_pass_at_1_on_64_prompts_every_8_steps():
     (["eval.pass_function=nosuch"], "eval.pass_function='nosuch' is not a reward function"),
     (["eval.max_new_tokens=900"], "eval.max_new_tokens \\(900\\)"),
     (["eval.nosuch=1"], "eval.nosuch"),
-    (["env.name=calculator"], "eval.\\* with env.name='calculator'"),
 ])
 def test_bad_eval_config_names_the_key(overrides, key):
     with pytest.raises(ConfigError, match=key):
