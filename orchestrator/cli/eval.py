@@ -49,12 +49,12 @@ def eval_overrides(args: argparse.Namespace) -> list[str]:
 def eval_cmd(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, eval_overrides(args))
+        if not cfg.eval.data and cfg.eval.holdout <= 0:
+            raise ConfigError("no eval prompts: pass --data (arith or a .jsonl / .parquet file), or set eval.data or "
+                              "eval.holdout in the config")
+        cfg = load_config(args.config, [*eval_overrides(args), "eval.every_steps=1"])  # on: the eval set is made
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
-        return 2
-    if not cfg.eval.data and cfg.eval.holdout <= 0:
-        print("config error: no eval prompts: pass --data (arith or a .jsonl / .parquet file), or set eval.data or "
-              "eval.holdout in the config", file=sys.stderr)
         return 2
     from orchestrator.checkpoint import CheckpointError
     from orchestrator.controller import GRPOController

@@ -92,11 +92,13 @@ class _Section:
 
 
 def eval_split(cfg, examples: list[Example]) -> EvalSplit:
-    """The training items and eval prompts of the config (see the module docstring). With neither eval.data
-    nor eval.holdout: every example trains, no eval prompt. Raises DatasetError naming eval.num_prompts when the
+    """The training items and eval prompts of the config (see the module docstring). With eval off
+    (eval.every_steps 0) or neither eval.data nor eval.holdout: every example trains, no eval prompt. Raises DatasetError naming eval.num_prompts when the
     eval set has fewer prompts than asked for, ValueError naming eval.holdout for a bad holdout."""
     e = cfg.eval
     every = list(range(len(examples)))
+    if e.every_steps <= 0:
+        return EvalSplit(every, [])
     if e.holdout > 0:
         texts = distinct(examples)
         random.Random(e.seed).shuffle(texts)

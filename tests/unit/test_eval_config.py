@@ -52,8 +52,10 @@ def test_pass_function_auto_and_explicit():
     assert pass_function(cfg) == "boxed_format"
 
 
-def test_eval_off_leaves_every_example_to_training():
-    cfg = load_config(CFG, ["eval.every_steps=0", "eval.data=null"])
+@pytest.mark.parametrize("overrides", [["eval.every_steps=0", "eval.data=null"], ["eval.every_steps=0"],
+                                       ["eval.every_steps=0", "eval.data=null", "eval.holdout=0.5"]])
+def test_eval_off_leaves_every_example_to_training(overrides):
+    cfg = load_config(CFG, overrides + ["data.arith_size=20"])  # too few for 64 eval prompts: not made when off
     examples = load_examples(cfg.data)
     split = eval_split(cfg, examples)
     assert split.train_items == list(range(len(examples))) and split.prompts == []
