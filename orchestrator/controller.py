@@ -24,6 +24,7 @@ from orchestrator.algo import (AdvantageInputs, TrainBatch, compute_token_advant
 from orchestrator.checkpoint import checkpoint_due, prune_checkpoints, step_folder
 from orchestrator.checkpoint.resume import resume_checkpoint, resume_line
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
+from orchestrator.eval.runner import Evaluator
 from orchestrator.guards import RunGuards
 from orchestrator.job import Actors, Job
 from orchestrator.memory.preflight import preflight
@@ -87,7 +88,8 @@ class GRPOController:
         examples = load_examples(cfg.data)
         # render every prompt once, now: an over-long row fails before any actor starts, naming the row
         self.prompt_ids = [self._render(i, ex) for i, ex in enumerate(examples)]
-        self.loader = StatefulLoader(list(range(len(examples))), cfg.rollout.prompts_per_step, seed=cfg.data.seed,
+        self.evaluator = Evaluator(cfg, examples, self.tokenizer)  # eval.*: held-out prompts (orchestrator/eval)
+        self.loader = StatefulLoader(self.evaluator.train_items, cfg.rollout.prompts_per_step, seed=cfg.data.seed,
                                      shuffle=cfg.data.shuffle)
         self.examples = examples
         self.metrics_path = self.out_dir / METRICS_FILE
@@ -129,7 +131,7 @@ class GRPOController:
         if self.resume_from is not None:
             self.restore(self.resume_from)
             print(resume_line(self.resume_from, self.start_step, self.cfg.trainer.total_steps), flush=True)
-        self._start_rollouts()  # after the restore: nothing in flight at resume
+        self.start_rollouts()  # after the restore: nothing in flight at resume
         self.last_checkpoint_t = time.monotonic()
         with StopOnSignal(self.cfg.run.stop_grace_s) as self.stop:  # SIGTERM/SIGINT: RunStopped after a step
             supervise(self, self.run_steps)  # a dead trainer/reference/reward actor: restart from the checkpoint
@@ -147,8 +149,10 @@ class GRPOController:
         ctx = SinkContext(self.out_dir, self.cfg.run.name, total, self.start_step)
         save = self.checkpoint if self.cfg.checkpoint.on_signal else None
         with build_sinks(self.cfg, ctx) as sinks:
+            self.evaluator.before_steps(self, lambda r: sinks.log_row({**r, **extra}))  # step 0: eval/* only
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
+                row.update(self.evaluator.after_step(self, step))  # eval.every_steps, the last step: eval/*
                 self.last_checkpoint = ckpt or self.last_checkpoint
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
@@ -160,7 +164,7 @@ class GRPOController:
         """The rows logged so far (metrics.jsonl)."""
         return read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
 
-    def _start_rollouts(self) -> None:
+    def start_rollouts(self) -> None:
         """The rollout source over the job's workers (multi-turn when env.name is set), wrapped in the
         one-step-off pipeline for placement.mode=disaggregated_async."""
         kind = MultiTurnSource if self.cfg.env.name else SingleTurnSource
@@ -375,7 +379,7 @@ class GRPOController:
         else:
             self.restore(folder)  # trainer state + loader, then a verified weight sync to every engine
             self.last_checkpoint = str(folder)  # the supervisor may go back past a torn newer one
-        self._start_rollouts()
+        self.start_rollouts()
         return placed
 
     def shutdown(self) -> None:

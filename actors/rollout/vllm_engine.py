@@ -182,25 +182,36 @@ def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
 
 
-def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None):
+def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=None):
     """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens` (exactly that many
     with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0); `seed`: vLLM's
-    per-request seed (None: the engine's random state)."""
+    per-request seed (None: the engine's random state). `override` (a request's SamplingOverride, held-out eval):
+    its temperature (0 = greedy) and max_new_tokens instead, never ignore_eos."""
     from vllm import SamplingParams
 
+    if override is not None:
+        return SamplingParams(n=n, temperature=override.temperature, top_p=rollout_cfg.top_p,
+                              max_tokens=override.max_new_tokens, logprobs=0, seed=seed)
     return SamplingParams(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
                           max_tokens=rollout_cfg.max_new_tokens, logprobs=0, seed=seed,
                           ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
 
 
 def generation_inputs(rollout_cfg, requests: Sequence[PromptRequest], n: int) -> tuple[list, Any, list]:
-    """(vLLM prompts, SamplingParams, the request of each prompt) for `n` samples per request. Seeded requests
-    (every `seed` set) become n vLLM requests each, sample i with `SamplingParams(n=1, seed=sample_seed(seed, i))`
-    (orchestrator/rollout/seeds.py); otherwise one request of n samples each, on the engine's random state."""
+    """(vLLM prompts, SamplingParams, the request of each prompt) for `n` samples per request (a request's
+    `sampling` override: its own n, temperature, max_new_tokens). Seeded requests (every `seed` set) become n
+    vLLM requests each, sample i with `SamplingParams(n=1, seed=sample_seed(seed, i))` (orchestrator/rollout/seeds.py);
+    otherwise one request of n samples each, on the engine's random state."""
+    def count(r: PromptRequest) -> int:
+        return r.sampling.n if r.sampling is not None else n
+
     if requests and all(r.seed is not None for r in requests):
-        issued = [r for r in requests for _ in range(n)]
-        params = [sampling_params(rollout_cfg, 1, sample_seed(r.seed, i)) for r in requests for i in range(n)]
+        issued = [r for r in requests for _ in range(count(r))]
+        params = [sampling_params(rollout_cfg, 1, sample_seed(r.seed, i), r.sampling)
+                  for r in requests for i in range(count(r))]
         return token_prompts(issued), params, issued
+    if any(r.sampling is not None for r in requests):
+        return token_prompts(requests), [sampling_params(rollout_cfg, count(r), None, r.sampling) for r in requests], list(requests)
     return token_prompts(requests), sampling_params(rollout_cfg, n), list(requests)
 
 

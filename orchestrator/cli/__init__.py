@@ -1,6 +1,7 @@
 """Command line: `rl-orch run <config.yaml> [key=value ...]` (also `python -m orchestrator ...`; run.py),
 `rl-orch plan sync ...` and `rl-orch plan memory ...` (predictions before a run; plan_sync.py, plan_memory.py)
-and `rl-orch size ...` (the GPU split from measured phase times; size.py). One module per command.
+`rl-orch size ...` (the GPU split from measured phase times; size.py) and `rl-orch eval ...` (held-out eval of a
+checkpoint or the base model, no training; eval.py). One module per command.
 
 Any config key can be overridden as an OmegaConf dotlist (`rollout.n=8 algo.kl_coef=0.01`); an unknown
 key or a bad value fails at once with the key path and the allowed values.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator.cli.eval import add_eval_parser
 from orchestrator.cli.plan_sync import add_plan_parser
 from orchestrator.cli.run import add_run_parser
 from orchestrator.cli.size import add_size_parser
@@ -21,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_plan_parser(sub)
     add_size_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -29,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     orchestrator/cli/watchdog.py), or `main([...])` from Python (in-process, e.g. tests)."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in ("run", "plan", "size", "-h", "--help"):
+    if argv and argv[0] not in ("run", "plan", "size", "eval", "-h", "--help"):
         argv = ["run", *argv]  # `python -m orchestrator cfg.yaml ...` is `rl-orch run cfg.yaml ...`
     try:
         args = build_parser().parse_args(argv)

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.fields import check_fields
 from orchestrator.config.schema import Config, RewardFunctionConfig
+from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 
 
@@ -134,6 +135,10 @@ def validate(cfg) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_env(cfg)
+    try:  # the eval section (orchestrator/eval/checks.py)
+        check_eval_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _check_async(cfg)
     _check_auto_placement(cfg)
     _check_fake_gpus(cfg)

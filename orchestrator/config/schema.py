@@ -333,6 +333,27 @@ class GuardsConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out evaluation on the rollout workers (orchestrator/eval, docs/eval.md): metrics `eval/*` in the row."""
+    every_steps: int = number(0, ge=0, finite=True, note="(0 = off)")  # also at step 0 and at the last step
+    # The eval prompts: null = none (then `holdout`), "arith" = the built-in task (data.arith_* ranges) drawn with
+    # eval.seed, or a .jsonl / .parquet file with prompt and answer; prompts the run trains on are dropped.
+    data: Optional[str] = None
+    # Or held out of data.source: a fraction (0, 1) or a count (>= 1) of its distinct prompts, never trained on.
+    holdout: float = number(0.0, ge=0, finite=True, note="(0 = off)")
+    seed: int = 1  # eval.data=arith's generator, the holdout's choice and the eval sampling seeds
+    num_prompts: int = number(0, ge=0, finite=True, note="(0 = every eval prompt)")  # the first of the eval set
+    n: int = number(1, gt=0)  # samples per prompt (pass@k needs n >= k)
+    temperature: float = number(0.0, ge=0, finite=True, note="(0 = greedy)")
+    max_new_tokens: int = number(0, ge=0, finite=True, note="(0 = rollout.max_new_tokens)")
+    k: list = field(default_factory=lambda: [1])  # pass@k, avg@k and maj@k for each k (1 <= k <= eval.n)
+    # A sample is correct when this reward function's value (a name in reward.functions; "reward" = the
+    # weighted total; "auto" = accuracy when it is in reward.functions, else the total) is >= pass_threshold.
+    pass_function: str = "auto"
+    pass_threshold: float = number(1.0, finite=True)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -350,6 +371,7 @@ class Config:
     # Multi-turn rollouts against an environment (orchestrator/rollout/env_config.py); env.name "" = off.
     env: EnvConfig = field(default_factory=EnvConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (docs/eval.md)
 
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the

@@ -25,6 +25,8 @@ COLUMNS = [  # (header, metric key, format)
     ("train s", "timing/train_s", "{:.1f}"),
     ("sync s", "timing/weight_sync_s", "{:.1f}"),
     ("step s", "timing/step_s", "{:.1f}"),
+    ("eval p@1", "eval/pass_at_1", "{:.3f}"),  # held-out eval (eval.every_steps; step 0: before training)
+    ("eval s", "timing/eval_s", "{:.1f}"),
 ]
 
 
@@ -69,4 +71,5 @@ class ConsoleProgress(MetricSink):
                 self.console.print(" ".join(h.rjust(max(len(h), 7)) for h, _, _ in COLUMNS), style="bold")
                 self._header = True
             self.console.print(self.format_row(row))
-        self.progress.advance(self.task)
+        if row.get("step", 1) > 0:  # step 0: the eval of the starting weights, not a step
+            self.progress.advance(self.task)

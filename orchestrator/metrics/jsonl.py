@@ -30,7 +30,7 @@ class JsonlLogger(MetricSink):
         """Drop rows with a step > `step` (0: start an empty log), e.g. the rows a resume redoes."""
         if not self.path.exists():
             return
-        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step]
+        rows = [r for r in read_jsonl(self.path) if r.get("step", 0) <= step] if step > 0 else []  # 0: the eval row too
         with open(self.path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
 

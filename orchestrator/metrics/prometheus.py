@@ -119,6 +119,8 @@ METRICS = {
     "rl_orch_run_restarts": ("gauge", "Restarts of the job from its checkpoint so far (run.max_restarts)", ()),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
+    "rl_orch_eval_value": ("gauge", "Held-out eval metrics eval/<name> (pass_at_1, maj_at_k, ...) of the last eval",
+                           ("name",)),
 }
 
 ERROR_KINDS = ("reward", "reward_timeout", "reward_memory", "sync", "timeout", "step")  # created at 0 so increase() sees the first
@@ -219,6 +221,8 @@ class PrometheusExporter(MetricSink):
             self._observe_memory(key[len("memory/"):], x)
         elif key.startswith("roles/"):
             self._observe_role(key[len("roles/"):], x)
+        elif key.startswith("eval/"):  # held-out eval (orchestrator/eval): eval/pass_at_1 -> name="pass_at_1"
+            self._series("rl_orch_eval_value", name=key[len("eval/"):]).set(x)
         elif key.startswith("guard/"):  # orchestrator/guards/signals.py: 0/1 per enabled guard
             self._series("rl_orch_guard_tripped", guard=key[len("guard/"):]).set(x)
 

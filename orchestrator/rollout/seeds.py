@@ -8,6 +8,7 @@ serves it, on the other requests in the batch, or on whether the run was resumed
     g = group_seed(cfg.rollout.seed, step, group_id)   # PromptRequest.seed (GRPOController.sample_prompts)
     s = sample_seed(g, i)                              # sample i of the group (actors/rollout/vllm_engine.py)
     t = turn_seed(s, turn)                             # multi-turn: turn `turn` of that sample
+    e = eval_seed(cfg.eval.seed, prompt_index)         # held-out eval (orchestrator/eval/runner.py)
 
 The mix is SplitMix64's finaliser applied along the chain (stable across Python versions and
 processes, unlike `hash()`), truncated to 63 bits: a non-negative int that `torch.Generator.manual_seed`
@@ -18,7 +19,8 @@ from __future__ import annotations
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_TAGS = {"group": 0x67726F7570, "sample": 0x73616D706C65, "turn": 0x7475726E}  # b"group", b"sample", b"turn"
+_TAGS = {"group": 0x67726F7570, "sample": 0x73616D706C65, "turn": 0x7475726E,  # b"group", b"sample", b"turn"
+         "eval": 0x6576616C}  # b"eval"
 
 
 def splitmix64(x: int) -> int:
@@ -39,6 +41,12 @@ def _chain(tag: str, *values: int) -> int:
 def group_seed(seed: int, step: int, group_id: int) -> int:
     """The seed of one group (`rollout.seed`, training step, group id unique over the run): an int in [0, 2**63)."""
     return _chain("group", seed, step, group_id)
+
+
+def eval_seed(seed: int, prompt_index: int) -> int:
+    """The group seed of eval prompt `prompt_index` (`eval.seed`): the same at every evaluation, so two evaluations
+    differ only by their weights; tagged apart from `group_seed`, so it never equals a training group's seed chain."""
+    return _chain("eval", seed, prompt_index)
 
 
 def sample_seed(group: int, sample_index: int) -> int:

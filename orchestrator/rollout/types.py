@@ -59,6 +59,16 @@ class Trajectory:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class SamplingOverride:
+    """Sampling of one request other than the rollout config's (held-out evaluation, orchestrator/eval):
+    n samples at `temperature` (0 = greedy), up to `max_new_tokens` tokens, never with rollout.ignore_eos."""
+
+    n: int
+    temperature: float
+    max_new_tokens: int
+
+
 @dataclass
 class PromptRequest:
     """One prompt to sample a group for.
@@ -66,6 +76,7 @@ class PromptRequest:
     seed: the group's sampling seed (`orchestrator.rollout.seeds.group_seed`); sample i is drawn with vLLM
         seed `sample_seed(seed, i)`, so the group's samples do not depend on the engine or the batch.
         None: the engine's own random state (not reproducible across engines, batches or resumes).
+    sampling: None = the rollout config's n, temperature and max_new_tokens; else this request's own.
     """
 
     group_id: int
@@ -73,3 +84,4 @@ class PromptRequest:
     answer: str
     prompt: str = ""
     seed: Optional[int] = None
+    sampling: Optional[SamplingOverride] = None

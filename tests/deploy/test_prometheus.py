@@ -17,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -282,7 +283,8 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
     ctrl.start_step, ctrl.version, ctrl.job = 0, 0, StubJob()
     ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids = tmp_path / "model", 0, []  # what __init__ would have found
     ctrl.metrics_path = tmp_path / "metrics.jsonl"
-    ctrl._start_rollouts = lambda: None  # no rollout workers in the stub
+    ctrl.start_rollouts = lambda: None  # no rollout workers in the stub
+    ctrl.evaluator = SimpleNamespace(before_steps=lambda run, log: None, after_step=lambda run, step: {})  # eval off
 
     def step(k):
         if k > 1:  # the previous step's row is being served
