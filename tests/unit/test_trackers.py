@@ -225,3 +225,23 @@ def test_unknown_tracker_is_a_config_error(tmp_path):
         _cfg(tmp_path, ["tensorbord"])
     with pytest.raises(ConfigError, match="more than once"):
         _cfg(tmp_path, ["mlflow", "mlflow"])
+
+
+def test_a_supervised_restart_in_the_same_process_shows_no_step_twice(tmp_path):
+    """The supervisor's path: run_steps fails (every sink gets on_error, then close), then run_steps builds the
+    sinks again with the checkpoint's step (orchestrator/supervisor.py -> controller.run_steps)."""
+    cfg = _cfg(tmp_path, ["tensorboard", "wandb", "mlflow"])
+    with pytest.raises(RuntimeError, match="trainer died"):
+        with build_sinks(cfg, SinkContext(tmp_path, "unit", 4, 0)) as sinks:
+            for row in ROWS[:3]:
+                sinks.log_row(row)
+            raise RuntimeError("trainer died")
+    ids = {k: v["run_id"] for k, v in json.loads((tmp_path / "trackers.json").read_text()).items()}
+    _run(cfg, tmp_path, ROWS[1:], start_step=1)  # restarted from the step-1 checkpoint: 2, 3 redone, then 4
+    state = json.loads((tmp_path / "trackers.json").read_text())
+    assert {k: v["run_id"] for k, v in state.items()} == ids and state["mlflow"]["last_step"] == 4
+    assert [e.step for e in _tb(tmp_path / "tensorboard").Scalars("reward/mean")] == [1, 2, 3, 4]
+    client, run_id = _mlflow_client(tmp_path)
+    assert sorted(m.step for m in client.get_metric_history(run_id, "reward/mean")) == [1, 2, 3, 4]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert sorted(h["_step"] for h in _wandb_history(tmp_path, ids["wandb"])[0]) == [1, 2, 3, 4]

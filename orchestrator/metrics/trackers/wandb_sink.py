@@ -51,7 +51,13 @@ class WandbSink(MetricSink):
         self.run.log({"samples": self.wandb.Table(columns=columns, data=rows)}, step=step)
 
     def on_error(self, exc: BaseException) -> None:
-        self.run.finish(exit_code=1)
+        self.finish(exit_code=1)
 
     def close(self) -> None:
-        self.run.finish()
+        self.finish(exit_code=0)
+
+    def finish(self, exit_code: int) -> None:
+        """End the W&B run once (a failed run: exit code 1; a resume continues it all the same)."""
+        if self.run is not None:
+            run, self.run = self.run, None
+            run.finish(exit_code=exit_code)
