@@ -24,7 +24,8 @@ def _run(cfg):
 
 
 def test_tensorboard_and_samples_from_a_run_and_its_resume(ray_local, tiny_model, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
 
     over = tiny_overrides(tiny_model, tmp_path, **{"trainer.total_steps": 3, "checkpoint.every_steps": 1,
                                                    "checkpoint.keep_last": 3, "metrics.samples_every": 1,
@@ -36,13 +37,14 @@ def test_tensorboard_and_samples_from_a_run_and_its_resume(ray_local, tiny_model
     resumed = _run(load_config("configs/grpo_arith_cpu.yaml", over + [f"checkpoint.resume={tmp_path / 'ckpt' / 'step_000002'}"]))
     assert [r["step"] for r in resumed.rows] == [1, 2, 3]
 
-    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})  # the reader TensorBoard serves
     acc.Reload()
     for name in ("reward/mean", "timing/generate_s", "actor/loss"):
-        assert [e.step for e in acc.Scalars(name)] == [1, 2, 3], name  # no step twice after the resume
-    assert acc.Scalars("reward/mean")[-1].value == pytest.approx(resumed.rows[-1]["reward/mean"], abs=1e-6)
+        assert [e.step for e in acc.Tensors(name)] == [1, 2, 3], name  # no step twice after the resume
+    last = float(tensor_util.make_ndarray(acc.Tensors("reward/mean")[-1].tensor_proto))
+    assert last == pytest.approx(resumed.rows[-1]["reward/mean"], abs=1e-6)
     numeric = {k for r in first.rows for k, v in r.items() if isinstance(v, (int, float)) and k != "step"}
-    assert numeric <= set(acc.Tags()["scalars"])  # every numeric JSONL metric is a TensorBoard scalar
+    assert numeric <= set(acc.Tags()["tensors"])  # every numeric JSONL metric is a TensorBoard scalar
     assert [t.step for t in acc.Tensors("samples/text_summary")] == [1, 2, 3]
 
     records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]

@@ -39,11 +39,19 @@ def _run(cfg, out: Path, rows: list, start_step: int = 0, samples: bool = True) 
 
 # ---- TensorBoard ---------------------------------------------------------------------------------------
 def _tb(folder: Path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """TensorBoard's own reader, the one its server uses (plugin_event_accumulator: it applies purge_step to
+    every kind of event, scalars and text alike)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(folder), size_guidance={"tensors": 0})
     acc.Reload()
     return acc
+
+
+def _scalars(acc, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.util import tensor_util
+
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
 
 
 def test_tensorboard_scalars_text_and_config(tmp_path, monkeypatch):
@@ -51,10 +59,10 @@ def test_tensorboard_scalars_text_and_config(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path, ["tensorboard"], "metrics.wandb.entity=${oc.env:UNIT_SECRET_ENTITY}")
     _run(cfg, tmp_path, ROWS)
     acc = _tb(tmp_path / "tensorboard")
-    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("reward/mean")] == [(s, round(0.1 * s, 6)) for s in range(1, 5)]
-    assert [e.step for e in acc.Scalars("timing/step_s")] == [1, 2, 3, 4]
-    assert "actor/loss" not in acc.Tags()["scalars"] and "run/note" not in acc.Tags()["scalars"]  # None, str skipped
-    texts = {t: acc.Tensors(t) for t in acc.Tags()["tensors"]}
+    assert [(s, round(v, 6)) for s, v in _scalars(acc, "reward/mean")] == [(s, round(0.1 * s, 6)) for s in range(1, 5)]
+    assert [s for s, _ in _scalars(acc, "timing/step_s")] == [1, 2, 3, 4]
+    assert "actor/loss" not in acc.Tags()["tensors"] and "run/note" not in acc.Tags()["tensors"]  # None, str skipped
+    texts = {t: acc.Tensors(t) for t in acc.Tags()["tensors"] if t.endswith("text_summary")}
     sample_text = texts["samples/text_summary"][0]
     assert sample_text.step == 4 and b"2+3?" in sample_text.tensor_proto.string_val[0]
     config_text = texts["config/text_summary"][0].tensor_proto.string_val[0].decode()
@@ -65,10 +73,12 @@ def test_tensorboard_scalars_text_and_config(tmp_path, monkeypatch):
 
 def test_tensorboard_resume_purges_replayed_steps(tmp_path):
     cfg = _cfg(tmp_path, ["tensorboard"])
-    _run(cfg, tmp_path, ROWS, samples=False)  # steps 1..4; the run crashes after 4, its checkpoint is step 2
+    _run(cfg, tmp_path, ROWS)  # steps 1..4 (samples at 4); the run crashes after 4, its checkpoint is step 2
     replayed = [{**r, "reward/mean": 10.0 + r["step"]} for r in ROWS[2:]]
-    _run(cfg, tmp_path, replayed, start_step=2, samples=False)  # resume at 2: steps 3, 4 again
-    points = [(e.step, e.value) for e in _tb(tmp_path / "tensorboard").Scalars("reward/mean")]
+    _run(cfg, tmp_path, replayed, start_step=2)  # resume at 2: steps 3, 4 again
+    acc = _tb(tmp_path / "tensorboard")
+    points = _scalars(acc, "reward/mean")
+    assert [e.step for e in acc.Tensors("samples/text_summary")] == [4]  # the sample table once too
     assert [s for s, _ in points] == [1, 2, 3, 4]  # no step twice
     assert points[2:] == [(3, 13.0), (4, 14.0)]  # the redone steps' values
 
@@ -205,7 +215,7 @@ def test_a_failing_tracker_warns_once_and_the_run_goes_on(tmp_path, monkeypatch,
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("WARNING: tracker")]
     assert len(warnings) == 1 and "'wandb'" in warnings[0]
     assert ("No module named 'wandb'" if fail_at == "start" else "No space left on device") in warnings[0]
-    assert [e.step for e in _tb(tmp_path / "tensorboard").Scalars("reward/mean")] == [1, 2, 3, 4]  # the others go on
+    assert [s for s, _ in _scalars(_tb(tmp_path / "tensorboard"), "reward/mean")] == [1, 2, 3, 4]  # the others go on
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
 
 
@@ -240,7 +250,7 @@ def test_a_supervised_restart_in_the_same_process_shows_no_step_twice(tmp_path):
     _run(cfg, tmp_path, ROWS[1:], start_step=1)  # restarted from the step-1 checkpoint: 2, 3 redone, then 4
     state = json.loads((tmp_path / "trackers.json").read_text())
     assert {k: v["run_id"] for k, v in state.items()} == ids and state["mlflow"]["last_step"] == 4
-    assert [e.step for e in _tb(tmp_path / "tensorboard").Scalars("reward/mean")] == [1, 2, 3, 4]
+    assert [s for s, _ in _scalars(_tb(tmp_path / "tensorboard"), "reward/mean")] == [1, 2, 3, 4]
     client, run_id = _mlflow_client(tmp_path)
     assert sorted(m.step for m in client.get_metric_history(run_id, "reward/mean")) == [1, 2, 3, 4]
     assert client.get_run(run_id).info.status == "FINISHED"
