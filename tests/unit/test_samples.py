@@ -121,3 +121,27 @@ def test_keys_from_the_environment_are_found_before_resolving(monkeypatch):
 def test_demo_config_turns_tensorboard_and_samples_on():
     cfg = load_config("configs/grpo_arith_cpu.yaml")
     assert list(cfg.metrics.trackers) == ["tensorboard"] and cfg.metrics.samples_every > 0
+
+
+def test_trackers_and_samples_leave_every_rng_stream_alone(tmp_path):
+    """The demo's sinks (TensorBoard, samples.jsonl) and the sample picking draw no random numbers: the seeded
+    run's prompts and rewards cannot change (`make demo` gives the same rewards per step)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from orchestrator.metrics.registry import build_sinks
+    from orchestrator.metrics.sink import SinkContext
+
+    cfg = load_config("configs/grpo_arith_cpu.yaml", [f"run.output_dir={tmp_path}", "metrics.sinks=[jsonl]",
+                                                      "metrics.samples_every=1"])
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    tok = type("Tok", (), {"decode": staticmethod(decode)})
+    with build_sinks(cfg, SinkContext(tmp_path, "unit", 2, 0)) as sinks:
+        for step in (1, 2):
+            sinks.log_row({"step": step, "reward/mean": 0.5})
+            log_completion_samples(sinks, cfg.metrics, step, _single(), tok)
+    assert torch.equal(before[0], torch.get_rng_state()) and (before[1] == np.random.get_state()[1]).all()
+    assert before[2] == random.getstate()
+    assert (tmp_path / "tensorboard").is_dir() and len((tmp_path / "samples.jsonl").read_text().splitlines()) == 8
