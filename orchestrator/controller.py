@@ -31,6 +31,7 @@ from orchestrator.memory.preflight import preflight
 from orchestrator.metrics import METRICS_FILE, SinkContext, plot_run, read_jsonl
 from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
 from orchestrator.metrics.registry import build_sinks
+from orchestrator.metrics.samples import ScoredBatch, log_completion_samples
 from orchestrator.models import resolve_model_path
 from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
@@ -105,6 +106,7 @@ class GRPOController:
         self.pipeline: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
         self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
+        self.reward_parts, self.scored = {}, None  # the last step's scored batch: completion samples (metrics.samples_*)
 
     @property
     def actors(self) -> Optional[Actors]:
@@ -157,6 +159,7 @@ class GRPOController:
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
                 sinks.log_row({**row, **extra})
+                log_completion_samples(sinks, self.cfg.metrics, step, self.scored, self.tokenizer)
                 if step < total:  # a signal during the last step: the run is done anyway
                     self.stop.check(step, ckpt, save)
 
@@ -223,6 +226,7 @@ class GRPOController:
             ref = self.reference_logprobs(trajs)
         with timer.phase("advantages"):
             advantages = self.advantages(trajs, rewards, row)
+        self.scored = ScoredBatch(trajs, rewards, advantages, {} if self.cfg.env.name else self.reward_parts)
         return advantages, ref
 
     def _end_step(self, step: int, timer: PhaseTimer, row: dict, t0: float) -> tuple[dict, Optional[str]]:
@@ -263,6 +267,7 @@ class GRPOController:
         result = self.job.wait(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
                                                          [t.group_id for t in trajs], prompts))
         row.update(result.metrics)
+        self.reward_parts = result.per_function  # each reward function's values (completion samples)
         check_reward_failures(result, self.cfg.reward, row["step"])  # past reward.max_failed_frac: stop, naming them
         row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
         return result.rewards

@@ -20,6 +20,7 @@ from orchestrator.config.fields import check_fields
 from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
+from orchestrator.metrics.hparams import env_sourced_keys
 
 
 class ConfigError(ValueError):
@@ -52,7 +53,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     try:
         merged = OmegaConf.merge(base, *layers)
         _coerce_reward_functions(merged)
+        from_env = env_sourced_keys(OmegaConf.to_container(merged, resolve=False))  # never logged as hparams
         OmegaConf.resolve(merged)
+        merged.metrics.redact = sorted(set(merged.metrics.redact) | from_env)
     except (OmegaConfBaseException, TypeError, ValueError) as e:
         raise ConfigError(_describe(e) if isinstance(e, OmegaConfBaseException) else str(e)) from None
     validate(merged)
@@ -267,6 +270,18 @@ def _check_sinks(cfg) -> None:
     if "jsonl" not in sinks:
         raise ConfigError(f"metrics.sinks={sinks}: 'jsonl' is required (metrics.jsonl is the run's record: the plot, "
                           "placement.auto and rl-orch size read it)")
+    _check_trackers(list(cfg.metrics.trackers))
+
+
+def _check_trackers(trackers: list) -> None:
+    """metrics.trackers: registered tracker names (orchestrator/metrics/registry.py TRACKERS), each at most once."""
+    from orchestrator.metrics.registry import TRACKERS
+
+    unknown = [t for t in trackers if t not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"metrics.trackers={trackers}: unknown tracker(s) {unknown}; choose from {sorted(TRACKERS)}")
+    if len(set(trackers)) < len(trackers):
+        raise ConfigError(f"metrics.trackers={trackers}: a tracker is listed more than once")
 
 
 def _check_sync_strategy(cfg) -> None:

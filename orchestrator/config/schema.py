@@ -16,6 +16,7 @@ from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
+from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbConfig
 from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
 
 
@@ -303,6 +304,18 @@ class MetricsConfig:
     # (console, jsonl, prometheus) or dotted paths "pkg.module:Class" to a MetricSink subclass. "jsonl" writes
     # <run.output_dir>/metrics.jsonl, which `rl-orch size`, placement.auto and the plot read: keep it.
     sinks: list = field(default_factory=lambda: ["console", "jsonl", "prometheus"])
+    # Experiment trackers every row also goes to (docs/trackers.md): any of tensorboard, wandb, mlflow
+    trackers: list = field(default_factory=list)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # Config keys (dotted paths or sections) never logged as hyper-parameters; load_config adds every key set
+    # from the environment (${oc.env:NAME}); keys named like key/token/secret/password are always left out
+    redact: list = field(default_factory=list)
+    # Completion samples: every samples_every steps, samples_n of the step's samples go to
+    # <run.output_dir>/samples.jsonl and every sink (tracker tables)
+    samples_every: int = number(0, ge=0, note="(0 = off)")
+    samples_n: int = number(4, gt=0)
 
 
 @dataclass

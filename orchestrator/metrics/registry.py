@@ -16,6 +16,14 @@ SINKS: dict[str, str | type[MetricSink]] = {
     "prometheus": "orchestrator.metrics.prometheus:PrometheusExporter",  # /metrics when metrics.prometheus_port > 0
 }
 
+# `metrics.trackers`: experiment trackers (docs/trackers.md), each wrapped in FaultTolerantSink (a failure is one
+# warning and the tracker is off; the run goes on). Imported only when named.
+TRACKERS: dict[str, str] = {
+    "tensorboard": "orchestrator.metrics.trackers.tensorboard_sink:TensorBoardSink",
+    "wandb": "orchestrator.metrics.trackers.wandb_sink:WandbSink",
+    "mlflow": "orchestrator.metrics.trackers.mlflow_sink:MlflowSink",
+}
+
 
 def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
     """The sink class of a registered `name` or a dotted path `pkg.module:Class` / `pkg.module.Class`. Raises
@@ -40,15 +48,33 @@ def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
 
 
 def build_sinks(cfg, ctx: SinkContext) -> MetricSinks:
-    """Every sink of `metrics.sinks` that its config turns on, in the listed order. When one cannot be made,
-    the ones already made are closed (a serving Prometheus exporter stops) and the error is raised."""
+    """Every sink of `metrics.sinks` that its config turns on, in the listed order, then samples.jsonl
+    (`metrics.samples_every` > 0) and the `metrics.trackers` (each fault-tolerant: a tracker that cannot start
+    is one warning, never an error). When a sink cannot be made, the ones already made are closed (a serving
+    Prometheus exporter stops) and the error is raised."""
+    from orchestrator.metrics.samples_file import SamplesFile
+    from orchestrator.metrics.trackers import FaultTolerantSink
+
     made: list[MetricSink] = []
     try:
         for name in cfg.metrics.sinks:
-            sink = resolve_sink(name).from_config(cfg, ctx)
-            if sink is not None:
-                made.append(sink)
+            made.append(resolve_sink(name).from_config(cfg, ctx))
+        made.append(SamplesFile.from_config(cfg, ctx))
+        for name in cfg.metrics.trackers:
+            made.append(FaultTolerantSink.build(name, LazyTracker(name), cfg, ctx))
     except BaseException:
-        MetricSinks(made).close()
+        MetricSinks([s for s in made if s is not None]).close()
         raise
-    return MetricSinks(made)
+    return MetricSinks([s for s in made if s is not None])
+
+
+class LazyTracker:
+    """`from_config` of the tracker registered as `name` in TRACKERS, its module imported only then (so that
+    a missing library is the tracker's one warning, FaultTolerantSink)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def from_config(self, cfg, ctx: SinkContext) -> MetricSink:
+        module, _, attr = TRACKERS[self.name].partition(":")
+        return getattr(importlib.import_module(module), attr).from_config(cfg, ctx)

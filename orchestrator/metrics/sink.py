@@ -46,9 +46,9 @@ class MetricSink:
         raise NotImplementedError
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
-        """Completion samples of `step` (prompt, completion, reward, ...); ignored by default. The run does not
-        call it yet: completion-sample logging (`metrics.samples_every`) is the next issue's, and it will
-        reach every sink through this hook."""
+        """Completion samples of `step`, every `metrics.samples_every` steps, after that step's `log_row`: records
+        {"prompt", "completion", "reward", "rewards", "advantage", ...} (orchestrator/metrics/samples.py);
+        ignored by default."""
 
     def on_error(self, exc: BaseException) -> None:
         """The run is stopping with `exc` (called before `close`)."""
