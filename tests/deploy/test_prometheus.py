@@ -285,6 +285,7 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
     ctrl.metrics_path = tmp_path / "metrics.jsonl"
     ctrl.start_rollouts = lambda: None  # no rollout workers in the stub
     ctrl.evaluator = SimpleNamespace(before_steps=lambda run, log: None, after_step=lambda run, step: {})  # eval off
+    ctrl.scored, ctrl.reward_parts, ctrl.tokenizer = None, {}, None  # no completion samples (metrics.samples_every=0)
 
     def step(k):
         if k > 1:  # the previous step's row is being served
