@@ -8,6 +8,7 @@ the same tracker run with no step twice, and a failing tracker leaving the run g
 from __future__ import annotations
 
 import json
+import time
 import struct
 from pathlib import Path
 
@@ -175,6 +176,9 @@ def test_wandb_resume_continues_the_same_run_id_without_duplicates(tmp_path):
     cfg = _cfg(tmp_path, ["wandb"])
     _run(cfg, tmp_path, ROWS[:3], samples=False)
     first = json.loads((tmp_path / "trackers.json").read_text())["wandb"]["run_id"]
+    # W&B names an offline folder offline-run-<second>-<id>: a resume within the same second would reuse the
+    # first run's folder and file (a real resume restarts actors first, seconds later)
+    time.sleep(1.1)
     _run(cfg, tmp_path, ROWS[1:], start_step=1, samples=False)  # resume at 1: 2, 3 held, 4 new
     state = json.loads((tmp_path / "trackers.json").read_text())["wandb"]
     assert state["run_id"] == first and state["last_step"] == 4
