@@ -145,7 +145,18 @@ def wandb_records(path: Path):
             yield record
 
 
-def _wandb_history(out: Path, run_id: str) -> tuple[list[dict], list]:
+def _wandb_history(out: Path, run_id: str, expect: int = 1) -> tuple[list[dict], list]:
+    """The history and run records of the offline run `run_id`, waiting (up to 60 s) until at least `expect`
+    history records are there: W&B's service process writes the .wandb file on its own after finish() returns."""
+    deadline = time.monotonic() + 60
+    while True:
+        history, runs = _read_wandb(out, run_id)
+        if len(history) >= expect or time.monotonic() > deadline:
+            return history, runs
+        time.sleep(0.5)
+
+
+def _read_wandb(out: Path, run_id: str) -> tuple[list[dict], list]:
     history, runs = [], []
     for f in sorted((out / "wandb").glob(f"offline-run-*{run_id}*/*.wandb"), key=lambda f: f.stat().st_mtime):
         for r in wandb_records(f):
@@ -161,7 +172,7 @@ def test_wandb_offline_run_holds_the_rows_config_and_table(tmp_path, monkeypatch
     cfg = _cfg(tmp_path, ["wandb"], "metrics.wandb.entity=${oc.env:UNIT_SECRET_ENTITY}", "metrics.wandb.project=unit")
     _run(cfg, tmp_path, ROWS)
     run_id = json.loads((tmp_path / "trackers.json").read_text())["wandb"]["run_id"]
-    history, runs = _wandb_history(tmp_path, run_id)
+    history, runs = _wandb_history(tmp_path, run_id, expect=4)
     assert [(h["_step"], round(h["reward/mean"], 6)) for h in history] == [(s, round(0.1 * s, 6)) for s in range(1, 5)]
     assert all("timing/step_s" in h and "actor/loss" not in h and "run/note" not in h for h in history)
     assert history[-1]["samples/_type"] == "table-file" and history[-1]["samples/nrows"] == 1
@@ -182,7 +193,7 @@ def test_wandb_resume_continues_the_same_run_id_without_duplicates(tmp_path):
     _run(cfg, tmp_path, ROWS[1:], start_step=1, samples=False)  # resume at 1: 2, 3 held, 4 new
     state = json.loads((tmp_path / "trackers.json").read_text())["wandb"]
     assert state["run_id"] == first and state["last_step"] == 4
-    history, _ = _wandb_history(tmp_path, first)
+    history, _ = _wandb_history(tmp_path, first, expect=4)
     steps = [h["_step"] for h in history]  # over both offline folders of the run
     assert sorted(steps) == [1, 2, 3, 4]  # no step twice
 
@@ -258,4 +269,4 @@ def test_a_supervised_restart_in_the_same_process_shows_no_step_twice(tmp_path):
     client, run_id = _mlflow_client(tmp_path)
     assert sorted(m.step for m in client.get_metric_history(run_id, "reward/mean")) == [1, 2, 3, 4]
     assert client.get_run(run_id).info.status == "FINISHED"
-    assert sorted(h["_step"] for h in _wandb_history(tmp_path, ids["wandb"])[0]) == [1, 2, 3, 4]
+    assert sorted(h["_step"] for h in _wandb_history(tmp_path, ids["wandb"], expect=4)[0]) == [1, 2, 3, 4]
