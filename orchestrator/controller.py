@@ -263,9 +263,7 @@ class GRPOController:
         env_rewards = self.source.rewards(trajs, row)  # multi-turn: the environment's (sum over turns)
         if env_rewards is not None:
             return env_rewards
-        prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None  # a reward model reads them
-        result = self.job.wait(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
-                                                         [t.group_id for t in trajs], prompts))
+        result = self.job.score(trajs)
         row.update(result.metrics)
         self.reward_parts = result.per_function  # each reward function's values (completion samples)
         check_reward_failures(result, self.cfg.reward, row["step"])  # past reward.max_failed_frac: stop, naming them

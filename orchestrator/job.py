@@ -157,6 +157,13 @@ class Job:
             raise TimeoutError(f"an actor call did not return within run.phase_timeout_s={timeout:g}s "
                                "(see the per-step phase times for the phase that hung)") from None
 
+    def score(self, trajs: list):
+        """The reward actor's RewardResult for `trajs` (their texts, gold answers and group ids; the prompts too
+        when a reward model reads them: reward.model_path), within run.phase_timeout_s."""
+        prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None
+        return self.wait(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
+                                                         [t.group_id for t in trajs], prompts))
+
     def sync_weights(self, version: int) -> dict:
         """Trainer -> every engine by `weight_sync.strategy`, verified (version and checksums); a failed
         verification is redone up to weight_sync.retries times. An engine that died or hung past

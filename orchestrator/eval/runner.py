@@ -79,9 +79,7 @@ class Evaluator:
         scratch: dict = {}  # the source's rollout/* metrics: not the step's
         source = SingleTurnSource(self.cfg, run.actors.rollout, run.job.wait, run.job.recover_rollout)
         trajs = source.generate(self.requests, run.version, scratch)
-        prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None
-        result = run.job.wait(run.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
-                                                             [t.group_id for t in trajs], prompts))
+        result = run.job.score(trajs)
         out = self.metrics(trajs, result.rewards, result.per_function)
         out.update({f"eval/reward_{k[len('reward/'):]}": v for k, v in result.metrics.items() if k.startswith("reward/")})
         out["eval/weight_version"] = run.version

@@ -76,5 +76,4 @@ class LazyTracker:
         self.name = name
 
     def from_config(self, cfg, ctx: SinkContext) -> MetricSink:
-        module, _, attr = TRACKERS[self.name].partition(":")
-        return getattr(importlib.import_module(module), attr).from_config(cfg, ctx)
+        return resolve_sink(TRACKERS[self.name], key="metrics.trackers").from_config(cfg, ctx)
