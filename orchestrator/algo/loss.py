@@ -24,9 +24,10 @@ from typing import Any, Optional
 from torch import Tensor
 
 from orchestrator.algo.loss_parts import (
-    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, importance_weight, kl_term,
+    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, kl_term,
     loss_metrics, loss_normalizer, masked, policy_ratio,
 )
+from orchestrator.algo.mismatch import MismatchSettings, correction_weight
 from orchestrator.algo.registry import Registry
 
 __all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "MaskedTerms", "compute_policy_loss",
@@ -57,6 +58,7 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tis_cap: Optional[float] = None
+    rollout_correction: MismatchSettings = MismatchSettings()  # orchestrator/algo/mismatch.py
 
 
 @dataclass(frozen=True)
@@ -185,9 +187,9 @@ def finish_loss(pg: Tensor, clipped: Tensor, t: MaskedTerms, inputs: LossInputs,
     rollout), tis_cap), detached, when `cfg.tis_cap` and `inputs.rollout_logprobs` are set), the KL penalty
     (`cfg.kl_coef` * `kl_penalty(..., cfg.kl_estimator)`), the aggregation (`cfg.loss_agg`, divided by
     `inputs.normalizer`) and the `actor/*` metrics. Returns (float32 scalar loss, metrics)."""
-    weight = None
-    if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
-        weight = importance_weight(t.old_logprobs, masked(inputs.rollout_logprobs, t.mask), cfg.tis_cap)
+    # TIS, or IcePop / sequence IS / geometric rejection by cfg.rollout_correction (orchestrator/algo/mismatch.py)
+    weight = correction_weight(t.old_logprobs, inputs.rollout_logprobs, t.mask, cfg)
+    if weight is not None:
         pg = pg * weight
     ref = masked(inputs.ref_logprobs, t.mask) if inputs.ref_logprobs is not None else None
     kl = kl_term(t.logprobs, ref, cfg.kl_estimator)
