@@ -13,10 +13,10 @@ weighted). ``algo.tis_cap`` keeps its meaning in every mode but the sequence-lev
 
 - ``none``: ``w_t = min(rho_t, tis_cap)`` (TIS, Yao et al. 2025), or no weight when ``tis_cap`` is null:
   exactly the loss of the releases before this module.
-- ``token_mask``: IcePop (Ling team 2025, "Small Leak Can Sink a Great Ship", eq. 5):
+- ``token_mask``: IcePop (Ling team 2025, "Small Leak Can Sink a Great Ship", its masked objective):
   ``w_t = min(rho_t, tis_cap) * 1[token_low <= rho_t <= token_high]`` (``1[...]`` alone when ``tis_cap`` is
   null); with ``tis_cap >= token_high`` this is IcePop's masked token weight ``rho_t * 1[...]``.
-- ``seq_truncate``: sequence-level truncated IS (Seq-TIS; Yao, Liu et al. 2025, "When Speed Kills
+- ``seq_truncate``: sequence-level truncated IS (Seq-TIS; Liu et al. 2025, "When Speed Kills
   Stability", rollout correction; verl ``rollout_is: sequence``): every token of sequence ``i`` gets
   ``w_i = min(prod_t rho_t, seq_cap) = exp(min(sum_t log rho_t, log seq_cap))``.
 - ``seq_mask``: sequence-level masked IS (Seq-MIS, same source): ``w_i = prod_t rho_t * 1[prod_t rho_t <=
@@ -24,9 +24,10 @@ weighted). ``algo.tis_cap`` keeps its meaning in every mode but the sequence-lev
 - ``geo_mask``: geometric-mean rejection (Geo-RS, same source): sequence ``i`` leaves the loss unless
   ``geo_low <= exp(mean_t log rho_t) <= geo_high``; the kept tokens keep ``min(rho_t, tis_cap)`` (or 1).
 
-A masked token or sequence keeps its KL term and still counts in the loss normaliser (weight 0, as verl and
-the papers drop it from the gradient without renormalising), so the loss stays micro-batch invariant. All
-weights are detached. Pure torch; no Ray, no vLLM.
+A masked token or sequence keeps its KL term and still counts in the loss normaliser (weight 0, as in IcePop's
+objective, whose 1/|o_i| counts every token): the normaliser is computed once for the global batch before it is
+split, so the loss stays micro-batch and data-parallel invariant. All weights are detached. Pure torch; no Ray,
+no vLLM.
 """
 from __future__ import annotations
 
