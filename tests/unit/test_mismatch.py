@@ -9,12 +9,13 @@ row 0: rho = [1.5, 3, 0.25] (prod 1.125, geometric mean 1.125^(1/3) = 1.0400); r
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from orchestrator.algo import LossConfig, LossInputs, compute_policy_loss, importance_weight, masked
+from orchestrator.algo import LossConfig, LossInputs, compute_policy_loss, importance_weight, loss_normalizer, masked
 from orchestrator.algo.loss import masked_terms
 from orchestrator.algo.loss_parts import add_kl, aggregate, clipped_surrogate, kl_term, loss_metrics
 from orchestrator.algo.mismatch import MISMATCH_MODES, MismatchSettings, correction, uses_rollout_logprobs
@@ -225,3 +226,33 @@ def test_direct_callers_get_the_same_range_errors():
         compute_policy_loss(inputs, _cfg("seq_truncate", seq_cap=0.5))
     with pytest.raises(ValueError, match="algo.rollout_correction.mode='x' is not allowed"):
         compute_policy_loss(inputs, _cfg("x"))
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", MISMATCH_MODES)
+def test_loss_and_gradient_split_over_ranks_and_micro_batches_equal_the_unsplit(mode, agg):
+    # the sequence weights depend on whole rows only, so any split of the rows gives the un-split update
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(8, 5, generator=gen, requires_grad=True)
+    lp = torch.nn.functional.logsigmoid(logits)  # a differentiable stand-in for token logprobs
+    old = lp.detach() + 0.1 * torch.randn(8, 5, generator=gen)
+    rollout, adv = old + 0.3 * torch.randn(8, 5, generator=gen), torch.randn(8, 5, generator=gen)
+    mask = torch.rand(8, 5, generator=gen) > 0.25
+    mask[2] = False
+    cfg = replace(_cfg(mode, geo_low=0.95, geo_high=1.05, token_low=0.8, token_high=1.25, seq_cap=1.2), loss_agg=agg)
+
+    def loss_of(rows, normalizer):
+        inputs = LossInputs(lp[rows], old[rows], adv[rows], mask[rows], normalizer, 5, rollout_logprobs=rollout[rows])
+        return compute_policy_loss(inputs, cfg)[0]
+
+    kept = correction(masked(old, mask), rollout, mask, cfg).kept
+    if mode in ("token_mask", "seq_mask", "geo_mask"):  # the filter drops some tokens and keeps others
+        assert (mask & ~kept).any() and kept.any()
+    whole = loss_of(list(range(8)), loss_normalizer(mask, agg, max_response_len=5))
+    want = torch.autograd.grad(whole, logits, retain_graph=True)[0]
+    norm = loss_normalizer(mask, agg, max_response_len=5, dp_size=2)
+    shards = [[[0], [1, 2, 3]], [[4, 5], [6], [7]]]  # 2 ranks, uneven micro-batches
+    per_rank = [sum(loss_of(rows, norm) for rows in shard) for shard in shards]
+    got = sum(per_rank) / 2  # the gradient average over ranks
+    assert got.item() == pytest.approx(whole.item(), rel=1e-6, abs=1e-7)
+    torch.testing.assert_close(torch.autograd.grad(got, logits)[0], want, rtol=1e-5, atol=1e-7)
