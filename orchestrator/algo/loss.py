@@ -24,9 +24,10 @@ from typing import Any, Optional
 from torch import Tensor
 
 from orchestrator.algo.loss_parts import (
-    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, importance_weight, kl_term,
+    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, kl_term,
     loss_metrics, loss_normalizer, masked, policy_ratio,
 )
+from orchestrator.algo.mismatch import MismatchSettings, correction_weight
 from orchestrator.algo.registry import Registry
 
 __all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "MaskedTerms", "compute_policy_loss",
@@ -57,6 +58,7 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tis_cap: Optional[float] = None
+    rollout_correction: MismatchSettings = MismatchSettings()  # orchestrator/algo/mismatch.py
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,9 @@ class LossInputs:
         normalizer: ``loss_normalizer(global_mask, loss_agg, ..., dp_size=D)``, finite and > 0.
         max_response_len: constant divisor of ``"seq-mean-token-sum-norm"`` (Dr. GRPO).
         ref_logprobs: ``[B, T]`` reference-model logprobs (KL term), or None.
-        rollout_logprobs: ``[B, T]`` sampler logprobs for the importance correction (TIS), or None: the
-            caller passes them only when the correction applies.
+        rollout_logprobs: ``[B, T]`` sampler logprobs for the mismatch correction (TIS, or
+            ``algo.rollout_correction``: orchestrator/algo/mismatch.py), or None: the caller passes them only
+            when a correction applies.
 
     Raises:
         ValueError: a tensor whose shape differs from ``logprobs`` (naming it), ``logprobs`` not 2-D,
@@ -114,7 +117,8 @@ def compute_policy_loss(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str,
     Raises:
         ValueError: unknown ``policy_loss`` (naming ``algo.policy_loss`` and listing the registered
             names), unknown ``loss_agg`` / missing ``max_response_len``, a negative clip or ``kl_coef``,
-            ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``.
+            ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``, an invalid
+            ``rollout_correction`` field (naming ``algo.rollout_correction.<field>``).
     """
     fn = POLICY_LOSSES.resolve(cfg.policy_loss, getattr(cfg, "plugins", None) or ())
     check_loss_agg(cfg.loss_agg, inputs.max_response_len)
@@ -146,7 +150,7 @@ def ppo_clip(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; Clip-Higher, DAPO, Yu et al. 2025,
     section 3.1. ``w = min(exp(old_logprobs - rollout_logprobs), tis_cap)``, detached (TIS, Yao et al.
     2025), weights only the policy-gradient term and is 1 unless ``inputs.rollout_logprobs`` and
-    ``cfg.tis_cap`` are both set. Tokens are aggregated per ``cfg.loss_agg`` and divided by
+    ``cfg.tis_cap`` are both set (``cfg.rollout_correction`` masks or replaces it: orchestrator/algo/mismatch.py). Tokens are aggregated per ``cfg.loss_agg`` and divided by
     ``inputs.normalizer``.
 
     Returns:
@@ -185,9 +189,9 @@ def finish_loss(pg: Tensor, clipped: Tensor, t: MaskedTerms, inputs: LossInputs,
     rollout), tis_cap), detached, when `cfg.tis_cap` and `inputs.rollout_logprobs` are set), the KL penalty
     (`cfg.kl_coef` * `kl_penalty(..., cfg.kl_estimator)`), the aggregation (`cfg.loss_agg`, divided by
     `inputs.normalizer`) and the `actor/*` metrics. Returns (float32 scalar loss, metrics)."""
-    weight = None
-    if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
-        weight = importance_weight(t.old_logprobs, masked(inputs.rollout_logprobs, t.mask), cfg.tis_cap)
+    # TIS, or IcePop / sequence IS / geometric rejection by cfg.rollout_correction (orchestrator/algo/mismatch.py)
+    weight = correction_weight(t.old_logprobs, inputs.rollout_logprobs, t.mask, cfg)
+    if weight is not None:
         pg = pg * weight
     ref = masked(inputs.ref_logprobs, t.mask) if inputs.ref_logprobs is not None else None
     kl = kl_term(t.logprobs, ref, cfg.kl_estimator)
