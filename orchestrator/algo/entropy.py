@@ -24,9 +24,13 @@ _MAX_CHUNK_ELEMENTS = 1 << 28
 
 
 def _rows_entropy(scaled: Tensor) -> Tensor:
+    """``log s + m - <e, z> / s`` with ``m = max z``, ``e = exp(z - m)``, ``s = sum e``: the entropy with one
+    exp pass over ``[n, V]`` (half the time of logsumexp + softmax on CPU). Logits must be finite."""
     z = scaled.float()
-    lse = torch.logsumexp(z, dim=-1)
-    return lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    m = z.amax(dim=-1, keepdim=True)
+    e = torch.exp(z - m)
+    s = e.sum(dim=-1)
+    return torch.log(s) + m.squeeze(-1) - torch.linalg.vecdot(e, z) / s
 
 
 def token_entropy(logits: Tensor, temperature: float = 1.0, grad: bool = False) -> Tensor:
@@ -39,7 +43,8 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, grad: bool = False) 
             detached metric) when False.
 
     Returns:
-        ``logits.shape[:-1]`` float32, >= 0 (up to rounding), <= log V.
+        ``logits.shape[:-1]`` float32, >= 0 (up to rounding), <= log V. Finite logits are assumed (a -inf
+        logit gives NaN).
 
     Raises:
         ValueError: ``temperature`` not finite or <= 0, ``logits`` not floating or 0-D.
