@@ -113,3 +113,17 @@ def test_trainer_update_is_invariant_to_micro_batches_packing_and_shared_prefix(
         got = _step(tiny, algo, **over)
         for key in ("actor/loss", "actor/grad_norm", "actor/entropy", "actor/approx_kl_old", "actor/ratio_mean"):
             assert got[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), (over, key)
+
+
+def test_default_dual_clip_leaves_the_trainer_update_bit_identical_while_ratios_stay_below_c(tiny) -> None:
+    weights = []
+    for algo in ({}, {"dual_clip_c": None}):  # the default (c = 3) and off
+        tc = OmegaConf.structured(TrainerConfig)
+        tc.update({"lr": 5e-3, "warmup_steps": 0, "num_threads": 1, "precision": "fp32", "mini_batches": 2})
+        ac = OmegaConf.structured(AlgoConfig)
+        ac.update(algo)
+        t = Trainer(str(tiny), tc, ac, temperature=1.0, max_new_tokens=8)
+        m = t.train_step(_group_batch())
+        assert m["actor/clip_frac_dual"] == 0.0 and m["actor/approx_kl_old"] > 0  # the 2nd mini-batch moved
+        weights.append(t.model.state_dict())
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
