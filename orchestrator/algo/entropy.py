@@ -27,10 +27,11 @@ def _rows_entropy(scaled: Tensor) -> Tensor:
     """``log s + m - <e, z> / s`` with ``m = max z``, ``e = exp(z - m)``, ``s = sum e``: the entropy with one
     exp pass over ``[n, V]`` (half the time of logsumexp + softmax on CPU). Logits must be finite."""
     z = scaled.float()
-    m = z.amax(dim=-1, keepdim=True)
-    e = torch.exp(z - m)
-    s = e.sum(dim=-1)
-    return torch.log(s) + m.squeeze(-1) - torch.linalg.vecdot(e, z) / s
+    with torch.autocast(device_type=z.device.type, enabled=False):  # float32 even inside bf16 autocast
+        m = z.amax(dim=-1, keepdim=True)
+        e = torch.exp(z - m)
+        s = e.sum(dim=-1)
+        return torch.log(s) + m.squeeze(-1) - torch.linalg.vecdot(e, z) / s
 
 
 def token_entropy(logits: Tensor, temperature: float = 1.0, grad: bool = False) -> Tensor:

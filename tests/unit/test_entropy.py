@@ -107,3 +107,12 @@ def test_the_sink_keeps_a_graph_only_when_asked(model) -> None:
     assert not metric.value.requires_grad and bonus.value.requires_grad
     torch.testing.assert_close(metric.value, bonus.value.detach(), atol=0, rtol=0)
     assert torch.equal(metric.value[~mb.mask], torch.zeros(int((~mb.mask).sum())))
+
+
+def test_bf16_logits_and_autocast_give_float32_entropy() -> None:
+    x = torch.randn(4, 7, 13)
+    ref = token_entropy(x)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        h = token_entropy(x.bfloat16(), grad=True)
+    assert h.dtype == torch.float32
+    torch.testing.assert_close(h, ref, atol=3e-2, rtol=0)  # bf16 rounding of the logits only
