@@ -28,8 +28,9 @@ from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
 from actors.trainer.forward import collate
-from actors.trainer.forward import collate_packed, per_sequence, split_micro_batches
-from actors.trainer.forward import LOSS_MASK, apply_loss_mask
+from actors.trainer.forward import collate_packed, split_micro_batches
+from actors.trainer.forward import LOSS_MASK
+from actors.trainer.policy_forward import policy_forward
 from actors.trainer import lora
 from actors.trainer import prefix_share
 from actors.trainer.moe_loss import RouterAux
@@ -187,13 +188,10 @@ class Trainer:
 
     def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self.router_aux is not None else None  # MoE: per-layer router logits of this forward
-        # each distinct prompt once when trainer.shared_prefix applies (actors/trainer/prefix_share.py), else forward_logprobs
-        logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch.prompt_ids[i] for i in part],
-                                                     [batch.response_ids[i] for i in part], router)
         real_tokens_mask = mb.attention_mask
-        if mb.segments is not None:  # packed row -> one sequence per row: the loss aggregates per row
-            logprobs, mb = per_sequence(logprobs, mb)
-        mb = apply_loss_mask(mb)  # multi-turn: observation/template ids leave the loss, KL and metrics
+        # shared-prompt or plain forward, token entropy from its logits, packed rows per sequence, loss mask
+        logprobs, entropy, mb = policy_forward(self, mb, [batch.prompt_ids[i] for i in part],
+                                               [batch.response_ids[i] for i in part], router)
         device = logprobs.device
         mask = mb.mask.to(device)
         rollout = mb.values["rollout"].to(device)
@@ -203,7 +201,8 @@ class Trainer:
             old = mb.values["old"].to(device) if "old" in mb.values else logprobs.detach()
         inputs = LossInputs(logprobs, old, mb.values["adv"].to(device), mask, norm, self.max_new_tokens,
                             ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
-                            rollout_logprobs=rollout if uses_rollout_logprobs(self.algo) else None)  # TIS, IcePop, MIS
+                            rollout_logprobs=rollout if uses_rollout_logprobs(self.algo) else None,  # TIS, IcePop, MIS
+                            entropy=entropy)
         loss, m = compute_policy_loss(inputs, self.algo)  # the registered `algo.policy_loss` (orchestrator/algo/loss.py)
         if self.router_aux is not None:  # router load-balancing loss over real tokens (case C12)
             loss = loss + self.router_aux.add(router, real_tokens_mask)

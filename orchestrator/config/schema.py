@@ -15,6 +15,7 @@ from orchestrator.algo.advantages import ADVANTAGE_ESTIMATORS
 from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
+from orchestrator.config.algo_losses import PolicyLossOptions
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
 from orchestrator.config.rollout_correction import RolloutCorrectionConfig
 from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbConfig
@@ -101,9 +102,9 @@ class RewardConfig:
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(PolicyLossOptions):  # + the issue-19 loss keys (orchestrator/config/algo_losses.py)
     # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
-    # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip, plus any registered by a module in `plugins`.
+    # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip | gspo | gspo_token | cispo, plus any registered.
     estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS.names)
     policy_loss: str = choice("ppo_clip", POLICY_LOSSES.names)
     # Modules that register estimators / losses: dotted names importable by every process, or absolute
