@@ -20,6 +20,7 @@ from orchestrator.algo.loss import (
 from orchestrator.algo.loss_parts import (
     add_kl, aggregate, clipped_surrogate, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
 )
+from orchestrator.algo import reinforce  # noqa: F401 - registers reinforce_plus_plus(_baseline)
 from orchestrator.algo.registry import import_plugins
 from orchestrator.algo.schedule import lr_multiplier
 
