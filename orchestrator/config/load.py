@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.fields import check_fields
+from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
@@ -143,6 +144,10 @@ def validate(cfg) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_async(cfg)
+    try:  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
+        check_sampling_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _check_auto_placement(cfg)
     _check_fake_gpus(cfg)
 
