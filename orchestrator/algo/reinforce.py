@@ -57,6 +57,7 @@ def reinforce_plus_plus(inputs: AdvantageInputs, cfg: Any) -> Tensor:
 
 @register_advantage_estimator("reinforce_plus_plus_baseline")
 def reinforce_plus_plus_baseline(inputs: AdvantageInputs, cfg: Any) -> Tensor:
-    """REINFORCE++-baseline (Hu 2025, the group-baseline variant): ``r_i - mean_g`` (the group's mean reward), then whitened over
-    the global batch's response tokens as ``reinforce_plus_plus``. Returns ``[B, T]`` float32."""
-    return whiten_over_tokens(group_stats(inputs.rewards, inputs.group_ids).centred, inputs.response_mask, cfg.adv_eps)
+    """REINFORCE++-baseline (Hu 2025, the group-baseline variant): ``r_i - mean_g`` (the group's mean reward),
+    then whitened over the global batch's response tokens as ``reinforce_plus_plus``. Returns ``[B, T]`` float32."""
+    centred = group_stats(inputs.rewards, inputs.group_ids).centred
+    return whiten_over_tokens(centred, inputs.response_mask, cfg.adv_eps)

@@ -67,7 +67,8 @@ class Pool:
     def add(self, trajs: list, rewards: list[float], parts: dict) -> None:
         parts = {k: v for k, v in parts.items() if len(v) == len(trajs)}  # multi-turn: none (env rewards)
         for idx, good in split_groups(trajs, rewards):
-            group = ([trajs[i] for i in idx], [rewards[i] for i in idx], {k: [v[i] for i in idx] for k, v in parts.items()})
+            values = {k: [v[i] for i in idx] for k, v in parts.items()}
+            group = ([trajs[i] for i in idx], [rewards[i] for i in idx], values)
             (self.kept if good else self.uniform).append(group)
             self.generated += 1
 
