@@ -23,6 +23,7 @@ from orchestrator.algo.loss_parts import (
 )
 from orchestrator.algo import losses_extra  # noqa: F401  (registers gspo, gspo_token, cispo)
 from orchestrator.algo.entropy import EntropySink, token_entropy
+from orchestrator.algo import reinforce  # noqa: F401 - registers reinforce_plus_plus(_baseline)
 from orchestrator.algo.registry import import_plugins
 from orchestrator.algo.schedule import lr_multiplier
 

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.fields import check_fields
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
+from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
@@ -146,6 +147,10 @@ def validate(cfg) -> None:
     _check_async(cfg)
     try:  # algo.rollout_correction against algo.old_logprobs (orchestrator/config/rollout_correction.py)
         check_rollout_correction(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    try:  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
+        check_sampling_config(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_auto_placement(cfg)

@@ -13,7 +13,8 @@ from orchestrator.config.schema import CHOICES
 
 
 def test_config_choices_are_the_registries_names() -> None:
-    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo")
+    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo", "reinforce_plus_plus",
+                                                                         "reinforce_plus_plus_baseline")
     assert CHOICES["algo.policy_loss"] == POLICY_LOSSES.names() == ("ppo_clip", "gspo", "gspo_token", "cispo")
 
 
