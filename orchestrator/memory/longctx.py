@@ -122,3 +122,12 @@ def long_context_fields(cfg) -> dict:
     return dict(context_parallel=int(getattr(t, "context_parallel_size", 1)),
                 engine_fp8=getattr(r, "quantization", "none") == "fp8",
                 kv_cache_bytes=1 if getattr(r, "kv_cache_dtype", "auto") == "fp8" else 0)
+
+
+def describe(run) -> str:
+    """The plan's note on the run line: ', context parallel c=4, FP8 rollout weights + KV cache' ('' if none)."""
+    out = [f"context parallel c={cp_size(run)}"] if cp_size(run) > 1 else []
+    if run.engine_fp8 or run.kv_cache_bytes == 1:
+        out.append("FP8 rollout " + " + ".join(w for w, on in (("weights", run.engine_fp8),
+                                                               ("KV cache", run.kv_cache_bytes == 1)) if on))
+    return "".join(", " + x for x in out)

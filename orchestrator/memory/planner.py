@@ -291,7 +291,7 @@ def format_plan(plan: MemoryPlan) -> str:
              f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads / {m.kv_heads} KV heads, vocab {m.vocab}",
              f"run: {r.algorithm} on {r.device}, {r.precision}, {r.trainer_ranks} trainer rank(s), micro-batch "
              f"{mb}, checkpointing {'on' if r.gradient_checkpointing else 'off'}, "
-             f"LoRA {'rank ' + str(r.lora_rank) if r.lora_rank else 'off'}, {r.attention} attention", ""]
+             f"LoRA {'rank ' + str(r.lora_rank) if r.lora_rank else 'off'}, {r.attention} attention{longctx.describe(r)}", ""]
     rows = [("role", "device", "n", *COLUMNS, "total")]
     for role in plan.roles:
         rows.append((role.role, role.device, str(role.count), *(_gib(role.parts.get(c, 0)) for c in COLUMNS),
