@@ -23,6 +23,8 @@ FP8 rollouts (`rollout.quantization: fp8`, vLLM's Fp8LinearMethod): the linear l
 """
 from __future__ import annotations
 
+import math
+
 from orchestrator.memory.shapes import ModelShape
 
 
@@ -94,10 +96,17 @@ def kv_dtype_bytes(run) -> int:
 
 def long_context_candidates(run) -> list:
     """(kind, config change, RunShape overrides) the planner tries when a run does not fit: context
-    parallelism over c ranks (c > current, dividing the trainer ranks, mild to strong), FP8 training,
+    parallelism over c ranks (c > current, mild to strong; with more trainer ranks where c does not divide
+    them), FP8 training,
     FP8 rollout weights, then FP8 weights and KV cache."""
-    out = [("cp", f"trainer.context_parallel_size={c} (ring attention)", dict(context_parallel=c))
-           for c in (2, 4, 8, 16, 32, 64) if c > cp_size(run) and run.trainer_ranks % c == 0]
+    out = []
+    for c in (2, 4, 8, 16, 32, 64):
+        if c <= cp_size(run):
+            continue
+        ranks = run.trainer_ranks * c // math.gcd(run.trainer_ranks, c)  # the fewest ranks c divides
+        more = f"trainer.num_workers={ranks} + " if ranks != run.trainer_ranks else ""
+        out.append(("cp", f"{more}trainer.context_parallel_size={c} (ring attention)",
+                    dict(context_parallel=c, trainer_ranks=ranks)))
     if run.precision == "bf16-autocast":
         out.append(("fp8-train", "trainer.precision=fp8", dict(precision="fp8")))
     if getattr(run, "algorithm", "grpo") != "dpo" and run.engines:

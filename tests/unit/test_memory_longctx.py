@@ -128,3 +128,21 @@ def test_config_keys_are_planned_but_a_run_refuses_them(tmp_path, capsys):
     assert "fp8, 2 trainer rank(s)" in out and "context parallel c=2, FP8 rollout weights + KV cache" in out
     assert main(["run", CPU_YAML, f"model.path={folder}", *keys]) == 2
     assert "not built yet" in capsys.readouterr().err
+
+
+def test_long_context_candidates():
+    cands = longctx.long_context_candidates(RunShape(trainer_ranks=2, context_parallel=2))
+    cp = [(text, changes) for kind, text, changes in cands if kind == "cp"]
+    # c = 4 needs 4 ranks (the fewest that 4 divides), c = 2 (the current one) is not offered
+    assert cp[0] == ("trainer.num_workers=4 + trainer.context_parallel_size=4 (ring attention)",
+                     dict(context_parallel=4, trainer_ranks=4))
+    assert [k for k, _, _ in cands if k != "cp"] == ["fp8-train", "fp8-rollout", "fp8-rollout"]
+    done = RunShape(precision="fp8", engine_fp8=True, kv_cache_bytes=1, context_parallel=64, trainer_ranks=64)
+    assert longctx.long_context_candidates(done) == []
+    assert longctx.not_built(done) == ["context parallelism", "FP8 training", "FP8 rollouts"]
+
+
+def test_a_long_single_gpu_run_is_told_to_add_context_parallel_ranks(capsys):
+    argv = ["plan", "memory", "--model", "llama3-8b", "--seq-len", "32768", "--response-len", "30000", "--grad-ckpt"]
+    assert main(argv) == 1
+    assert "trainer.num_workers=4 + trainer.context_parallel_size=4 (ring attention): fits" in capsys.readouterr().out
