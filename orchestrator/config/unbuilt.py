@@ -25,7 +25,7 @@ def unbuilt_settings(cfg) -> list[str]:
     out = []
     if t.context_parallel_size > 1:
         out.append(f"trainer.context_parallel_size={t.context_parallel_size} (the trainer's ring attention over "
-                   "ranks is not built yet: only the math, orchestrator/algo/ring_attention.py)")
+                   "ranks is not built yet: only the attention, orchestrator/algo/ring_attention.py and ring_dist.py)")
     if t.precision == "fp8":
         out.append("trainer.precision=fp8 (the trainer's FP8 linear layers are not built yet)")
     if r.quantization == "fp8":

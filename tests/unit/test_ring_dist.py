@@ -1,6 +1,6 @@
 """Ring attention over 2 gloo ranks (orchestrator/algo/ring_dist.py, torch.multiprocessing.spawn, tiny
-shapes) equals the one-process ring_attention and causal SDPA, with and without packed documents and
-with an uneven split."""
+shapes) equals the one-process ring_attention and causal SDPA, its gradients (the backward's reverse ring)
+equal autograd's through the one-process version, with and without packed documents and with an uneven split."""
 from __future__ import annotations
 
 import pytest
@@ -23,6 +23,10 @@ def _inputs(t: int):
 CASES = ((8, False), (11, True))  # (seq_len, packed): 11 splits unevenly (chunks of 3, 3, 3, 2)
 
 
+def _weights(q):
+    return torch.randn(q.shape, generator=torch.Generator().manual_seed(99))
+
+
 def _rank(rank: int, init: str, out_dir: str) -> None:
     from orchestrator.algo.ring_dist import ring_attention_dist
 
@@ -31,8 +35,10 @@ def _rank(rank: int, init: str, out_dir: str) -> None:
         for t, packed in CASES:
             q, k, v, docs = _inputs(t)
             pos = zigzag_positions(t, C)[rank]
-            out = ring_attention_dist(q[..., pos, :], k[..., pos, :], v[..., pos, :], t, docs if packed else None)
-            torch.save(out, f"{out_dir}/out{t}_{rank}.pt")
+            local = [x[..., pos, :].clone().requires_grad_() for x in (q, k, v)]
+            out = ring_attention_dist(*local, t, docs if packed else None)
+            (out * _weights(q)[..., pos, :]).sum().backward()
+            torch.save([out.detach()] + [x.grad for x in local], f"{out_dir}/out{t}_{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -46,12 +52,19 @@ def outputs(tmp_path_factory):
 
 @pytest.mark.parametrize("t, packed", CASES)
 def test_two_gloo_ranks_equal_one_process(outputs, t, packed):
-    q, k, v, docs = _inputs(t)
+    q, k, v, docs = (x.requires_grad_() if x.is_floating_point() else x for x in _inputs(t))
     single = ring_attention(q, k, v, C, doc_ids=docs if packed else None)
-    out = torch.empty_like(q)
+    grads = torch.autograd.grad((single * _weights(q)).sum(), (q, k, v))
+    out, dist_grads = torch.empty_like(q), [torch.empty_like(q) for _ in range(3)]
     for rank, pos in enumerate(zigzag_positions(t, C)):
-        out[..., pos, :] = torch.load(outputs / f"out{t}_{rank}.pt")
+        saved = torch.load(outputs / f"out{t}_{rank}.pt")
+        out[..., pos, :] = saved[0]
+        for whole, part in zip(dist_grads, saved[1:]):
+            whole[..., pos, :] = part
     assert torch.allclose(out, single, atol=1e-6)
+    for mine, ref in zip(dist_grads, grads):  # dq, dk, dv: the backward's reverse ring equals autograd
+        assert torch.allclose(mine, ref, atol=1e-5)
+    out, single = out.detach(), single.detach()
     mask = torch.ones(t, t, dtype=torch.bool).tril()
     if packed:
         mask = mask & (docs[0][:, None] == docs[0][None, :])
