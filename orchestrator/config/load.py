@@ -18,10 +18,10 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.fields import check_fields
 from orchestrator.config.schema import Config, RewardFunctionConfig
-from orchestrator.config.unbuilt import check_context_parallel, refuse_unbuilt
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
+from orchestrator.config.unbuilt import check_context_parallel, refuse_unbuilt  # noqa: I001 (own line: merges)
 
 
 class ConfigError(ValueError):
