@@ -23,14 +23,16 @@ from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
+from orchestrator.config.unbuilt import check_context_parallel, refuse_unbuilt  # noqa: I001 (own line: merges)
 
 
 class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names the key path."""
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()) -> Config:
-    """Merge defaults, the YAML file at `path` (optional) and `overrides` ("a.b=value" strings).
+def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (), plan_only: bool = False) -> Config:
+    """Merge defaults, the YAML file at `path` (optional) and `overrides` ("a.b=value" strings). plan_only: the
+    config is only planned (`rl-orch plan memory`), so keys a run cannot use yet are allowed (unbuilt.py).
 
     Returns a resolved, read-only `Config` object (attribute access, typed).
     Raises ConfigError for a missing file, an unknown key, a wrong type or an invalid value.
@@ -61,6 +63,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     except (OmegaConfBaseException, TypeError, ValueError) as e:
         raise ConfigError(_describe(e) if isinstance(e, OmegaConfBaseException) else str(e)) from None
     validate(merged)
+    if not plan_only:
+        _run(refuse_unbuilt, merged)
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
 
@@ -117,6 +121,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"data.max_prompt_tokens ({cfg.data.max_prompt_tokens}) + rollout.max_new_tokens "
                           f"({cfg.rollout.max_new_tokens}) exceed rollout.max_model_len ({cfg.rollout.max_model_len})")
     _check_packing(cfg)
+    _run(check_context_parallel, cfg)
     _check_lora_targets(cfg)
     _check_sinks(cfg)
     _check_sync_strategy(cfg)
@@ -155,6 +160,14 @@ def validate(cfg) -> None:
         raise ConfigError(str(e)) from None
     _check_auto_placement(cfg)
     _check_fake_gpus(cfg)
+
+
+def _run(check, cfg) -> None:
+    """Call a check that raises ValueError; re-raise it as ConfigError."""
+    try:
+        check(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_fake_gpus(cfg) -> None:

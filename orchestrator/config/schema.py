@@ -63,6 +63,9 @@ class RolloutConfig:
     max_new_tokens: int = number(64, gt=0)
     # vLLM engine
     dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16
+    # FP8 rollouts (planned by `rl-orch plan memory` only; a run refuses them: the engine support is not built yet)
+    quantization: str = choice("none", ("none", "fp8"))  # fp8: vLLM's FP8 weights for the linear layers
+    kv_cache_dtype: str = choice("auto", ("auto", "fp8"))  # auto: the engine dtype; fp8: 1-byte keys and values
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = number(0.5, gt=0, le=1)
@@ -156,7 +159,11 @@ class TrainerConfig:
     grad_clip: float = number(1.0, ge=0, finite=True)  # max global gradient norm; 0 = no clipping
     micro_batch_size: int = number(8, gt=0)  # sequences per micro-batch; the global batch is accumulated
     mini_batches: int = number(1, gt=0)  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
-    precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast"))  # fp32 | bf16-autocast (fp32 master weights)
+    # fp32 | bf16-autocast (fp32 master weights) | fp8 (FP8 linear layers: planned only, a run refuses it)
+    precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast", "fp8"))
+    # c: each sequence split over c of the trainer ranks (ring attention); divides num_workers. > 1 is
+    # planned only (`rl-orch plan memory`): a run refuses it, the trainer support is not built yet
+    context_parallel_size: int = number(1, ge=1, note="(ranks each sequence is split over; divides trainer.num_workers)")
     num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
     seed: int = 0
     # D trainer ranks in one torch.distributed group, the policy sharded with FSDP2 (fully_shard)
