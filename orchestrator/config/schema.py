@@ -20,6 +20,9 @@ from orchestrator.config.fields import ChoicesView, choice, field_choices, numbe
 from orchestrator.config.rollout_correction import RolloutCorrectionConfig
 from orchestrator.config.sampling import DynamicSamplingConfig, OverlongPenaltyConfig
 from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbConfig
+from orchestrator.config.weight_sync_config import (  # noqa: F401 (re-exported: the config's classes in one place)
+    DeltaSyncConfig, DiskSyncConfig, SyncFabricConfig, WeightSyncConfig,
+)
 from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
 
 
@@ -253,56 +256,6 @@ class RunConfig:
     # After SIGTERM/SIGINT: longest wait for the current step (and the checkpoint) to finish before it is
     # abandoned (no new checkpoint); keep it below the scheduler's kill delay (Slurm KillWait, k8s grace period).
     stop_grace_s: float = number(25.0, gt=0)
-
-
-@dataclass
-class SyncFabricConfig:
-    """What the cost model (`weight_sync.strategy: auto`, `rl-orch plan sync`) assumes about the cluster.
-    Bandwidths in GB/s (10^9 bytes per second, one direction)."""
-    intra_node: str = choice("loopback", ("nvlink", "pcie4", "pcie5", "loopback"))  # nvlink | pcie4 | pcie5 | loopback: trainer <-> engines on one node
-    inter_node: str = choice("eth25", ("ib200", "ib400", "eth25", "eth100", "loopback"))  # ib200 | ib400 | eth25 | eth100 | loopback: across nodes
-    engine_nodes: int = number(0, ge=0, finite=True)  # nodes that hold rollout engines apart from the trainer's node; 0 = same node
-    fs_write_gbps: float = number(1.0, gt=0)  # the shared filesystem (weight_sync.disk.path): write rate from the trainer
-    fs_read_gbps: float = number(2.0, gt=0)  # its aggregate read rate over all engines
-
-
-@dataclass
-class DiskSyncConfig:
-    # Shared by the trainer and every engine (NFS, a PVC). Versions live in v<version>/, written under a
-    # temporary name and renamed when complete; older versions are removed once every engine loaded.
-    path: str = "${run.output_dir}/weight_sync"
-    shard_mb: int = number(2048, gt=0)
-
-
-@dataclass
-class DeltaSyncConfig:
-    # A full sync instead when more than this fraction of the elements changed since the engines' version.
-    max_changed_fraction: float = number(0.5, gt=0, le=1)
-    zstd_level: int = number(3, ge=1, le=22)
-    full_every: int = number(0, ge=0, finite=True)  # also a full sync every N versions (0 = never forced)
-
-
-@dataclass
-class WeightSyncConfig:
-    # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store) or
-    # auto (the cheapest by the cost model)
-    # a registered strategy (orchestrator/weight_sync/registry.py: nccl | disk | delta | object_store), "auto"
-    # (the cheapest by the cost model), or the dotted path of a module defining STRATEGY (your own strategy)
-    strategy: str = "object_store"
-    bucket_mb: int = number(256, gt=0)  # nccl/gloo: parameters flattened into buckets of this size, double-buffered
-    timeout_s: float = number(600.0, gt=0)  # one sync (all buckets, all engines); past it the run stops with an error
-    verify: bool = True  # every engine reports its version and per-group checksums after each sync
-    retries: int = number(1, ge=0, finite=True)  # a sync that fails verification is redone this many times (sync/failures counts them)
-    # After a verified sync every engine scores a fixed token sequence and its logprobs must match the trainer's
-    # (orchestrator/weight_sync/probe.py): checks the weights the engine computes with, not only those it loaded.
-    probe: bool = True
-    probe_every: int = number(1, ge=1, finite=True)  # probe every N-th sync (an engine's first sync always)
-    # max |engine - trainer| logprob in nats over the probe's tokens; 0 = by rollout.dtype (float32 1e-3,
-    # bfloat16/float16 4.0: ten times the differences measured, docs/weight-sync.md)
-    probe_tolerance: float = number(0.0, ge=0, finite=True)
-    disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
-    delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
-    fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)
 
 
 @dataclass
