@@ -10,6 +10,7 @@ from orchestrator.algo.advantages import (
     ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, broadcast_to_tokens, compute_advantages,
     compute_token_advantages, group_stats, register_advantage_estimator, sequence_abs_mean,
 )
+from orchestrator.algo.gae import gae_advantages_returns, gae_from_inputs, token_level_rewards  # registers "gae"
 from orchestrator.algo.batch import TrainBatch, response_mask_tensor, token_rows
 from orchestrator.algo.kl import kl_penalty
 from orchestrator.algo.logprobs import position_ids_from_attention_mask, token_logprobs
@@ -38,6 +39,8 @@ __all__ = [
     "broadcast_to_tokens",
     "clipped_surrogate",
     "finish_loss",
+    "gae_advantages_returns",
+    "gae_from_inputs",
     "compute_advantages",
     "compute_policy_loss",
     "compute_token_advantages",
@@ -59,5 +62,6 @@ __all__ = [
     "response_mask_tensor",
     "sequence_abs_mean",
     "token_logprobs",
+    "token_level_rewards",
     "token_rows",
 ]

@@ -15,6 +15,7 @@ from orchestrator.algo.advantages import ADVANTAGE_ESTIMATORS
 from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
+from orchestrator.config.critic import CriticConfig, GaeFields
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
 from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbConfig
 from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
@@ -100,7 +101,7 @@ class RewardConfig:
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(GaeFields):  # + gamma, lam, value_clip (PPO with a critic: orchestrator/config/critic.py)
     # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
     # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip, plus any registered by a module in `plugins`.
     estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS.names)
@@ -385,6 +386,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (docs/eval.md)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # the value model of algo.estimator=gae
 
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the
