@@ -99,3 +99,44 @@ def test_critic_placement_bundle():
     colo = plan_job(load_config(CPU_YAML, base + ["algo.estimator=gae", "placement.mode=colocated"]), pin=False)
     assert colo.slots["critic"][0].bundle == 0 and colo.slots["critic"][0].resources == {"CPU": 0.3333}
     assert colo.slots["trainer"][0].resources == {"CPU": 0.3333}
+
+
+def test_prometheus_serves_the_critic_keys():
+    from prometheus_client import generate_latest
+
+    from orchestrator.metrics.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter("127.0.0.1", 0, "t")
+    try:
+        exporter.log_row({"step": 1, "critic/value_loss": 0.25, "critic/explained_var": -0.5})
+        text = generate_latest(exporter.registry).decode()
+    finally:
+        exporter.close()
+    assert 'rl_orch_critic_value{name="value_loss",run="t"} 0.25' in text
+    assert 'rl_orch_critic_value{name="explained_var",run="t"} -0.5' in text
+
+
+def test_memory_plan_counts_the_critic_as_the_run_starts_it(tmp_path):
+    """algo.estimator=gae: one critic process of full fine-tuning (4 + 4 + 8 bytes a parameter, no LoRA, unsharded,
+    in critic.micro_batch_size micro-batches), on its own GPU unless its fraction fits beside the trainer's."""
+    import dataclasses
+
+    from orchestrator.memory import estimate as est
+    from orchestrator.memory.params import PRESETS
+    from orchestrator.memory.preflight import plan_for_config
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(PRESETS["smollm2-135m"], architectures=["LlamaForCausalLM"],
+                                                          head_dim=64)))
+    base = ["placement.resource=GPU", "memory.device_gib=80", "trainer.num_workers=2", "trainer.lora.rank=8",
+            "placement.trainer_per_worker=0.5", "placement.rollout_per_worker=0.5", "rollout.num_workers=1"]
+    plan = plan_for_config(load_config(CPU_YAML, base + ["algo.estimator=gae", "critic.micro_batch_size=2"]), tmp_path)
+    critic = next(r for r in plan.roles if r.role == "critic")
+    n = plan.model.num_params
+    assert plan.run.algorithm == "ppo" and critic.count == 1
+    assert (critic.parts["weights"], critic.parts["grads"], critic.parts["optimizer"]) == (4 * n, 4 * n, 8 * n)
+    expect = est.critic_bytes(plan.model, dataclasses.replace(plan.run, trainer_ranks=1, lora_rank=0, packing_tokens=0,
+                                                              micro_batch_size=2))
+    assert critic.parts == expect and critic.parts["logits"] == 0
+    assert ["critic"] in [d.roles for d in plan.devices]  # 0.5 + 0.5 fill the trainer GPU: the critic gets its own
+    without = plan_for_config(load_config(CPU_YAML, base), tmp_path)
+    assert without.run.algorithm == "grpo" and "critic" not in [r.role for r in without.roles]
