@@ -140,3 +140,20 @@ def test_memory_plan_counts_the_critic_as_the_run_starts_it(tmp_path):
     assert ["critic"] in [d.roles for d in plan.devices]  # 0.5 + 0.5 fill the trainer GPU: the critic gets its own
     without = plan_for_config(load_config(CPU_YAML, base), tmp_path)
     assert without.run.algorithm == "grpo" and "critic" not in [r.role for r in without.roles]
+
+
+def test_sizer_simulates_the_critic_beside_the_policy_update():
+    """train 3 s, critic 5 s on its own device: sync waits for the slower critic, so a synchronous step is
+    generate 10 + max(3, 5) + sync 1 = 16 s; colocated, the critic follows train on the shared GPUs: 10 + 3 + 5 + 1."""
+    from orchestrator.sizing.measurements import RunMeasurement, fit_workload
+    from orchestrator.sizing.simulator import StepCosts, simulate
+
+    with_critic = StepCosts(generate_s=10, train_s=3, sync_s=1, critic_s=5)
+    assert simulate("disaggregated", with_critic).step_s == pytest.approx(16.0)
+    assert simulate("disaggregated", StepCosts(generate_s=10, train_s=3, sync_s=1)).step_s == pytest.approx(14.0)
+    assert simulate("colocated", with_critic).step_s == pytest.approx(19.0)
+    assert simulate("disaggregated", with_critic).busy["critic"] == pytest.approx(5 / 16)
+    runs = [RunMeasurement("m", {"rollout": 1, "trainer": 1, "reference": 0},
+                           {"generate": 10.0, "train": 5.0, "critic": 4.0}, 100.0, 3, 4, "test")]
+    workload, notes = fit_workload(runs)
+    assert workload.critic_s == pytest.approx(4.0) and any("critic update" in n for n in notes)
