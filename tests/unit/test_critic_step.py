@@ -157,3 +157,10 @@ def test_sizer_simulates_the_critic_beside_the_policy_update():
                            {"generate": 10.0, "train": 5.0, "critic": 4.0}, 100.0, 3, 4, "test")]
     workload, notes = fit_workload(runs)
     assert workload.critic_s == pytest.approx(4.0) and any("critic update" in n for n in notes)
+
+
+def test_a_dead_critic_is_supervised_like_the_trainer():
+    from orchestrator.supervisor import Failure, supervised
+
+    dead = Failure("critic", "critic actor", "dead")
+    assert supervised([Failure("rollout", "rollout worker 0", "dead"), dead]) == [dead]
