@@ -30,8 +30,8 @@ from transformers import AutoModelForCausalLM
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.trainer import finite
-from actors.trainer.forward import LOSS_MASK, MicroBatch, apply_loss_mask, autocast_context, collate, \
-    response_values, split_micro_batches
+from actors.trainer.forward import (LOSS_MASK, MicroBatch, apply_loss_mask, autocast_context, collate,
+                                    response_values, split_micro_batches)
 from actors.trainer.trainer import keep_fused
 from orchestrator.algo import loss_normalizer, lr_multiplier, position_ids_from_attention_mask, response_mask_tensor
 from orchestrator.algo.value_loss import clipped_value_loss, explained_variance
@@ -140,8 +140,9 @@ class Critic:
         rows: list[dict[str, float]] = []
         for epoch in range(self.cfg.updates_per_step):
             rows.append(self._one_update(prompt_ids, response_ids, per_token, groups, norm, explain=epoch == 0))
+        explained = rows[0].pop("critic/explained_var")  # of the values before any of this step's updates
         out = {k: sum(r[k] for r in rows) / (1 if k == "critic/skipped_updates" else len(rows)) for k in rows[0]}
-        out["critic/explained_var"] = rows[0]["critic/explained_var"]
+        out["critic/explained_var"] = explained
         out["timing/critic_update_s"] = time.perf_counter() - t0
         out.update(peak_memory_metrics("critic"))
         return out

@@ -23,9 +23,9 @@ def model_dir(tmp_path_factory):
     return folder
 
 
-def _critic(model_dir, mbs: int = 2, lr: float = 1e-2, **algo) -> Critic:
+def _critic(model_dir, mbs: int = 2, lr: float = 1e-2, updates: int = 1, **algo) -> Critic:
     ccfg = SimpleNamespace(lr=lr, warmup_steps=0, weight_decay=0.0, grad_clip=1.0, micro_batch_size=mbs,
-                           updates_per_step=1)
+                           updates_per_step=updates)
     acfg = SimpleNamespace(**{"value_clip": 0.2, "loss_agg": "token-mean", **algo})
     return Critic(str(model_dir), ccfg, acfg, max_new_tokens=8, num_threads=1)
 
@@ -117,3 +117,12 @@ def test_save_and_load_restore_weights_optimizer_and_step(model_dir, tmp_path):
     assert c.weights_checksum() == pytest.approx(fresh.weights_checksum(), rel=1e-7)
     with pytest.raises(FileNotFoundError, match="holds no critic"):
         fresh.load(str(tmp_path / "nothing"))
+
+
+def test_updates_per_step_takes_that_many_optimizer_steps(model_dir):
+    c = _critic(model_dir, updates=3)
+    m = c.update(PROMPTS, RESPONSES, RETURNS, [[0.0] * len(r) for r in RESPONSES])
+    assert c.get_step() == 3 and m["critic/skipped_updates"] == 0.0
+    single = _critic(model_dir).update(PROMPTS, RESPONSES, RETURNS, [[0.0] * len(r) for r in RESPONSES])
+    assert m["critic/explained_var"] == pytest.approx(single["critic/explained_var"])  # before any update: V = 0
+    assert m["critic/value_loss"] < single["critic/value_loss"]  # the mean over 3 passes, the later ones lower
