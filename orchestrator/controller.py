@@ -19,10 +19,10 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from orchestrator.algo import (AdvantageInputs, TrainBatch, compute_token_advantages, response_mask_tensor,
-                               sequence_abs_mean, token_rows)
+from orchestrator.algo import AdvantageInputs, TrainBatch, response_mask_tensor, sequence_abs_mean, token_rows
 from orchestrator.checkpoint import checkpoint_due, prune_checkpoints, step_folder
 from orchestrator.checkpoint.resume import resume_checkpoint, resume_line
+from orchestrator.critic_step import CriticStep
 from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
 from orchestrator.eval.runner import Evaluator
 from orchestrator.guards import RunGuards
@@ -102,6 +102,7 @@ class GRPOController:
         self.last_checkpoint: Optional[str] = str(self.resume_from) if self.resume_from else None
         self.stop = StopOnSignal(cfg.run.stop_grace_s)  # installed by run()
         self.job = Job(cfg, self.model_path, self.pad_id)
+        self.critic = CriticStep(self.job, cfg)  # algo.estimator=gae: PPO's value model (orchestrator/critic_step.py)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
@@ -284,7 +285,7 @@ class GRPOController:
         r = torch.tensor(rewards, dtype=torch.float32)
         responses = [t.response_ids for t in trajs]
         mask = response_mask_tensor(responses, self._loss_masks(trajs))
-        adv = compute_token_advantages(self.cfg.algo.estimator, AdvantageInputs(r, gids, mask), self.cfg.algo)
+        adv = self.critic.advantages(trajs, AdvantageInputs(r, gids, mask), row)  # the estimator; gae: the critic's values
         _, inverse = torch.unique(gids, return_inverse=True)
         groups = inverse.max().item() + 1
         mixed = sum(bool(r[inverse == g].max() > r[inverse == g].min()) for g in range(groups))
@@ -303,7 +304,8 @@ class GRPOController:
         batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],
                            rollout_logprobs=[t.logprobs for t in trajs], advantages=advantages, ref_logprobs=ref,
                            response_mask=self._loss_masks(trajs))
-        return self.job.wait(self.actors.trainer.train_step.remote(batch))
+        critic = self.critic.start_update(batch)  # gae: the critic trains beside the policy (its own bundle)
+        return {**self.job.wait(self.actors.trainer.train_step.remote(batch)), **self.critic.finish_update(critic)}
 
     def sync_weights(self, step: int, row: dict) -> None:
         """Trainer -> every engine by `weight_sync.strategy`; then every engine's version and checksums

@@ -34,6 +34,7 @@ from typing import Any, Optional
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
+from orchestrator.critic_step import critic_checkpoint, restore_critic
 from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
 from orchestrator.placement.groups import (PlacementError, missing_resources, remove_groups, reserve_groups,
                                            slot_options, wait_placed)
@@ -80,6 +81,7 @@ class Actors:
     trainer_ranks: list = field(default_factory=list)  # all D trainer ranks, rank 0 first
     pgs: list = field(default_factory=list)
     plan: Any = None  # the JobPlan (orchestrator/placement/plan.py)
+    critic: Optional[Any] = None  # PPO's value model (actors/critic.py), when algo.estimator=gae
 
     def shutdown(self) -> None:
         try:
@@ -245,12 +247,17 @@ class Job:
     def checkpoint(self, folder: Path, extra: dict) -> str:
         """Trainer state and `extra` into `folder` (written atomically and fsynced, the tokenizer files beside
         the policy so that `folder/policy` loads standalone, `manifest.json` last). Returns the folder."""
+        if self.actors.critic is not None:  # and critic/, under the same manifest (orchestrator/critic_step.py)
+            return critic_checkpoint(self, folder, extra)
         return self.wait(self.actors.trainer.save_checkpoint.remote(str(folder), extra))
 
     def restore(self, folder: Path) -> dict:
         """Trainer weights, optimizer, scheduler and RNG from `folder`; returns the checkpoint's `extra` state.
         The engines still hold what they started with: the caller syncs the weights next."""
-        return self.wait(self.actors.trainer.load_checkpoint.remote(str(folder)))
+        extra = self.wait(self.actors.trainer.load_checkpoint.remote(str(folder)))
+        if self.actors.critic is not None:
+            restore_critic(self, folder)
+        return extra
 
     def _make_syncer(self):
         from orchestrator.weight_sync.syncer import choose_for_config, make_syncer
@@ -298,8 +305,10 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec, memory_limit_mb=cfg.reward.memory_limit_mb)
-    everyone = [*ranks, *rollout, reward] + ([reference] if reference else [])
-    actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan)
+    critic = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else None
+    everyone = [*ranks, *rollout, reward] + ([reference] if reference else []) + ([critic] if critic else [])
+    actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,
+                    critic=critic)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
     if len(ranks) > 1:  # the leader fans every call out to ranks 1..D-1
         ray.get(trainer.set_peers.remote(ranks[1:]))
@@ -350,3 +359,12 @@ def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
     group = f"trainer-{uuid.uuid4().hex[:12]}"
     return [ShardedTrainerActor.options(**opts("trainer", r)).remote(
         *args, rank=r, world_size=d, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(d)]
+
+
+def _start_critic(cfg, opts, model_path: str, pad_id: int):
+    """PPO's value model (actors/critic.py) in its own slot: the policy's base model with a value head."""
+    from actors.critic import CriticActor
+
+    return CriticActor.options(**opts("critic")).remote(
+        model_path, cfg.critic, cfg.algo, cfg.trainer.precision, cfg.rollout.max_new_tokens, pad_id,
+        cfg.trainer.num_threads, cfg.trainer.seed)

@@ -1,4 +1,4 @@
-"""Supervision: a dead or hung trainer rank, reference or reward actor is survived by restarting the job from the
+"""Supervision: a dead or hung trainer rank, reference, reward or critic actor is survived by restarting the job from the
 newest checkpoint of the run, at most `run.max_restarts` times over the run
 (the job's budget, `Job.restarts`, shared with lost rollout workers: orchestrator/faults.py).
 
@@ -28,7 +28,7 @@ from orchestrator.checkpoint import restart_checkpoint
 from orchestrator.faults import RestartBudget, RestartsExhausted
 from orchestrator.stopping import StepAbandoned
 
-SUPERVISED_ROLES = ("trainer", "reference", "reward")
+SUPERVISED_ROLES = ("trainer", "reference", "reward", "critic")  # critic: algo.estimator=gae
 PROBE_TIMEOUT_S = 10.0  # an actor that does not answer ready() within this is hung
 
 
@@ -36,7 +36,7 @@ PROBE_TIMEOUT_S = 10.0  # an actor that does not answer ready() within this is h
 class Failure:
     """One actor found dead or hung by the probe."""
 
-    role: str  # "trainer" | "reference" | "reward" | "rollout"
+    role: str  # "trainer" | "reference" | "reward" | "critic" | "rollout"
     name: str  # e.g. "trainer rank 1", "rollout worker 0"
     state: str  # "dead" | "hung"
 
@@ -85,6 +85,8 @@ def probe(actors) -> list[Failure]:
     named += [("reward", "reward actor", actors.reward)]
     if actors.reference is not None:
         named.append(("reference", "reference actor", actors.reference))
+    if getattr(actors, "critic", None) is not None:  # PPO's value model (algo.estimator=gae)
+        named.append(("critic", "critic actor", actors.critic))
     refs = [a.ready.remote() for _, _, a in named]
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     done = set(done)

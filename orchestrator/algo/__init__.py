@@ -10,6 +10,7 @@ from orchestrator.algo.advantages import (
     ADVANTAGE_ESTIMATORS, AdvantageConfig, AdvantageInputs, broadcast_to_tokens, compute_advantages,
     compute_token_advantages, group_stats, register_advantage_estimator, sequence_abs_mean,
 )
+from orchestrator.algo.gae import gae_advantages_returns, gae_from_inputs, token_level_rewards  # registers "gae"
 from orchestrator.algo.batch import TrainBatch, response_mask_tensor, token_rows
 from orchestrator.algo.kl import kl_penalty
 from orchestrator.algo.logprobs import position_ids_from_attention_mask, token_logprobs
@@ -44,6 +45,8 @@ __all__ = [
     "dual_clip",
     "EntropySink",
     "finish_loss",
+    "gae_advantages_returns",
+    "gae_from_inputs",
     "compute_advantages",
     "compute_policy_loss",
     "compute_token_advantages",
@@ -67,5 +70,6 @@ __all__ = [
     "step_metrics",
     "token_entropy",
     "token_logprobs",
+    "token_level_rewards",
     "token_rows",
 ]

@@ -16,6 +16,7 @@ from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.config.algo_losses import PolicyLossOptions
+from orchestrator.config.critic import CriticConfig, GaeFields
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
 from orchestrator.config.rollout_correction import RolloutCorrectionConfig
 from orchestrator.config.sampling import DynamicSamplingConfig, OverlongPenaltyConfig
@@ -110,7 +111,7 @@ class RewardConfig:
 
 
 @dataclass
-class AlgoConfig(PolicyLossOptions):  # + the issue-19 loss keys (orchestrator/config/algo_losses.py)
+class AlgoConfig(PolicyLossOptions, GaeFields):  # + the issue-19 loss keys (config/algo_losses.py) and gamma, lam, value_clip (config/critic.py)
     # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
     # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip | gspo | gspo_token | cispo, plus any registered.
     estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS.names)
@@ -352,6 +353,7 @@ class Config:
     env: EnvConfig = field(default_factory=EnvConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (docs/eval.md)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # the value model of algo.estimator=gae
 
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the

@@ -79,6 +79,10 @@ class RunShape:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     colocated: tuple = field(default_factory=tuple)
+    # PPO's critic as the run starts it (algo.estimator=gae, actors/critic.py): critic_ranks > 0 processes of
+    # full fine-tuning (no LoRA, no packing) in micro-batches of critic_micro_batch_size; 0 = like the trainer
+    critic_ranks: int = 0
+    critic_micro_batch_size: int = 0
 
 
 def micro_batch_tokens(run: RunShape) -> int:

@@ -72,7 +72,8 @@ def _colocated(cfg) -> tuple:
     """Roles whose per-worker GPU fractions fit beside the trainer's on one GPU, in bundle order (Ray
     packs fractional GPU requests onto one GPU while they sum to at most 1)."""
     p, share, out = cfg.placement, cfg.placement.trainer_per_worker, []
-    for role, fraction in (("rollout", p.rollout_per_worker), ("reference", p.reference_per_worker)):
+    critic = (("critic", cfg.critic.per_worker),) if cfg.algo.estimator == "gae" else ()
+    for role, fraction in (("rollout", p.rollout_per_worker), ("reference", p.reference_per_worker), *critic):
         if share + fraction <= 1.0 + 1e-9:
             out.append(role)
             share += fraction
@@ -91,7 +92,7 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
     if cfg.reward.model_path:
         reward = model_shape(load_hf_config(cfg.reward.model_path), name=str(cfg.reward.model_path))
     return RunShape(
-        algorithm="grpo", device="gpu" if _on_gpu(cfg) else "cpu", precision=t.precision,
+        algorithm="ppo" if cfg.algo.estimator == "gae" else "grpo", device="gpu" if _on_gpu(cfg) else "cpu", precision=t.precision,
         trainer_ranks=t.num_workers, micro_batch_size=t.micro_batch_size, seq_len=prompt + r.max_new_tokens,
         response_len=r.max_new_tokens, packing_tokens=t.micro_batch_tokens if t.packing else 0,
         gradient_checkpointing=t.gradient_checkpointing, attention="eager" if attention == "eager" else "sdpa",
@@ -100,7 +101,8 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
         reward_model=reward, engines=r.num_workers, engine_tp=int(getattr(r, "tensor_parallel_size", 1)),
         engine_bytes=DTYPE_BYTES[r.dtype], gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_gib=r.kv_cache_space_gib, max_model_len=r.max_model_len, colocated=_colocated(cfg),
-        block_size=int(getattr(r, "block_size", 0) or (16 if _on_gpu(cfg) else 128)))  # 0: vLLM's default
+        block_size=int(getattr(r, "block_size", 0) or (16 if _on_gpu(cfg) else 128)),  # 0: vLLM's default
+        critic_ranks=1 if cfg.algo.estimator == "gae" else 0, critic_micro_batch_size=cfg.critic.micro_batch_size)
 
 
 def plan_for_config(cfg, model_path: str | Path, prompt_len: Optional[int] = None) -> MemoryPlan:

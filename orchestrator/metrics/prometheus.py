@@ -129,6 +129,8 @@ METRICS = {
     "rl_orch_run_restarts": ("gauge", "Restarts of the job from its checkpoint so far (run.max_restarts)", ()),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
+    "rl_orch_critic_value": ("gauge", "PPO's critic (algo.estimator=gae), critic/<name> row keys: value_loss, "
+                             "vf_clip_frac, explained_var, values_mean, returns_mean, grad_norm, lr, ...", ("name",)),
     "rl_orch_eval_value": ("gauge", "Held-out eval metrics eval/<name> (pass_at_1, maj_at_k, ...) of the last eval",
                            ("name",)),
 }
@@ -233,6 +235,8 @@ class PrometheusExporter(MetricSink):
             self._observe_role(key[len("roles/"):], x)
         elif key.startswith("eval/"):  # held-out eval (orchestrator/eval): eval/pass_at_1 -> name="pass_at_1"
             self._series("rl_orch_eval_value", name=key[len("eval/"):]).set(x)
+        elif key.startswith("critic/"):  # PPO's value model (algo.estimator=gae): critic/value_loss -> name="value_loss"
+            self._series("rl_orch_critic_value", name=key[len("critic/"):]).set(x)
         elif key.startswith("guard/"):  # orchestrator/guards/signals.py: 0/1 per enabled guard
             self._series("rl_orch_guard_tripped", guard=key[len("guard/"):]).set(x)
 

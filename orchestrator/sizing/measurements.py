@@ -24,7 +24,8 @@ from orchestrator.sizing.workload import Workload
 PHASE_KEYS: dict[str, str] = {
     "generate": "timing/generate_s", "train": "timing/train_s", "sync": "timing/weight_sync_s",
     "reward": "timing/reward_s", "reference": "timing/reference_s", "checkpoint": "timing/checkpoint_s",
-    "sample": "timing/sample_s", "advantages": "timing/advantages_s"}
+    "sample": "timing/sample_s", "advantages": "timing/advantages_s",
+    "critic": "timing/critic_update_s"}  # PPO's critic (algo.estimator=gae): its update, inside the train phase
 ASYNC_GENERATE_KEY = "async/generate_s"
 REQUIRED = ("generate", "train")
 ROLES = ("rollout", "trainer", "reference")
@@ -214,10 +215,13 @@ def fit_workload(runs: list[RunMeasurement], *, switch_s: float = 0.0, rollout_u
     cpu = statistics.fmean(sum(r.phases.get(k, 0.0) for k in ("reward", "sample", "advantages")) for r in runs)
     ckpt = statistics.fmean(r.phases.get("checkpoint", 0.0) for r in runs)
     first = runs[0].config
+    critic = statistics.fmean(r.phases.get("critic", 0.0) for r in runs)  # 0 without a critic
     workload = Workload(laws["generate"], laws["train"], laws["sync"], laws.get("reference"), reward_s=cpu,
                         checkpoint_s=ckpt, switch_s=switch_s,
                         rollout_unit=rollout_unit or int(first.get("rollout_unit", 1)),
                         trainer_unit=trainer_unit, reference_unit=reference_unit,
-                        staleness=staleness or int(first.get("staleness", 1)))
+                        staleness=staleness or int(first.get("staleness", 1)), critic_s=critic)
+    if critic > 0:
+        notes.append(f"critic update: {critic:.4g} s per step (mean), on its own device beside the policy update")
     notes.append(f"reward + controller CPU work: {cpu:.4g} s per step; checkpoint: {ckpt:.4g} s per step (mean)")
     return workload, notes

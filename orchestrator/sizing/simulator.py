@@ -5,6 +5,7 @@ Pure Python. Each step k is a small graph of phases; every phase occupies one or
     generate_k  (rollout)           reward_k (cpu)     reference_k (reference, or trainer when shared)
     train_k     (trainer)           weight sync_k (trainer AND rollout: the engines load while not
     checkpoint_k (trainer)          generating)
+    critic_k (critic, PPO with a value model: its update beside train_k; sync_k waits for it)
 
 Data dependencies: reward_k and reference_k need generate_k; train_k needs reward_k and reference_k;
 sync_k needs train_k; checkpoint_k needs sync_k. Modes:
@@ -37,7 +38,8 @@ class StepCosts:
     """Seconds of each phase of one step at one placement (>= 0 each).
 
     reference_s: 0 when the run has no reference model. switch_s: colocated only, wake/sleep per step
-    (half after generate, half after the sync). checkpoint_s: amortised per step.
+    (half after generate, half after the sync). checkpoint_s: amortised per step. critic_s: PPO's critic update
+    (algo.estimator=gae) on its own device (colocated: the shared GPUs, after train); 0 = no critic.
     """
 
     generate_s: float
@@ -47,6 +49,7 @@ class StepCosts:
     reference_s: float = 0.0
     checkpoint_s: float = 0.0
     switch_s: float = 0.0
+    critic_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -118,9 +121,12 @@ def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None) -> l
                 add("reference", k, c.reference_s, (ref_on,), [after])
             deps.append(f"reference_{k}")
         add("train", k, c.train_s, (train,), deps)
+        if c.critic_s > 0:  # the critic trains on the same batch, beside the policy (colocated: after it)
+            add("critic", k, c.critic_s, (gpu or "critic",), deps)
 
     def sync(k, deps):
-        add("sync", k, c.sync_s, tuple(dict.fromkeys((train, roll))), [f"train_{k}", *deps])
+        critic = [f"critic_{k}"] if c.critic_s > 0 else []  # the controller waits for both updates
+        add("sync", k, c.sync_s, tuple(dict.fromkeys((train, roll))), [f"train_{k}", *critic, *deps])
         if mode == "colocated":
             add("switch_b", k, c.switch_s / 2, (gpu,), [f"sync_{k}"])
         add("checkpoint", k, c.checkpoint_s, (train,), [f"sync_{k}"])

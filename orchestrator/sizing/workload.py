@@ -68,6 +68,7 @@ class Workload:
     trainer_unit: int = 1
     reference_unit: int = 1
     staleness: int = 1
+    critic_s: float = 0.0  # PPO's critic update per step on its own device (StepCosts.critic_s); 0 = none
 
     def __post_init__(self) -> None:
         for name in ("rollout_unit", "trainer_unit", "reference_unit"):
@@ -91,7 +92,7 @@ class Workload:
         return StepCosts(generate_s=self.generate(r), train_s=self.train(t), sync_s=self.sync(r),
                          reward_s=self.reward_s, reference_s=self.reference(f) if self.reference else 0.0,
                          checkpoint_s=self.checkpoint_s,
-                         switch_s=self.switch_s if split.mode == "colocated" else 0.0)
+                         switch_s=self.switch_s if split.mode == "colocated" else 0.0, critic_s=self.critic_s)
 
     def min_gpus(self, mode: str) -> int:
         """The fewest GPUs a split of `mode` needs (colocated: lcm of the units, roles share them)."""

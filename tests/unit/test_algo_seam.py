@@ -13,8 +13,8 @@ from orchestrator.config.schema import CHOICES
 
 
 def test_config_choices_are_the_registries_names() -> None:
-    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo", "reinforce_plus_plus",
-                                                                         "reinforce_plus_plus_baseline")
+    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo", "gae",
+                                                                         "reinforce_plus_plus", "reinforce_plus_plus_baseline")
     assert CHOICES["algo.policy_loss"] == POLICY_LOSSES.names() == ("ppo_clip", "gspo", "gspo_token", "cispo")
 
 
@@ -65,8 +65,8 @@ def test_advantage_inputs_and_estimator_output_are_checked() -> None:
                 torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.ones(2, 3)), AdvantageConfig())
     finally:
         ADVANTAGE_ESTIMATORS.unregister("_bad_shape_for_test")
-    with pytest.raises(ValueError, match=r"algo.estimator: unknown advantage estimator 'gae'.*'grpo'"):
-        compute_token_advantages("gae", AdvantageInputs(torch.zeros(1), torch.zeros(1, dtype=torch.long),
+    with pytest.raises(ValueError, match=r"algo.estimator: unknown advantage estimator 'no_such_estimator'.*'grpo'"):
+        compute_token_advantages("no_such_estimator", AdvantageInputs(torch.zeros(1), torch.zeros(1, dtype=torch.long),
                                                         torch.ones(1, 1)), AdvantageConfig())
 
 

@@ -128,7 +128,7 @@ def test_bad_choice_lists_allowed_values(key: str, bad: str) -> None:
 
 
 def test_allowed_values_are_the_documented_ones() -> None:
-    assert CHOICES["algo.estimator"] == ("grpo", "rloo", "dr_grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+    assert CHOICES["algo.estimator"] == ("grpo", "rloo", "dr_grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
     assert CHOICES["algo.loss_agg"] == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     assert CHOICES["trainer.precision"] == ("fp32", "bf16-autocast", "fp8")
     # every allowed value is accepted (by the planner: a run refuses what is not built yet, config/unbuilt.py)

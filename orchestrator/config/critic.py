@@ -1,0 +1,31 @@
+"""PPO with a value model: the `algo` fields of GAE and the value loss (mixed into AlgoConfig), and the `critic:`
+section (the CriticActor, actors/critic.py). Read only when `algo.estimator=gae`; docs/algorithms.md."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.config.fields import number
+
+
+@dataclass
+class GaeFields:
+    # GAE (algo.estimator=gae): discount gamma and lambda, each in [0, 1]. lam=1 (verl's default): the advantage
+    # is the return minus V_t, unbiased however wrong the fresh critic is; lam < 1 trades bias for variance.
+    gamma: float = number(1.0, ge=0, le=1)
+    lam: float = number(1.0, ge=0, le=1)
+    # PPO value clipping: the new value may move at most this far from the old one in the loss; null = no clip
+    value_clip: Optional[float] = number(0.2, gt=0, finite=True, optional=True)
+
+
+@dataclass
+class CriticConfig:
+    """The value model of PPO (algo.estimator=gae): the policy's base model with a scalar value head."""
+    lr: float = number(1e-5, gt=0, le=1)  # AdamW's peak learning rate of the critic
+    warmup_steps: int = number(0, ge=0, finite=True)  # linear warmup, then constant
+    weight_decay: float = number(0.0, ge=0, finite=True)
+    grad_clip: float = number(1.0, ge=0, finite=True)  # max global gradient norm; 0 = no clipping
+    micro_batch_size: int = number(8, gt=0)  # sequences per micro-batch (gradient accumulation)
+    updates_per_step: int = number(1, gt=0)  # optimizer steps (epochs over the batch) per training step
+    # its placement bundle asks this much of placement.resource (disaggregated; colocated: a share of device 0)
+    per_worker: float = number(0.5, ge=0, finite=True)
