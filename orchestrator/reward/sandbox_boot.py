@@ -8,32 +8,38 @@ project path. In order:
 2. setrlimit: RLIMIT_CPU (soft CPU_S, hard CPU_S + 1: SIGXCPU, then SIGKILL), RLIMIT_AS, RLIMIT_FSIZE,
    RLIMIT_NPROC, RLIMIT_CORE = 0 (hard limits lowered too, so the program cannot raise them again);
 3. on Linux x86-64 and aarch64, a seccomp filter (installed with ctypes, after PR_SET_NO_NEW_PRIVS) that
-   makes fork, vfork, clone, clone3, execve, execveat, socket and socketpair fail with EPERM: no new
-   process or thread, no new program, no socket (so no network, whatever the network namespace);
+   makes fork, vfork, clone, clone3, execve, execveat, socket, socketpair, kill, tkill, ptrace,
+   process_vm_readv/writev, pidfd_send_signal and pidfd_open fail with EPERM, and tgkill unless aimed at this
+   process: no new process or thread, no new program, no socket (so no network, whatever the network
+   namespace), no signal to or tracing of another process;
 4. write one status line to stderr, ``\\x00sandbox seccomp=<1|0>\\n`` (the parent strips it);
 5. exec the program as ``__main__`` (file name ``main.py``).
 """
 import ctypes
+import os
 import platform
 import resource
 import struct
 import sys
 
-_ARCH = {  # audit arch, then syscall numbers refused: fork vfork clone clone3 execve execveat socket socketpair
-    "x86_64": (0xC000003E, (57, 58, 56, 435, 59, 322, 41, 53)),
-    "aarch64": (0xC00000B7, (220, 435, 221, 281, 198, 199)),
+# audit arch; syscalls refused: fork vfork clone clone3 execve execveat socket socketpair, kill tkill ptrace
+# process_vm_readv process_vm_writev pidfd_send_signal pidfd_open; and tgkill, allowed only on this process.
+_ARCH = {
+    "x86_64": (0xC000003E, (57, 58, 56, 435, 59, 322, 41, 53, 62, 200, 101, 310, 311, 424, 434), 234),
+    "aarch64": (0xC00000B7, (220, 435, 221, 281, 198, 199, 129, 130, 117, 270, 271, 424, 434), 131),
 }
 _EPERM = 1
 
 
-def _filter(audit_arch: int, refused: tuple) -> bytes:
-    """The BPF program: other architectures and x32 numbers refused, the listed syscalls EPERM, the rest allowed."""
+def _filter(audit_arch: int, refused: tuple, tgkill: int, pid: int) -> bytes:
+    """The BPF program: other architectures and x32 numbers refused, the listed syscalls EPERM, tgkill only
+    with this process's pid as its first argument, the rest allowed."""
     allow, deny = 0x7FFF0000, 0x00050000 | _EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
-    n = len(refused)
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, deny), (ld, 0, 0, 0),
-            (jge, n + 1, 0, 0x40000000)]  # x32 ABI numbers: refused
-    prog += [(jeq, n - i, 0, nr) for i, nr in enumerate(refused)]
+    n = len(refused)  # jump offsets count the instructions skipped, up to the final `ret deny`
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit_arch), (ret, 0, 0, deny), (ld, 0, 0, 0), (jge, n + 4, 0, 0x40000000)]
+    prog += [(jeq, n + 3 - i, 0, nr) for i, nr in enumerate(refused)]
+    prog += [(jeq, 0, 2, tgkill), (ld, 0, 0, 16), (jeq, 0, 1, pid)]  # seccomp_data.args[0], low 32 bits
     prog += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
@@ -43,7 +49,7 @@ def _install_seccomp() -> bool:
     arch = _ARCH.get(platform.machine())
     if arch is None or not sys.platform.startswith("linux"):
         return False
-    code = _filter(*arch)
+    code = _filter(*arch, os.getpid())
     buf = ctypes.create_string_buffer(code, len(code))
 
     class _Prog(ctypes.Structure):

@@ -90,3 +90,11 @@ def test_environment_is_minimal_and_isolated_mode():
 def test_syntax_error_is_an_exit_code_not_an_exception():
     result = run_python("def f(:\n", FAST)
     assert result.exit_code == 1 and "SyntaxError" in result.stderr and result.limit_hit is None
+
+
+def test_no_signal_to_another_process_but_its_own_signals_work():
+    for code in ("import os\nos.kill(os.getppid(), 0)", "import os\nos.kill(-1, 0)"):  # signal 0: a harmless probe
+        result = run_python(code, FAST)
+        assert result.exit_code == 1 and result.limit_hit == "refused", (code, result.stderr)
+    own = run_python("import signal\nsignal.raise_signal(signal.SIGTERM)", FAST)  # tgkill on itself is allowed
+    assert own.exit_code == -signal.SIGTERM
