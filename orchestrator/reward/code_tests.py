@@ -24,6 +24,7 @@ import json
 import re
 import secrets
 import textwrap
+import warnings
 
 from orchestrator.reward.sandbox import SandboxLimits, run_python
 
@@ -82,7 +83,9 @@ def score_code(code: str | None, tests: list[str], limits: SandboxLimits = DEFAU
     if code is None:
         return 0.0
     try:
-        compile(code, "solution", "exec")
+        with warnings.catch_warnings():  # a SyntaxWarning of the model's code is not ours to print
+            warnings.simplefilter("ignore")
+            compile(code, "solution", "exec")
     except (SyntaxError, ValueError):
         return 0.0
     nonce = secrets.token_hex(12)
