@@ -29,12 +29,14 @@ def test_one_failure_does_not_hide_the_others_and_timeouts_and_exits_score_zero(
     assert code_tests([RAISES_ON_ONE, LOOPS, EXITS, "no code at all"], [TESTS] * 4) == [0.75, 0.0, 0.0, 0.0]
 
 
+ABUSERS = [block("import os\nwhile True:\n    os.fork()"),
+           block("buf = bytearray(30 << 30)\ndef f(x):\n    return 2 * x + 1"),
+           block("import socket\nsocket.create_connection(('example.com', 80))\ndef f(x):\n    return 2 * x + 1"),
+           block("import sys\nsys.stdout.write('x' * (1 << 30))\ndef f(x):\n    return 2 * x + 1")]
+
+
 def test_resource_abuse_scores_zero():
-    abusers = [block("import os\nwhile True:\n    os.fork()"),
-               block("buf = bytearray(30 << 30)\ndef f(x):\n    return 2 * x + 1"),
-               block("import socket\nsocket.create_connection(('example.com', 80))\ndef f(x):\n    return 2 * x + 1"),
-               block("import sys\nsys.stdout.write('x' * (1 << 30))\ndef f(x):\n    return 2 * x + 1")]
-    assert code_tests(abusers, [TESTS] * len(abusers)) == [0.0] * len(abusers)
+    assert code_tests(ABUSERS, [TESTS] * len(ABUSERS)) == [0.0] * len(ABUSERS)
 
 
 def test_extract_code_and_parse_tests():
@@ -53,6 +55,8 @@ def test_extract_code_and_parse_tests():
 def test_code_tests_is_a_builtin_and_scores_in_the_reward_workers():
     assert resolve_reward_fn("code_tests") is code_tests
     with RewardScorer([("code_tests", 1.0)], timeout_s=60, num_workers=2, memory_limit_mb=4096) as scorer:
-        result = scorer.score([CORRECT, HALF, LOOPS, CORRECT], [TESTS] * 4, [0, 0, 1, 1])
-    assert result.rewards == [1.0, 0.5, 0.0, 1.0]
-    assert result.metrics["reward/failed_frac"] == 0.0 and result.metrics["reward/code_tests_mean"] == 0.625
+        result = scorer.score([CORRECT, HALF, LOOPS, CORRECT, *ABUSERS], [TESTS] * 8, [0, 0, 1, 1, 2, 2, 2, 2])
+        assert result.rewards == [1.0, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # the abuse scores 0, the run goes on
+        assert result.metrics["reward/failed_frac"] == 0.0 and result.metrics["reward/code_tests_mean"] == 0.3125
+        bad = scorer.score([CORRECT], ["assert f(1) =="], [0])  # a malformed test: a data error, counted
+    assert bad.rewards == [0.0] and bad.metrics["reward/errors"] == 1.0 and bad.failures.failed_frac == 1.0
