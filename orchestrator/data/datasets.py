@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator.data.code_tasks import code_arith_examples
 from orchestrator.data.tasks import Example, arithmetic_examples
 
 
@@ -51,16 +52,19 @@ def read_parquet(path: Path) -> list[Example]:
 
 
 def load_examples(data_cfg) -> list[Example]:
-    """The examples of `data.source`: "arith" (built-in) or a .jsonl / .parquet path.
+    """The examples of `data.source`: "arith" or "code_arith" (built-in) or a .jsonl / .parquet path.
 
     Raises DatasetError for a missing file, an unknown extension, an empty dataset or a bad row.
     """
     if data_cfg.source == "arith":
         return arithmetic_examples(data_cfg.arith_size, list(data_cfg.arith_ops), data_cfg.arith_min,
                                    data_cfg.arith_max, data_cfg.seed, data_cfg.prompt_suffix)
+    if data_cfg.source == "code_arith":  # write f(x); the answer is its unit tests (reward: code_tests)
+        return code_arith_examples(data_cfg.arith_size, data_cfg.arith_min, data_cfg.arith_max, data_cfg.seed,
+                                   data_cfg.prompt_suffix)
     path = Path(data_cfg.source).expanduser()
     if not path.is_file():
-        raise DatasetError(f"data.source={data_cfg.source!r}: no such file (or use 'arith')")
+        raise DatasetError(f"data.source={data_cfg.source!r}: no such file (or use 'arith' or 'code_arith')")
     readers = {".jsonl": read_jsonl, ".json": read_jsonl, ".parquet": read_parquet}
     if path.suffix not in readers:
         raise DatasetError(f"data.source={data_cfg.source!r}: unknown extension; use one of {sorted(readers)}")

@@ -23,6 +23,8 @@ from typing import Callable
 
 from math_verify import parse, verify
 
+from orchestrator.reward.code_tests import code_tests
+
 # math-verify warns once per process that its own (signal-based) timeouts are off: we turned them
 # off on purpose, because the scorer enforces a hard timeout in worker processes instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -155,6 +157,7 @@ def boxed_format(completions: list[str], answers: list[str]) -> list[float]:
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "accuracy": accuracy,
     "boxed_format": boxed_format,
+    "code_tests": code_tests,  # unit tests passed, run in the sandbox (orchestrator/reward/code_tests.py)
 }
 
 

@@ -29,6 +29,7 @@ Observation = Union[str, Message, list]
 BUILTIN_ENVS = {
     "calculator": "orchestrator.rollout.envs.calculator:CalculatorEnv",
     "guessing": "orchestrator.rollout.envs.guessing:GuessingEnv",
+    "python": "orchestrator.rollout.envs.python_tool:PythonToolEnv",
 }
 
 

@@ -186,7 +186,7 @@ def test_multiturn_modules_are_pure():
     import subprocess
     import sys
     modules = ["agent_loop", "chat_render", "env", "env_config", "env_runner", "multiturn", "router", "tool_calls",
-               "envs.calculator", "envs.guessing"]
+               "envs.calculator", "envs.guessing", "envs.python_tool"]
     code = ("import sys\n" + "".join(f"import orchestrator.rollout.{m}\n" for m in modules) +
             "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'actors'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -1,0 +1,108 @@
+"""Python tool environment: the model may run code in the sandbox and read its output, then answers.
+
+Episode: reset(sample) -> [system (the tool's description), user (sample["prompt"])]. Each policy turn is either
+one or more Hermes ``<tool_call>`` blocks (orchestrator/rollout/tool_calls.py) calling ``python(code)``, each
+answered by a ``"tool"`` message with what the run printed (stdout, then stderr, the exit status and any limit
+hit, cut to `max_output_chars`), or a final answer that ends the episode with reward
+``reward_fn([turn], [sample["answer"]])`` (`code_tests` by default: the final code block against the task's
+unit tests; any reward function name works, e.g. ``accuracy`` for arithmetic rows). Tool turns have reward 0.
+
+Every call runs in `orchestrator/reward/sandbox.py` under `SandboxLimits` built from the constructor's
+limits (env.kwargs): CPU and wall seconds, memory, output, no fork, no socket, a temporary directory.
+A malformed call, an unknown tool or code that fails is an observation saying so, never a crash.
+
+    env:
+      name: python
+      kwargs: {reward_fn: code_tests, max_tool_calls: 3, wall_s: 5}
+"""
+from __future__ import annotations
+
+from orchestrator.reward.functions import resolve_reward_fn
+from orchestrator.reward.sandbox import SandboxLimits, SandboxResult, run_python
+from orchestrator.rollout.env import EnvStep
+from orchestrator.rollout.tool_calls import ToolCallParseError, parse_tool_calls, tools_system_prompt
+
+PYTHON_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code (standard library only, no network, a few seconds) and return what it "
+                       "prints.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
+
+
+def describe_run(result: SandboxResult, max_chars: int) -> str:
+    """The observation for one run: stdout, stderr, then ``[exit code N]`` and any limit hit, cut to `max_chars`."""
+    parts = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
+    if result.stderr.strip():
+        parts.append(result.stderr.rstrip("\n"))
+    status = f"[exit code {result.exit_code}"
+    if result.limit_hit:
+        status += f"; stopped: {result.limit_hit} limit" if result.limit_hit != "refused" else "; refused system call"
+    if result.truncated:
+        status += "; output truncated"
+    parts.append(status + "]")
+    text = "\n".join(parts)
+    if len(text) <= max_chars:
+        return text
+    tail = "\n...[cut]\n" + parts[-1]
+    return text[: max(max_chars - len(tail), 0)] + tail
+
+
+class PythonToolEnv:
+    """Sandboxed Python tool environment (see the module docstring).
+
+    Args:
+        reward_fn: the reward function name scoring the final answer against sample["answer"].
+        max_tool_calls: tool calls allowed per episode; more ends the episode with reward 0.
+        max_output_chars: characters of each tool reply.
+        cpu_s, wall_s, memory_mb: the sandbox limits of each call (see SandboxLimits).
+        system_prompt: text before the tool description in the system message.
+    Raises:
+        ValueError: an unknown reward function, or a limit out of range.
+    """
+
+    def __init__(self, reward_fn: str = "code_tests", max_tool_calls: int = 3, max_output_chars: int = 2000,
+                 cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512,
+                 system_prompt: str = "Solve the task. You may run Python code first."):
+        if max_tool_calls < 0 or max_output_chars < 80:
+            raise ValueError(f"env.kwargs: max_tool_calls={max_tool_calls} (need >= 0), "
+                             f"max_output_chars={max_output_chars} (need >= 80)")
+        self.reward = resolve_reward_fn(reward_fn)
+        self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
+                                    output_bytes=max(4 * max_output_chars, 4096))
+        self.max_tool_calls, self.max_output_chars, self.system_prompt = max_tool_calls, max_output_chars, system_prompt
+        self.answer, self.tool_calls = "", 0
+
+    def reset(self, sample: dict) -> list[dict]:
+        if "prompt" not in sample or "answer" not in sample:
+            raise KeyError(f"python tool sample needs 'prompt' and 'answer', got keys {sorted(sample)}")
+        self.answer, self.tool_calls = str(sample["answer"]), 0
+        return [{"role": "system", "content": tools_system_prompt([PYTHON_TOOL], self.system_prompt)},
+                {"role": "user", "content": str(sample["prompt"])}]
+
+    def step(self, action: str) -> EnvStep:
+        try:
+            calls = parse_tool_calls(action)
+        except ToolCallParseError as e:
+            return EnvStep({"role": "tool", "content": f"error: {e}"}, 0.0, False, {"tool_error": str(e)})
+        if not calls:
+            return EnvStep([], float(self.reward([action], [self.answer])[0]), True, {"tool_calls": self.tool_calls})
+        self.tool_calls += len(calls)
+        if self.tool_calls > self.max_tool_calls:
+            return EnvStep([], 0.0, True, {"tool_calls": self.tool_calls, "tool_error": "too many tool calls"})
+        replies, errors = [], []
+        for call in calls:
+            code = call.arguments.get("code")
+            if call.name != "python" or not isinstance(code, str):
+                errors.append(f"bad call {call.name!r}")
+                replies.append({"role": "tool", "content": "error: call the tool 'python' with a string 'code'"})
+                continue
+            replies.append({"role": "tool", "content": describe_run(run_python(code, self.limits),
+                                                                    self.max_output_chars)})
+        info = {"tool_calls": self.tool_calls}
+        if errors:
+            info["tool_error"] = "; ".join(errors)
+        return EnvStep(replies, 0.0, False, info)
