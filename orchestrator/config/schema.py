@@ -16,6 +16,7 @@ from orchestrator.algo.kl import KL_ESTIMATORS
 from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
+from orchestrator.config.rgym import ReasoningGymConfig
 from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbConfig
 from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
 
@@ -32,7 +33,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     # "arith" = built-in procedural arithmetic task; or a path to a .jsonl / .parquet file with
-    # `prompt` and `answer` fields.
+    # `prompt` and `answer` fields; or "reasoning_gym:<task>" (data.reasoning_gym, docs/data-sources.md).
     source: str = "arith"
     # Built-in task: operations drawn from this list ("+", "-", "*") and operands in [min, max].
     arith_ops: list = field(default_factory=lambda: ["+", "*"])
@@ -48,6 +49,7 @@ class DataConfig:
     seed: int = 0
     # Prompts longer than this (tokens, after the chat template) are an error naming the row.
     max_prompt_tokens: int = number(256, ge=0, finite=True)
+    reasoning_gym: ReasoningGymConfig = field(default_factory=ReasoningGymConfig)  # data.source=reasoning_gym:<task>
 
 
 @dataclass
