@@ -99,3 +99,14 @@ def test_load_examples_names_data_source_for_an_unknown_task():
 
     with pytest.raises(DatasetError, match="data.source='reasoning_gym:nope'"):
         load_examples(Data)
+
+
+def test_eval_data_draws_the_task_with_eval_seed():
+    from orchestrator.eval.prompts import eval_examples
+
+    over = [EASY, "data.reasoning_gym.size=30", "data.reasoning_gym.seed=1", "eval.data=reasoning_gym:basic_arithmetic",
+            "eval.seed=9", "eval.every_steps=1", "eval.num_prompts=4"]
+    rows = eval_examples(_cfg(*over))
+    ds = reasoning_gym.create_dataset("basic_arithmetic", min_terms=2, max_terms=2, max_digits=1, size=30, seed=9)
+    assert [r.prompt for r in rows] == [ds[i]["question"] for i in range(30)]
+    assert json.loads(rows[0].answer)["config"]["seed"] == 9
