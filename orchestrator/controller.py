@@ -36,8 +36,10 @@ from orchestrator.models import resolve_model_path
 from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
 from orchestrator.reward.failures import check_reward_failures
+from orchestrator.reward.overlong import add_overlong_penalty, overlong_filter_masks, overlong_filter_metrics
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
 from orchestrator.rollout.seeds import group_seed
 from orchestrator.rollout.single_turn import SingleTurnSource
@@ -107,6 +109,7 @@ class GRPOController:
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
         self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
         self.reward_parts, self.scored = {}, None  # the last step's scored batch: completion samples (metrics.samples_*)
+        self.sampling = DynamicSampling(cfg)  # algo.dynamic_sampling (orchestrator/rollout/dynamic_sampling.py)
 
     @property
     def actors(self) -> Optional[Actors]:
@@ -185,11 +188,8 @@ class GRPOController:
             return self.step_async(step)
         timer, row = PhaseTimer(), {"step": step}
         t0 = time.perf_counter()
-        with timer.phase("sample"):
-            requests = self.sample_prompts(step)
-        with timer.phase("generate"):
-            trajs = self.generate(requests, row)
-        advantages, ref = self._score(trajs, timer, row)
+        trajs, rewards = self.sampling.rollouts(self, step, timer, row)  # sample, generate (dynamic: + reward)
+        advantages, ref = self._score(trajs, timer, row, rewards)
         with timer.phase("train"):
             time_slice(self.job, "train", row)  # colocated: engines sleep (orchestrator/placement/modes.py)
             row.update(self.train(trajs, advantages, ref))
@@ -218,10 +218,10 @@ class GRPOController:
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
-    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict) -> tuple[list[list[float]], Optional[list]]:
-        """The reward, reference and advantages phases of a step: (advantages, reference logprobs or None)."""
+    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict, rewards=None) -> tuple[list, Optional[list]]:
+        """The reward (unless `rewards` are given), reference and advantages phases: (advantages, reference or None)."""
         with timer.phase("reward"):
-            rewards = self.score(trajs, row)
+            rewards = self.score(trajs, row) if rewards is None else rewards
         with timer.phase("reference"):
             ref = self.reference_logprobs(trajs)
         with timer.phase("advantages"):
@@ -245,12 +245,12 @@ class GRPOController:
         return row, ckpt
 
     # ---- phases ---------------------------------------------------------------------------------
-    def sample_prompts(self, step: int) -> list[PromptRequest]:
-        """The step's prompts, rendered with the chat template; group ids unique over the run; each group's
-        sampling seed from (rollout.seed, step, group id) (orchestrator/rollout/seeds.py)."""
+    def sample_prompts(self, step: int, round_: int = 0) -> list[PromptRequest]:
+        """The step's prompts (round `round_` of algo.dynamic_sampling), rendered with the chat template; group ids
+        unique over the run; each group's sampling seed from (rollout.seed, step, group id) (rollout/seeds.py)."""
         out = []
         for i, k in enumerate(self.loader.next_batch()):
-            ex, gid = self.examples[k], step * self.cfg.rollout.prompts_per_step + i
+            ex, gid = self.examples[k], round_group_id(step, i, round_, self.cfg.rollout.prompts_per_step)
             out.append(PromptRequest(group_id=gid, prompt_ids=self.prompt_ids[k], answer=ex.answer, prompt=ex.prompt,
                                      seed=group_seed(self.cfg.rollout.seed, step, gid)))
         return out
@@ -268,7 +268,7 @@ class GRPOController:
         self.reward_parts = result.per_function  # each reward function's values (completion samples)
         check_reward_failures(result, self.cfg.reward, row["step"])  # past reward.max_failed_frac: stop, naming them
         row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
-        return result.rewards
+        return add_overlong_penalty(result.rewards, trajs, self.cfg, row)  # reward.overlong_penalty (DAPO eq. 13)
 
     def reference_logprobs(self, trajs: list[Trajectory]) -> Optional[list[list[float]]]:
         if self.actors.reference is None:
@@ -290,11 +290,14 @@ class GRPOController:
         mixed = sum(bool(r[inverse == g].max() > r[inverse == g].min()) for g in range(groups))
         row["rollout/groups_mixed_frac"] = mixed / groups
         row["actor/advantage_abs_mean"] = sequence_abs_mean(adv, mask)
+        row.update(overlong_filter_metrics(trajs, self.cfg))  # algo.overlong_filter
         return token_rows(adv, responses)
 
     def _loss_masks(self, trajs: list[Trajectory]) -> Optional[list[list[int]]]:
-        """Multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained."""
-        return [t.multiturn.loss_mask for t in trajs] if self.cfg.env.name else None
+        """Multi-turn: 1 on sampled ids, 0 on observation/template ids (never trained); None = all trained;
+        algo.overlong_filter: 0 on every id of a truncated sample (orchestrator/reward/overlong.py)."""
+        masks = [t.multiturn.loss_mask for t in trajs] if self.cfg.env.name else None
+        return overlong_filter_masks(trajs, masks, self.cfg)
 
     def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref) -> dict:
         batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],

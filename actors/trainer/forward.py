@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from orchestrator.algo import position_ids_from_attention_mask, token_logprobs
+from orchestrator.algo import EntropySink, position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.packing import pack_first_fit_decreasing, packed_position_ids, token_occupancy
 
 
@@ -192,7 +192,7 @@ FAST_PATH_ARCHS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2For
 
 
 def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str = "fp32",
-                     router_logits: Optional[list] = None) -> torch.Tensor:
+                     router_logits: Optional[list] = None, entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """Logprobs [b, L-1] float32 of each next token under `model`, with the sampling temperature
     applied (log_softmax(logits / T), case C03); position ids from the attention mask (case C10).
 
@@ -201,7 +201,9 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str =
     positions alone, which saves its cost and the [b, L, V] logits on prompt tokens; every other
     model (logit scaling or soft-capping: Gemma, Granite, Cohere, ...) goes through its own forward.
     A mixture-of-experts model given a `router_logits` list runs with `output_router_logits=True` and
-    appends each MoE layer's router logits ([b * L, E], rows in `mb.input_ids` order) to it.
+    appends each MoE layer's router logits ([b * L, E], rows in `mb.input_ids` order) to it. Given an
+    `entropy` sink, the token entropy of the masked positions is computed from the same logits (no second
+    forward; orchestrator/algo/entropy.py) and left in `entropy.value` [b, L-1].
     """
     extra = {"output_router_logits": True} if router_logits is not None else {}
     device = next(model.parameters()).device
@@ -215,12 +217,16 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str =
         if type(model).__name__ not in FAST_PATH_ARCHS:
             out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False, **extra)
             _collect_router_logits(out, router_logits)
+            if entropy is not None:
+                entropy.record(out.logits[:, :-1][mask], mask, temperature)
             return token_logprobs(out.logits[:, :-1], targets, temperature).masked_fill(~mask, 0.0)
         out = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
                                   **extra)
         _collect_router_logits(out, router_logits)
         hidden = out.last_hidden_state
         logits = model.get_output_embeddings()(hidden[:, :-1][mask])  # [N, V] response positions only
+    if entropy is not None:
+        entropy.record(logits, mask, temperature)
     lp = token_logprobs(logits[None], targets[mask][None], temperature)[0]
     return torch.zeros(mask.shape, dtype=lp.dtype, device=device).masked_scatter(mask, lp)
 

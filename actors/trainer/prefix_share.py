@@ -52,7 +52,7 @@ import torch
 
 from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
 from actors.trainer.forward import collate, forward_logprobs, response_values
-from orchestrator.algo import token_logprobs
+from orchestrator.algo import EntropySink, token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,8 @@ ROW_ATTENTION = frozenset({"sdpa", "eager"})  # attention implementations that t
 
 def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                            mask: torch.Tensor, temperature: float, precision: str = "fp32",
-                           pad_id: int = 0, layout: str = "auto") -> torch.Tensor:
+                           pad_id: int = 0, layout: str = "auto",
+                           entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """Per-token logprobs [b, L-1] float32 laid out like `collate`'s `mask` (0 off it), differentiable.
 
     prompt_ids / response_ids: b non-empty token-id lists; mask: [b, L-1] bool, the `MicroBatch.mask`
@@ -148,7 +149,8 @@ def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_
     calls over a gathered KV cache), or "auto" (`choose_layout`). Values equal `forward_logprobs` on
     that micro-batch up to float rounding (module doc). Raises ValueError for an empty prompt or
     response, a mask whose row counts differ from the response lengths, or an unknown layout (or
-    "row" for an attention implementation outside `ROW_ATTENTION`).
+    "row" for an attention implementation outside `ROW_ATTENTION`). An `entropy` sink gets the token entropy
+    [b, L-1] of the same logits (`forward_logprobs`).
     """
     b = len(prompt_ids)
     if b == 0 or b != len(response_ids):
@@ -171,6 +173,8 @@ def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_
         else:
             scoring, targets = _cache_forward(model, uniq, inverse, response_ids, rlen, device, pad_id)
         logits = model.get_output_embeddings()(scoring)  # [N, V], response tokens only
+    if entropy is not None:
+        entropy.record(logits, mask.to(device), temperature)
     lp = token_logprobs(logits[None], targets[None], temperature)[0]
     return torch.zeros(mask.shape, dtype=lp.dtype, device=device).masked_scatter(mask.to(device), lp)
 
@@ -290,17 +294,18 @@ def _right_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> torch.
 
 
 def micro_batch_logprobs(trainer, mb: MicroBatch, prompt_ids, response_ids,
-                         router_logits: Optional[list] = None) -> torch.Tensor:
+                         router_logits: Optional[list] = None, entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """The trainer's differentiable logprobs [b, L-1] of one micro-batch `mb` (made from prompt_ids /
     response_ids): the shared-prompt forward when `enabled(trainer)` and some prompt repeats, else
     `forward_logprobs` (which also fills `router_logits` for MoE). The layout is `choose_layout`'s unless
-    `trainer.shared_prefix_layout` says otherwise (benchmarks, tests: "row" / "cache"; default "auto")."""
+    `trainer.shared_prefix_layout` says otherwise (benchmarks, tests: "row" / "cache"; default "auto").
+    An `entropy` sink gets the token entropy of the same logits."""
     if mb.segments is None and enabled(trainer) and worth_sharing(prompt_ids):
         return shared_prefix_logprobs(trainer.model, prompt_ids, response_ids, mb.mask, trainer.temperature,
                                       trainer.cfg.precision, trainer.pad_id,
-                                      layout=trainer.shared_prefix_layout)
+                                      layout=trainer.shared_prefix_layout, entropy=entropy)
     return forward_logprobs(trainer.model, mb, trainer.temperature, trainer.cfg.precision,
-                            router_logits=router_logits)
+                            router_logits=router_logits, entropy=entropy)
 
 
 @torch.no_grad()

@@ -28,12 +28,15 @@ from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
 from actors.trainer.forward import collate
-from actors.trainer.forward import collate_packed, per_sequence, split_micro_batches
-from actors.trainer.forward import LOSS_MASK, apply_loss_mask
+from actors.trainer.forward import collate_packed, split_micro_batches
+from actors.trainer.forward import LOSS_MASK
+from actors.trainer.policy_forward import policy_forward
 from actors.trainer import lora
 from actors.trainer import prefix_share
 from actors.trainer.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
+from orchestrator.algo.mismatch import uses_rollout_logprobs
+from orchestrator.algo.mismatch_metrics import MismatchStats
 from orchestrator.atomic import atomic_dir
 from orchestrator.checkpoint import write_manifest
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
@@ -96,6 +99,7 @@ class Trainer:
             # so later mini-batches' ratios measure how far the earlier updates moved the policy
             old_all = self._old_logprobs(batch)
         metrics: dict[str, list[float]] = {}
+        self.mismatch = MismatchStats(self.algo)  # rollout/mismatch_* over the whole step (orchestrator/algo)
         for m in range(self.cfg.mini_batches):
             idx = self._mini_batch_order(batch, range(m * size, (m + 1) * size))
             old = [old_all[i] for i in idx] if old_all is not None else None
@@ -103,6 +107,7 @@ class Trainer:
                 metrics.setdefault(k, []).append(v)
         out = {k: sum(v) / (1 if k in finite.UPDATE_COUNTS else len(v)) for k, v in metrics.items()}  # counts add up
         out["actor/skipped_trailing"] = float(finite.trailing_skips(metrics["actor/skipped_updates"]))
+        out.update(self.mismatch.finish(self._all_max))
         out["timing/train_s"] = time.perf_counter() - t0
         out.update(peak_memory_metrics("trainer"))
         return out
@@ -151,7 +156,7 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v
         for _ in range(empty):  # every rank runs as many forward/backward passes (FSDP's collectives)
             self._empty_micro_batch()
-        sums = self._reduce_sums(sums)  # summed over data-parallel ranks
+        sums = self.mismatch.absorb(self._reduce_sums(sums))  # summed over data-parallel ranks
         tokens = max(sums.pop("actor/tokens"), 1.0)
         loss, nonfinite_loss = sums.pop("loss"), sums.pop("nonfinite_loss")  # summed over every rank
         out = {k: v / tokens for k, v in sums.items()}  # token-weighted means
@@ -183,13 +188,10 @@ class Trainer:
 
     def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self.router_aux is not None else None  # MoE: per-layer router logits of this forward
-        # each distinct prompt once when trainer.shared_prefix applies (actors/trainer/prefix_share.py), else forward_logprobs
-        logprobs = prefix_share.micro_batch_logprobs(self, mb, [batch.prompt_ids[i] for i in part],
-                                                     [batch.response_ids[i] for i in part], router)
         real_tokens_mask = mb.attention_mask
-        if mb.segments is not None:  # packed row -> one sequence per row: the loss aggregates per row
-            logprobs, mb = per_sequence(logprobs, mb)
-        mb = apply_loss_mask(mb)  # multi-turn: observation/template ids leave the loss, KL and metrics
+        # shared-prompt or plain forward, token entropy from its logits, packed rows per sequence, loss mask
+        logprobs, entropy, mb = policy_forward(self, mb, [batch.prompt_ids[i] for i in part],
+                                               [batch.response_ids[i] for i in part], router)
         device = logprobs.device
         mask = mb.mask.to(device)
         rollout = mb.values["rollout"].to(device)
@@ -197,22 +199,19 @@ class Trainer:
             old = rollout
         else:
             old = mb.values["old"].to(device) if "old" in mb.values else logprobs.detach()
-        use_tis = self.algo.old_logprobs == "trainer" and self.algo.tis_cap is not None
         inputs = LossInputs(logprobs, old, mb.values["adv"].to(device), mask, norm, self.max_new_tokens,
                             ref_logprobs=mb.values["ref"].to(device) if "ref" in mb.values else None,
-                            rollout_logprobs=rollout if use_tis else None)  # TIS against the sampler's logprobs
+                            rollout_logprobs=rollout if uses_rollout_logprobs(self.algo) else None,  # TIS, IcePop, MIS
+                            entropy=entropy)
         loss, m = compute_policy_loss(inputs, self.algo)  # the registered `algo.policy_loss` (orchestrator/algo/loss.py)
         if self.router_aux is not None:  # router load-balancing loss over real tokens (case C12)
             loss = loss + self.router_aux.add(router, real_tokens_mask)
         loss.backward()  # also when not finite: FSDP ranks join every backward; the update is then skipped
-        with torch.no_grad():
-            gap = (logprobs.detach() - rollout)[mask]
         tokens = float(mask.sum())
         out = {k: v * tokens for k, v in m.items() if k != "actor/tokens"}
         out["loss"] = float(loss.detach())
         out["nonfinite_loss"] = 0.0 if math.isfinite(out["loss"]) else 1.0
-        out["actor/logprob_gap_abs"] = float(gap.abs().sum())
-        out["actor/rollout_kl_k1"] = float((-gap).sum())
+        out.update(self.mismatch.micro_batch(old, logprobs.detach(), rollout, mask))  # sums: gap, rollout KL
         out["actor/tokens"] = tokens
         return out
 

@@ -10,8 +10,11 @@ MiniMax-M1 sets no lower bound on the weight; ``eps_high`` is ``algo.clip_high``
 ``1 + clip_high``). The TIS weight, the KL term and the aggregation are the shared parts, as in
 ``ppo_clip``. Use it in a run (the trainer actor imports the plugin when it first meets the name)::
 
-    python -m orchestrator configs/grpo_arith_cpu.yaml algo.policy_loss=cispo algo.clip_high=4.0 \
+    python -m orchestrator configs/grpo_arith_cpu.yaml algo.policy_loss=cispo_example algo.clip_high=4.0 \
         "algo.plugins=[$PWD/docs/examples/custom_loss.py]"
+
+It registers as ``cispo_example``: the built-in ``cispo`` (orchestrator/algo/losses_extra.py) is the full
+loss with its own clip keys (``algo.cispo_clip_low`` / ``cispo_clip_high``); this file shows how one is written.
 
 tests/unit/test_extending_algo.py imports this file and checks correctness case C14.
 """
@@ -26,8 +29,8 @@ from torch import Tensor
 from orchestrator.algo import LossInputs, finish_loss, masked_terms, register_policy_loss
 
 
-@register_policy_loss("cispo")
-def cispo(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
+@register_policy_loss("cispo_example")
+def cispo_example(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     """CISPO loss over one micro-batch (MiniMax 2025, eq. 4-5): a float32 scalar and ``actor/*`` metrics.
 
     ``[B, T]`` inputs as in ``LossInputs``; ``actor/clip_frac`` is the fraction of tokens whose weight is

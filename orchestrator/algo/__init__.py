@@ -18,8 +18,12 @@ from orchestrator.algo.loss import (
     masked_terms, policy_loss, register_policy_loss,
 )
 from orchestrator.algo.loss_parts import (
-    add_kl, aggregate, clipped_surrogate, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
+    add_kl, aggregate, clipped_surrogate, dual_clip, importance_weight, kl_term, loss_metrics, masked, policy_ratio,
+    step_metrics,
 )
+from orchestrator.algo import losses_extra  # noqa: F401  (registers gspo, gspo_token, cispo)
+from orchestrator.algo.entropy import EntropySink, token_entropy
+from orchestrator.algo import reinforce  # noqa: F401 - registers reinforce_plus_plus(_baseline)
 from orchestrator.algo.registry import import_plugins
 from orchestrator.algo.schedule import lr_multiplier
 
@@ -37,6 +41,8 @@ __all__ = [
     "aggregate",
     "broadcast_to_tokens",
     "clipped_surrogate",
+    "dual_clip",
+    "EntropySink",
     "finish_loss",
     "compute_advantages",
     "compute_policy_loss",
@@ -58,6 +64,8 @@ __all__ = [
     "register_policy_loss",
     "response_mask_tensor",
     "sequence_abs_mean",
+    "step_metrics",
+    "token_entropy",
     "token_logprobs",
     "token_rows",
 ]

@@ -30,7 +30,8 @@ from orchestrator.algo.registry import Registry
 
 AdvantageEstimatorFn = Callable[["AdvantageInputs", Any], Tensor]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estimator", "algo.estimator")
-AdvantageEstimator = Literal["grpo", "rloo", "dr_grpo"]  # the built-in names; the registry may hold more
+# the built-in names (REINFORCE++ in orchestrator/algo/reinforce.py); the registry may hold more
+AdvantageEstimator = Literal["grpo", "rloo", "dr_grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
@@ -145,7 +146,8 @@ def compute_advantages(
 
     Returns:
         ``[B]`` float32 advantages. A group whose rewards are all equal (including a group of size 1)
-        gets advantages of exactly 0.0, never NaN or inf, for every built-in estimator.
+        gets advantages of exactly 0.0, never NaN or inf, for every built-in group estimator (grpo, rloo,
+        dr_grpo; the REINFORCE++ estimators, orchestrator/algo/reinforce.py, whiten over the whole batch).
 
     Raises:
         ValueError: non-1-D ``rewards`` / ``group_ids``, mismatched shapes, non-integer ``group_ids``,

@@ -24,9 +24,10 @@ from typing import Any, Optional
 from torch import Tensor
 
 from orchestrator.algo.loss_parts import (
-    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, importance_weight, kl_term,
-    loss_metrics, loss_normalizer, masked, policy_ratio,
+    LOSS_AGG_MODES, LossAgg, add_kl, aggregate, check_loss_agg, clipped_surrogate, dual_clip, kl_term,
+    loss_metrics, loss_normalizer, masked, policy_ratio, step_metrics,
 )
+from orchestrator.algo.mismatch import MismatchSettings, correction_weight
 from orchestrator.algo.registry import Registry
 
 __all__ = ["LOSS_AGG_MODES", "POLICY_LOSSES", "LossAgg", "LossConfig", "LossInputs", "MaskedTerms", "compute_policy_loss",
@@ -57,6 +58,13 @@ class LossConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tis_cap: Optional[float] = None
+    rollout_correction: MismatchSettings = MismatchSettings()  # orchestrator/algo/mismatch.py
+    entropy_coef: float = 0.0
+    dual_clip_c: Optional[float] = None  # off here (AlgoConfig's default is 3): the keyword API stays as it was
+    gspo_clip_low: float = 3e-4
+    gspo_clip_high: float = 4e-4
+    cispo_clip_low: Optional[float] = None
+    cispo_clip_high: float = 0.28
 
 
 @dataclass(frozen=True)
@@ -71,8 +79,11 @@ class LossInputs:
         normalizer: ``loss_normalizer(global_mask, loss_agg, ..., dp_size=D)``, finite and > 0.
         max_response_len: constant divisor of ``"seq-mean-token-sum-norm"`` (Dr. GRPO).
         ref_logprobs: ``[B, T]`` reference-model logprobs (KL term), or None.
-        rollout_logprobs: ``[B, T]`` sampler logprobs for the importance correction (TIS), or None: the
-            caller passes them only when the correction applies.
+        rollout_logprobs: ``[B, T]`` sampler logprobs for the mismatch correction (TIS, or
+            ``algo.rollout_correction``: orchestrator/algo/mismatch.py), or None: the caller passes them only
+            when a correction applies.
+        entropy: ``[B, T]`` float32 token entropy of the policy (orchestrator/algo/entropy.py), differentiable
+            when ``algo.entropy_coef > 0``, or None: the ``actor/entropy`` metric and the entropy bonus.
 
     Raises:
         ValueError: a tensor whose shape differs from ``logprobs`` (naming it), ``logprobs`` not 2-D,
@@ -87,11 +98,12 @@ class LossInputs:
     max_response_len: Optional[int] = None
     ref_logprobs: Optional[Tensor] = None
     rollout_logprobs: Optional[Tensor] = None
+    entropy: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         if self.logprobs.dim() != 2:
             raise ValueError(f"logprobs: expected [B, T], got shape {tuple(self.logprobs.shape)}")
-        for name in ("mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs"):
+        for name in ("mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_logprobs", "entropy"):
             t = getattr(self, name)
             if t is not None and t.shape != self.logprobs.shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)} != logprobs shape {tuple(self.logprobs.shape)}")
@@ -114,11 +126,15 @@ def compute_policy_loss(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str,
     Raises:
         ValueError: unknown ``policy_loss`` (naming ``algo.policy_loss`` and listing the registered
             names), unknown ``loss_agg`` / missing ``max_response_len``, a negative clip or ``kl_coef``,
-            ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``.
+            ``kl_coef > 0`` without ``ref_logprobs``, a non-positive ``tis_cap``, an invalid
+            ``rollout_correction`` field (naming ``algo.rollout_correction.<field>``), ``entropy_coef > 0``
+            without ``entropy``.
     """
     fn = POLICY_LOSSES.resolve(cfg.policy_loss, getattr(cfg, "plugins", None) or ())
     check_loss_agg(cfg.loss_agg, inputs.max_response_len)
     _check_config(cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.tis_cap, inputs.ref_logprobs)
+    if getattr(cfg, "entropy_coef", 0.0) > 0 and inputs.entropy is None:
+        raise ValueError("entropy: required when entropy_coef > 0 (the entropy bonus)")
     return fn(inputs, cfg)
 
 
@@ -144,9 +160,11 @@ def ppo_clip(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
         loss_token = pg + kl_coef * kl_penalty(logprobs, ref_logprobs, kl_estimator)
 
     PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; Clip-Higher, DAPO, Yu et al. 2025,
-    section 3.1. ``w = min(exp(old_logprobs - rollout_logprobs), tis_cap)``, detached (TIS, Yao et al.
+    section 3.1. Dual-clip (Ye et al. 2020, eq. 5; ``cfg.dual_clip_c``, verl's ``clip_ratio_c``; None
+    disables): for ``A < 0`` the token loss is ``min(pg, -c * A)``, active only where the ratio exceeds
+    ``c``, so with every ratio <= c the loss and gradient are bit for bit those without it. ``w = min(exp(old_logprobs - rollout_logprobs), tis_cap)``, detached (TIS, Yao et al.
     2025), weights only the policy-gradient term and is 1 unless ``inputs.rollout_logprobs`` and
-    ``cfg.tis_cap`` are both set. Tokens are aggregated per ``cfg.loss_agg`` and divided by
+    ``cfg.tis_cap`` are both set (``cfg.rollout_correction`` masks or replaces it: orchestrator/algo/mismatch.py). Tokens are aggregated per ``cfg.loss_agg`` and divided by
     ``inputs.normalizer``.
 
     Returns:
@@ -156,7 +174,10 @@ def ppo_clip(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     """
     t = masked_terms(inputs)
     pg, clipped = clipped_surrogate(t.ratio, t.advantages, cfg.clip_low, cfg.clip_high)
-    return finish_loss(pg, clipped, t, inputs, cfg)
+    dual = None
+    if getattr(cfg, "dual_clip_c", None) is not None:
+        pg, dual = dual_clip(pg, t.advantages, cfg.dual_clip_c)
+    return finish_loss(pg, clipped, t, inputs, cfg, dual=dual)
 
 
 @dataclass
@@ -179,21 +200,28 @@ def masked_terms(inputs: LossInputs) -> MaskedTerms:
 
 
 def finish_loss(pg: Tensor, clipped: Tensor, t: MaskedTerms, inputs: LossInputs,
-                cfg: Any) -> tuple[Tensor, dict[str, float]]:
+                cfg: Any, dual: Optional[Tensor] = None) -> tuple[Tensor, dict[str, float]]:
     """The end every policy loss shares, from its per-token policy-gradient term `pg` [B, T] and the tokens it
     counts as clipped [B, T] bool: the truncated importance weight (TIS, Yao et al. 2025: w = min(exp(old -
     rollout), tis_cap), detached, when `cfg.tis_cap` and `inputs.rollout_logprobs` are set), the KL penalty
     (`cfg.kl_coef` * `kl_penalty(..., cfg.kl_estimator)`), the aggregation (`cfg.loss_agg`, divided by
-    `inputs.normalizer`) and the `actor/*` metrics. Returns (float32 scalar loss, metrics)."""
-    weight = None
-    if cfg.tis_cap is not None and inputs.rollout_logprobs is not None:
-        weight = importance_weight(t.old_logprobs, masked(inputs.rollout_logprobs, t.mask), cfg.tis_cap)
+    `inputs.normalizer`), the entropy bonus (- `cfg.entropy_coef` * `inputs.entropy` per token, aggregated with
+    the rest; skipped at 0) and the `actor/*` metrics, with `step_metrics`' clip sides (by `t.ratio`), dual-clip
+    fraction (`dual` [B, T] bool, or None), approximate KL to the old policy and entropy. Returns (float32
+    scalar loss, metrics)."""
+    # TIS, or IcePop / sequence IS / geometric rejection by cfg.rollout_correction (orchestrator/algo/mismatch.py)
+    weight = correction_weight(t.old_logprobs, inputs.rollout_logprobs, t.mask, cfg)
+    if weight is not None:
         pg = pg * weight
     ref = masked(inputs.ref_logprobs, t.mask) if inputs.ref_logprobs is not None else None
     kl = kl_term(t.logprobs, ref, cfg.kl_estimator)
     per_token = add_kl(pg, kl, cfg.kl_coef)
+    entropy = masked(inputs.entropy, t.mask) if inputs.entropy is not None else None
+    if entropy is not None and getattr(cfg, "entropy_coef", 0.0) > 0:
+        per_token = per_token - cfg.entropy_coef * entropy
     loss = aggregate(per_token.float(), t.mask, cfg.loss_agg, inputs.normalizer, inputs.max_response_len)
-    return loss, loss_metrics(t.mask, pg, t.ratio, kl=kl, clipped=clipped, weight=weight)
+    extra = step_metrics(t.logprobs, t.old_logprobs, t.ratio, clipped, dual, entropy)
+    return loss, loss_metrics(t.mask, pg, t.ratio, kl=kl, clipped=clipped, weight=weight, extra=extra)
 
 
 def policy_loss(

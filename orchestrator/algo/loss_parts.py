@@ -117,6 +117,29 @@ def clipped_surrogate(ratio: Tensor, advantages: Tensor, clip_low: float, clip_h
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
+def dual_clip(pg: Tensor, advantages: Tensor, c: float) -> tuple[Tensor, Tensor]:
+    """Dual-clip PPO's lower bound for negative advantages, and where it is active.
+
+    Ye et al. 2020 ("Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"), eq. 5: for
+    ``A < 0`` the objective is ``max(min(r A, clip(r) A), c A)``; as a loss, ``min(pg, -c A)`` with ``pg``
+    the clipped surrogate loss (``clipped_surrogate``). It bounds a token's loss by ``c |A|`` however large
+    its ratio (active only where ``r > c``). ``torch.where`` selects, so untouched tokens are bit for bit
+    ``pg`` (and their gradient too); active tokens get gradient 0.
+
+    Args:
+        pg, advantages: ``[B, T]`` float (masked); c: > 1.
+    Returns:
+        ``(pg' [B, T], dual [B, T] bool)``, ``dual`` True where the bound replaced ``pg``.
+    Raises:
+        ValueError: ``c <= 1``.
+    """
+    if not c > 1:
+        raise ValueError(f"dual_clip_c: must be > 1, got {c}")
+    bound = -c * advantages
+    dual = (advantages < 0) & (pg > bound)
+    return torch.where(dual, bound, pg), dual
+
+
 def importance_weight(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: float) -> Tensor:
     """Truncated importance weight between sampler and trainer, detached: ``min(exp(old - rollout), cap)``.
 
@@ -162,12 +185,14 @@ def aggregate(
 
 @torch.no_grad()
 def loss_metrics(mask: Tensor, pg: Tensor, ratio: Tensor, kl: Optional[Tensor] = None,
-                 clipped: Optional[Tensor] = None, weight: Optional[Tensor] = None) -> dict[str, float]:
+                 clipped: Optional[Tensor] = None, weight: Optional[Tensor] = None,
+                 extra: Optional[dict[str, Tensor]] = None) -> dict[str, float]:
     """Token means over one micro-batch's response tokens, fetched with a single device sync.
 
     Returns python floats: ``actor/pg_loss``, ``actor/kl`` (0.0 without ``kl``), ``actor/clip_frac``
-    (mean of the bool ``clipped``; 0.0 without it), ``actor/ratio_mean``, ``actor/tokens`` (count) and,
-    with ``weight``, ``actor/tis_weight_mean``. All tensors ``[B, T]``; ``mask`` bool.
+    (mean of the bool ``clipped``; 0.0 without it), ``actor/ratio_mean``, ``actor/tokens`` (count),
+    with ``weight`` ``actor/tis_weight_mean``, and the token mean of each ``extra`` tensor under its key
+    (``step_metrics``). All tensors ``[B, T]``; ``mask`` bool.
     """
     count = mask.sum().to(torch.float32)
     denom = count.clamp(min=1.0)
@@ -181,4 +206,27 @@ def loss_metrics(mask: Tensor, pg: Tensor, ratio: Tensor, kl: Optional[Tensor] =
                "actor/ratio_mean": mean(ratio), "actor/tokens": count}
     if weight is not None:
         metrics["actor/tis_weight_mean"] = mean(weight)
+    for key, x in (extra or {}).items():
+        metrics[key] = mean(x)
     return dict(zip(metrics, torch.stack(list(metrics.values())).tolist()))
+
+
+@torch.no_grad()
+def step_metrics(logprobs: Tensor, old_logprobs: Tensor, ratio: Tensor, clipped: Optional[Tensor],
+                 dual: Optional[Tensor] = None, entropy: Optional[Tensor] = None) -> dict[str, Tensor]:
+    """The per-token indicators behind the metrics every loss reports (``loss_metrics(extra=...)`` averages them).
+
+    ``actor/clip_frac_low`` / ``actor/clip_frac_high``: ``clipped`` tokens whose ``ratio`` is below / above 1
+    (the side of the clip range they left); ``actor/clip_frac_dual``: ``dual`` (dual-clip PPO active; 0
+    without it); ``actor/approx_kl_old``: Schulman's k3 estimate of KL(pi_old || pi) from samples of the old
+    policy, ``(rho - 1) - log rho`` with ``rho = pi / pi_old`` (log ratio clamped to [-20, 20]);
+    ``actor/entropy``: the policy's token entropy (only when given). All ``[B, T]``, masked inputs.
+    """
+    log_rho = torch.clamp(logprobs.detach() - old_logprobs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    flags = clipped if clipped is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    out = {"actor/clip_frac_low": flags & (ratio < 1), "actor/clip_frac_high": flags & (ratio > 1),
+           "actor/clip_frac_dual": dual if dual is not None else torch.zeros_like(flags),
+           "actor/approx_kl_old": torch.expm1(log_rho) - log_rho}
+    if entropy is not None:
+        out["actor/entropy"] = entropy.detach()
+    return out

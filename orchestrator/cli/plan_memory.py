@@ -43,8 +43,12 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
                                                     "memory.device_gib / the local GPU / host RAM)")
     p.add_argument("--algorithm", choices=("grpo", "ppo", "dpo"), default="grpo")
     p.add_argument("--cpu", action="store_true", help="a CPU run: every role shares the host's memory")
-    p.add_argument("--precision", choices=("bf16-autocast", "fp32"), default="bf16-autocast")
+    p.add_argument("--precision", choices=("bf16-autocast", "fp32", "fp8"), default="bf16-autocast",
+                   help="trainer precision; fp8: FP8 linear layers (planned only: the trainer lacks it yet)")
     p.add_argument("--trainer-gpus", type=int, default=1, help="D trainer ranks, FSDP / ZeRO-3 shards")
+    p.add_argument("--context-parallel", type=int, default=1,
+                   help="c: ranks each sequence is split over (ring attention; divides --trainer-gpus; planned "
+                        "only: the trainer lacks it yet)")
     p.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch")
     p.add_argument("--seq-len", type=int, default=512, help="prompt + response tokens per sequence")
     p.add_argument("--response-len", type=int, default=256, help="response tokens per sequence (logits)")
@@ -61,6 +65,10 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engines", type=int, default=1, help="vLLM engines")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of each engine")
     p.add_argument("--engine-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--quantization", choices=("none", "fp8"), default="none",
+                   help="engine weights: fp8 = vLLM FP8 linear layers (planned only: the engine lacks it yet)")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="engine KV cache: auto = "
+                   "the engine dtype, fp8 = 1 byte (planned only: the engine lacks it yet)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="CPU runs: the engine's KV-cache space")
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -100,6 +108,9 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
                              f"(got {getattr(args, opt)})")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization: must be in (0, 1] (got {args.gpu_memory_utilization})")
+    if args.context_parallel < 1 or args.trainer_gpus % args.context_parallel:
+        raise ValueError(f"--context-parallel: must be >= 1 and divide --trainer-gpus={args.trainer_gpus} "
+                         f"(got {args.context_parallel})")
     if args.lora_rank < 0 or args.packing_tokens < 0:
         raise ValueError("--lora-rank / --packing-tokens: must be >= 0")
     if not 0 <= args.kv_cache_gib < float("inf"):
@@ -114,11 +125,12 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
             raise ValueError(f"--reward-model: {e}") from None
     return RunShape(
         algorithm=args.algorithm, device="cpu" if args.cpu else "gpu", precision=args.precision,
-        trainer_ranks=args.trainer_gpus, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len,
+        trainer_ranks=args.trainer_gpus, context_parallel=args.context_parallel, micro_batch_size=args.micro_batch_size, seq_len=args.seq_len,
         response_len=min(args.response_len, args.seq_len), packing_tokens=args.packing_tokens,
         gradient_checkpointing=args.grad_ckpt, attention=args.attention, lora_rank=args.lora_rank,
         offload=args.offload, frozen_bytes=DTYPE_BYTES[args.frozen_dtype], reference=args.reference,
         reward_model=reward, engines=args.engines, engine_tp=args.tp, engine_bytes=DTYPE_BYTES[args.engine_dtype],
+        engine_fp8=args.quantization == "fp8", kv_cache_bytes=1 if args.kv_cache_dtype == "fp8" else 0,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_gib=args.kv_cache_gib,
         max_model_len=args.max_model_len,
         colocated=("rollout", "reference", "critic") if args.colocate else ())
@@ -140,7 +152,7 @@ def _plan_config(args: argparse.Namespace):
     if args.device_gib is not None:
         overrides.append(f"memory.device_gib={args.device_gib}")
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, overrides, plan_only=True)
         return plan_for_config(cfg, resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     except (ConfigError, ModelConfigError, FileNotFoundError) as e:
         raise ValueError(f"--config: {e}") from None

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.memory import longctx
 from orchestrator.memory.shapes import DEFAULT_LORA_TARGETS, ModelShape
 
 GIB = 1024 ** 3
@@ -36,12 +37,14 @@ class RunShape:
 
     algorithm: "grpo" (policy, optional reference, optional reward model, engines), "ppo" (adds a
     critic), "dpo" (policy and reference, no engines; a micro-batch is micro_batch_size pairs).
-    precision: "fp32" or "bf16-autocast" (fp32 master weights, bf16 compute). frozen_bytes: bytes per
+    precision: "fp32", "bf16-autocast" (fp32 master weights, bf16 compute) or "fp8" (bf16-autocast with the
+    linear layers in FP8, see longctx.py). frozen_bytes: bytes per
     parameter of frozen copies (reference, reward model, LoRA base). seq_len: prompt + response tokens of
     a sequence; response_len: the tokens scored per sequence (the trainer projects only those to logits
     when `logits_all_positions` is False). packing_tokens > 0: micro-batches are rows of that many
     tokens instead of micro_batch_size sequences. micro_batches: micro-batches per optimizer step and
     rank (>= 2 means the gradients already exist while a micro-batch's activations are held).
+    context_parallel: c ranks share each sequence (per-rank tokens divide by c, see longctx.py).
     colocated: roles that share each trainer GPU (the rest get GPUs of their own). device: "gpu" or
     "cpu" (on "cpu" every role shares the host's memory).
     """
@@ -50,6 +53,7 @@ class RunShape:
     device: str = "gpu"
     precision: str = "bf16-autocast"
     trainer_ranks: int = 1
+    context_parallel: int = 1  # c: ranks each sequence is split over (ring attention; orchestrator/memory/longctx.py)
     micro_batch_size: int = 1
     seq_len: int = 1024
     response_len: int = 512
@@ -66,6 +70,8 @@ class RunShape:
     engines: int = 1
     engine_tp: int = 1
     engine_bytes: int = 2
+    engine_fp8: bool = False  # rollout.quantization=fp8: the linear layers' weights at 1 byte (longctx.py)
+    kv_cache_bytes: int = 0  # bytes of a K/V element: 1 = rollout.kv_cache_dtype=fp8, 0 = engine_bytes
     gpu_memory_utilization: float = 0.9
     kv_cache_gib: float = 0.0
     max_model_len: int = 4096
@@ -91,6 +97,12 @@ def scored_tokens(run: RunShape) -> int:
     return max(1, tokens * min(run.response_len, per_seq) // per_seq)
 
 
+def rank_tokens(run: RunShape) -> tuple[int, int]:
+    """(tokens, scored tokens) of one micro-batch on one trainer rank: divided by c under context
+    parallelism (each rank holds one chunk of every sequence)."""
+    return longctx.cp_split(micro_batch_tokens(run), run), longctx.cp_split(scored_tokens(run), run)
+
+
 def layer_activation_bytes(model: ModelShape, precision: str, attention: str, seq_len: int) -> int:
     """Bytes autograd saves per token in one HF Llama-style decoder layer (Korthikanti et al. 2022,
     eq. 1, recounted for this layer and checked tensor by tensor with saved-tensor hooks). Per token:
@@ -103,7 +115,9 @@ def layer_activation_bytes(model: ModelShape, precision: str, attention: str, se
       eager instead: the fp32 softmax probabilities (heads x seq x 4), + their bf16 cast under autocast
       MoE (approximate): per routed expert a token uses 4 I_expert e + the gathered input h e,
       plus the router logits (experts x 4)
-    with e = 4 bytes (fp32) or 2 (bf16-autocast), and 2 fp32 RMSNorm scales (8 bytes).
+    with e = 4 bytes (fp32) or 2 (bf16-autocast, fp8), and 2 fp32 RMSNorm scales (8 bytes). fp8: the
+    linear layers' saved inputs at 1 byte (longctx.fp8_linear_input_saving). seq_len: the keys a query
+    spans at once (seq / c under context parallelism: ring attention takes one block at a time).
     """
     h, e = model.hidden, (4 if precision == "fp32" else 2)
     if model.experts:
@@ -115,6 +129,8 @@ def layer_activation_bytes(model: ModelShape, precision: str, attention: str, se
         per_token += model.heads * seq_len * (4 if e == 4 else 6)
     else:
         per_token += model.heads * 4 + seq_len * e
+    if precision == "fp8":
+        per_token -= longctx.fp8_linear_input_saving(model)
     return per_token
 
 
@@ -124,22 +140,23 @@ def activation_bytes(model: ModelShape, run: RunShape) -> int:
     Without checkpointing: layers * tokens * per-layer bytes. With it: each layer's fp32 input
     (tokens * h * 4) plus one layer recomputed in backward (Korthikanti et al. 2022, sec. 4.2).
     The final RMSNorm keeps 8h bytes a token; the LM head keeps its input for the scored tokens.
+    Context parallelism: tokens, scored tokens and the key span per rank divide by c.
     """
-    tokens = micro_batch_tokens(run)
-    per_layer = layer_activation_bytes(model, run.precision, run.attention, run.seq_len)
+    tokens, scored = rank_tokens(run)
+    per_layer = layer_activation_bytes(model, run.precision, run.attention, longctx.cp_split(run.seq_len, run))
     if run.gradient_checkpointing:
         layers = model.layers * tokens * model.hidden * 4 + tokens * per_layer
     else:
         layers = model.layers * tokens * per_layer
     compute = 4 if run.precision == "fp32" else 2
-    return layers + tokens * 8 * model.hidden + scored_tokens(run) * model.hidden * compute
+    return layers + tokens * 8 * model.hidden + scored * model.hidden * compute
 
 
 def logits_bytes(model: ModelShape, run: RunShape) -> int:
     """Peak of the logits buffer (vocabulary x scored tokens): the fp32 logits / temperature kept for
     logsumexp, and in backward the exp, the gather and logsumexp gradients and their sum (4 fp32
-    [N, V] buffers at once; orchestrator.algo.token_logprobs)."""
-    return 4 * 4 * scored_tokens(run) * model.vocab
+    [N, V] buffers at once; orchestrator.algo.token_logprobs). Per rank: N / c under context parallelism."""
+    return 4 * 4 * rank_tokens(run)[1] * model.vocab
 
 
 def trainer_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
@@ -158,15 +175,16 @@ def trainer_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
     base_bytes = run.frozen_bytes if run.lora_rank else 4
     weights = (model.num_params * base_bytes + (trainable * 4 if run.lora_rank else 0)) // d
     grads, optimizer = trainable * 4 // d, trainable * 8 // d
-    compute = 4 if run.precision == "fp32" else 2
+    compute, fp8 = (4 if run.precision == "fp32" else 2), run.precision == "fp8"
     copies = 0
     if d > 1 or run.offload:  # FSDP: the current and the prefetched layer all-gathered in compute dtype
-        copies = 2 * model.layer_params * compute
-    elif compute == 2 and base_bytes == 4:  # autocast's bf16 weight copies, saved for backward
-        copies = model.num_params * 2
+        copies = longctx.weight_copy_bytes(model, compute, fp8, layers_held=2)
+    elif compute == 2 and base_bytes == 4:  # autocast's bf16 (fp8: FP8 linear) weight copies, saved for backward
+        copies = longctx.weight_copy_bytes(model, 2, fp8)
     if run.offload:
         weights = grads = optimizer = 0
     acts, logits = activation_bytes(model, run), logits_bytes(model, run)
+    acts += longctx.ring_kv_bytes(model, micro_batch_tokens(run), run, compute)
     if run.offload:
         step_temp = 0
     elif run.device == "gpu":
@@ -190,12 +208,12 @@ def critic_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
 def frozen_forward_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
     """A frozen copy scoring micro-batches without gradients (reference model, reward model): weights at
     frozen_bytes, the largest transient of a no-grad forward (a few [tokens, intermediate] buffers)
-    and the logits / logsumexp buffers (2 fp32 [N, V])."""
-    tokens = micro_batch_tokens(run)
+    and the logits / logsumexp buffers (2 fp32 [N, V]); per rank under context parallelism (same split)."""
+    tokens, scored = rank_tokens(run)
     width = max(model.intermediate, model.moe_intermediate * max(1, model.experts_per_token))
     transient = tokens * (2 * model.hidden + 3 * width) * 4
     return {"weights": model.num_params * run.frozen_bytes, "grads": 0, "optimizer": 0, "activations": transient,
-            "logits": 2 * 4 * scored_tokens(run) * model.vocab, "kv_cache": 0, "other": 0,
+            "logits": 2 * 4 * scored * model.vocab, "kv_cache": 0, "other": 0,
             "runtime": RUNTIME_BYTES[run.device]}
 
 
@@ -206,7 +224,8 @@ def engine_peak_bytes(model: ModelShape, run: RunShape) -> int:
     width = max(model.intermediate, model.moe_intermediate * max(1, model.experts_per_token))
     acts = run.max_num_batched_tokens * (4 * model.hidden + 3 * width) * run.engine_bytes
     sampler = 2 * 4 * run.max_num_seqs * model.vocab
-    return model.num_params * run.engine_bytes // run.engine_tp + (acts + sampler) // run.engine_tp
+    weights = longctx.engine_weight_bytes(model, run.engine_bytes, run.engine_fp8)
+    return weights // run.engine_tp + (acts + sampler) // run.engine_tp
 
 
 def kv_cache_budget(device_bytes: int, utilisation: float, others_bytes: int, engine_peak: int) -> int:
@@ -222,7 +241,7 @@ def kv_cache_budget(device_bytes: int, utilisation: float, others_bytes: int, en
 
 def kv_blocks(budget_bytes: int, model: ModelShape, run: RunShape) -> int:
     """Whole paged-KV blocks (block_size tokens each, per engine shard) that fit in `budget_bytes`."""
-    block = run.block_size * model.kv_bytes_per_token(run.engine_bytes) // run.engine_tp
+    block = run.block_size * model.kv_bytes_per_token(longctx.kv_dtype_bytes(run)) // run.engine_tp
     return budget_bytes // max(1, block)
 
 
@@ -230,7 +249,7 @@ def engine_bytes(model: ModelShape, run: RunShape, device_bytes: int, others_byt
     """One engine shard. GPU: the engine claims utilisation * device (its peak + the KV cache the budget
     allows, see kv_cache_budget). CPU: weights + the fixed KV space (rollout.kv_cache_space_gib)."""
     peak = engine_peak_bytes(model, run)
-    weights = model.num_params * run.engine_bytes // run.engine_tp
+    weights = longctx.engine_weight_bytes(model, run.engine_bytes, run.engine_fp8) // run.engine_tp
     if run.device == "cpu":
         kv = int(run.kv_cache_gib * GIB)
     else:
@@ -242,5 +261,5 @@ def engine_bytes(model: ModelShape, run: RunShape, device_bytes: int, others_byt
 
 def min_kv_bytes(model: ModelShape, run: RunShape) -> int:
     """KV bytes one max_model_len sequence needs (per shard): vLLM refuses to start with less."""
-    per_token = model.kv_bytes_per_token(run.engine_bytes) / run.engine_tp
+    per_token = model.kv_bytes_per_token(longctx.kv_dtype_bytes(run)) / run.engine_tp
     return int(math.ceil(run.max_model_len / run.block_size) * run.block_size * per_token)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.memory import estimate as est
+from orchestrator.memory import longctx
 from orchestrator.memory.estimate import GIB, RunShape
 from orchestrator.memory.shapes import ModelShape
 
@@ -112,9 +113,12 @@ def _check(run: RunShape) -> None:
             raise ValueError(f"{name}: must be >= {0 if name == 'engines' else 1} (got {getattr(run, name)})")
     if not 0 < run.gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization: must be in (0, 1] (got {run.gpu_memory_utilization})")
-    if run.algorithm not in ("grpo", "ppo", "dpo") or run.precision not in ("fp32", "bf16-autocast"):
+    if run.algorithm not in ("grpo", "ppo", "dpo") or run.precision not in ("fp32", "bf16-autocast", "fp8"):
         raise ValueError(f"algorithm / precision: got {run.algorithm!r} / {run.precision!r}; allowed "
-                         "grpo|ppo|dpo and fp32|bf16-autocast")
+                         "grpo|ppo|dpo and fp32|bf16-autocast|fp8")
+    if run.context_parallel < 1 or run.trainer_ranks % run.context_parallel:
+        raise ValueError(f"context_parallel: must be >= 1 and divide trainer_ranks={run.trainer_ranks} "
+                         f"(got {run.context_parallel})")
 
 
 def _plan_cpu(model: ModelShape, run: RunShape, host: Optional[int]) -> MemoryPlan:
@@ -207,6 +211,7 @@ def _candidates(run: RunShape) -> list:
         if role in run.colocated:
             out.append((f"own-{role}", f"{role} on GPUs of its own (not colocated with the trainer)",
                         dict(colocated=tuple(r for r in run.colocated if r != role))))
+    out += longctx.long_context_candidates(run)
     if _engine_shards(run):
         out += [("util", f"rollout.gpu_memory_utilization={u:.2f}", dict(gpu_memory_utilization=u))
                 for u in (0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2) if u < run.gpu_memory_utilization]
@@ -222,6 +227,7 @@ def _not_yet(run: RunShape, changes: dict) -> str:
     for systems that can: FSDP CPU offload)."""
     after = dataclasses.replace(run, **changes)
     missing = [what for what, on in (("CPU offload", after.offload),) if on]
+    missing += [what for what in longctx.not_built(after) if what not in longctx.not_built(run)]
     return f" [not in rl-orch yet: {', '.join(missing)}]" if missing else ""
 
 
@@ -236,8 +242,8 @@ def _halvings(value: int, floor: int) -> list:
 def suggestions(model: ModelShape, run: RunShape, device_bytes: Optional[int], host_bytes: Optional[int] = None,
                 limit: int = 6) -> list:
     """Changes that make the plan fit: the mildest fitting option of each kind (micro-batch size,
-    checkpointing, LoRA, more FSDP shards, offload, own GPUs, lower engine utilisation, tensor
-    parallelism, fewer engines), else pairs of two kinds. Each line names the config change and the
+    checkpointing, LoRA, more FSDP shards, offload, context parallelism, FP8 training, FP8 rollouts, own
+    GPUs, lower engine utilisation, tensor parallelism, fewer engines), else pairs of two kinds. Each line names the config change and the
     largest device total it gives; [] when nothing tried fits."""
     cands = _candidates(run)
     before = plan_memory(model, run, device_bytes, host_bytes, suggest=False)
@@ -285,7 +291,7 @@ def format_plan(plan: MemoryPlan) -> str:
              f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads / {m.kv_heads} KV heads, vocab {m.vocab}",
              f"run: {r.algorithm} on {r.device}, {r.precision}, {r.trainer_ranks} trainer rank(s), micro-batch "
              f"{mb}, checkpointing {'on' if r.gradient_checkpointing else 'off'}, "
-             f"LoRA {'rank ' + str(r.lora_rank) if r.lora_rank else 'off'}, {r.attention} attention", ""]
+             f"LoRA {'rank ' + str(r.lora_rank) if r.lora_rank else 'off'}, {r.attention} attention{longctx.describe(r)}", ""]
     rows = [("role", "device", "n", *COLUMNS, "total")]
     for role in plan.roles:
         rows.append((role.role, role.device, str(role.count), *(_gib(role.parts.get(c, 0)) for c in COLUMNS),

@@ -10,12 +10,14 @@ the cgroup limit); a GPU run planned on a machine without a GPU is not judged.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from orchestrator.memory.estimate import DTYPE_BYTES, GIB, RunShape
+from orchestrator.memory.longctx import long_context_fields
 from orchestrator.memory.params import load_hf_config
 from orchestrator.memory.planner import MemoryPlan, format_plan, plan_memory
 from orchestrator.memory.shapes import ModelShape, model_shape
@@ -108,7 +110,7 @@ def plan_for_config(cfg, model_path: str | Path, prompt_len: Optional[int] = Non
     """
     hf = load_hf_config(model_path)
     shape: ModelShape = model_shape(hf, name=Path(model_path).name)
-    run = run_shape_from_config(cfg, hf, prompt_len)
+    run = dataclasses.replace(run_shape_from_config(cfg, hf, prompt_len), **long_context_fields(cfg))
     return plan_memory(shape, run, device_memory_bytes(cfg))
 
 

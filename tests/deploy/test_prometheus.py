@@ -139,8 +139,11 @@ def test_rows_accumulate_and_optional_keys_are_exported(exporter):
         exporter.log_row(row)
     exporter.log_row({"rollout/prefix_cache_hit_rate": 0.75, "rollout/staleness": 1, "rollout/queue_depth": 2,
                       "memory/trainer_peak_gib": 1.5, "memory/util_frac": 0.5, "sync/seconds": 3.0,
-                      "unknown/key": 7.0, "sync/strategy": "nccl", "actor/kl": None})
+                      "unknown/key": 7.0, "sync/strategy": "nccl", "actor/kl": None, "rollout/mismatch_kl_k3": 2e-4,
+                      "rollout/mismatch_ratio_max": 1.5, "rollout/mismatch_masked_token_frac": 0.01,
+                      "actor/entropy": 0.625, "actor/approx_kl_old": 0.002})
     s = _registry_samples(exporter)
+    assert _value(s, "rl_orch_actor_entropy_nats") == 0.625 and _value(s, "rl_orch_actor_approx_kl_old") == 0.002
     assert _value(s, "rl_orch_trainer_step") == 3
     assert _value(s, "rl_orch_trainer_steps_total") == 3  # the 4th row has no step
     assert _value(s, "rl_orch_phase_seconds_count", phase="train") == 3
@@ -148,6 +151,8 @@ def test_rows_accumulate_and_optional_keys_are_exported(exporter):
     assert _value(s, "rl_orch_rollout_prefix_cache_hit_ratio") == 0.75
     assert _value(s, "rl_orch_rollout_staleness_steps") == 1
     assert _value(s, "rl_orch_rollout_queue_depth") == 2
+    assert (_value(s, "rl_orch_rollout_mismatch_kl"), _value(s, "rl_orch_rollout_mismatch_ratio_max"),
+            _value(s, "rl_orch_rollout_mismatch_masked_ratio")) == (2e-4, 1.5, 0.01)
     assert _value(s, "rl_orch_memory_bytes", name="trainer_peak") == 1.5 * 2**30
     assert _value(s, "rl_orch_memory_value", name="util_frac") == 0.5
     assert _value(s, "rl_orch_sync_seconds") == 3.0  # the sync's own timer

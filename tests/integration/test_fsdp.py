@@ -80,7 +80,8 @@ def test_two_ranks_give_the_same_update_as_one(ray_local, tiny_model, tmp_path, 
         batch = _batch()
         want = single.train_step(batch)
         got = ray.get(ranks[0].train_step.remote(batch))
-        for key in ("actor/loss", "actor/grad_norm", "actor/ratio_mean", "actor/clip_frac"):
+        for key in ("actor/loss", "actor/grad_norm", "actor/ratio_mean", "actor/clip_frac", "rollout/mismatch_kl_k1",
+                    "rollout/mismatch_kl_k3", "rollout/mismatch_ratio_max", "rollout/mismatch_ratio_min"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
         named, _ = ray.get(ranks[0].weights_for_sync.options(num_returns=2).remote("float32"))
         ours, _ = single.weights_for_sync("float32")

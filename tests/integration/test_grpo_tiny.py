@@ -121,3 +121,24 @@ def test_a_hung_phase_stops_the_run_with_a_timeout_error(ray_local, tiny_model, 
             controller.run()
     finally:
         controller.shutdown()
+
+
+def test_two_steps_with_icepop_token_masking_report_the_rollout_mismatch(ray_local, tiny_model, tmp_path):
+    # algo.rollout_correction (orchestrator/algo/mismatch.py) through the whole path: config, controller, trainer
+    # actor, loss; the fp32 CPU engine and the fp32 trainer differ by float noise only, so IcePop's [0.5, 2]
+    # band keeps every token and the mismatch KL is tiny but measured every step
+    cfg = _cfg(tiny_model, tmp_path, "algo.rollout_correction.mode=token_mask")
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        print({k: v for k, v in r.items() if "mismatch" in k or k == "actor/tis_weight_mean"})
+        assert 0 <= r["rollout/mismatch_kl_k3"] < 1e-4 and abs(r["rollout/mismatch_kl_k1"]) < 1e-3
+        assert 0.5 < r["rollout/mismatch_ratio_min"] <= r["rollout/mismatch_ratio_max"] < 2.0
+        assert r["rollout/mismatch_masked_token_frac"] == 0.0 and r["rollout/mismatch_masked_seq_frac"] == 0.0
+        assert r["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-2)
+        assert r["actor/grad_norm"] > 0

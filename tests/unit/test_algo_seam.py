@@ -13,8 +13,9 @@ from orchestrator.config.schema import CHOICES
 
 
 def test_config_choices_are_the_registries_names() -> None:
-    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo")
-    assert CHOICES["algo.policy_loss"] == POLICY_LOSSES.names() == ("ppo_clip",)
+    assert CHOICES["algo.estimator"] == ADVANTAGE_ESTIMATORS.names() == ("grpo", "rloo", "dr_grpo", "reinforce_plus_plus",
+                                                                         "reinforce_plus_plus_baseline")
+    assert CHOICES["algo.policy_loss"] == POLICY_LOSSES.names() == ("ppo_clip", "gspo", "gspo_token", "cispo")
 
 
 def test_registry_errors_name_the_key_and_list_the_names() -> None:
@@ -93,8 +94,8 @@ def test_loss_inputs_and_config_are_checked() -> None:
         LossInputs(z, z, torch.zeros(2), z, 1.0)
     with pytest.raises(ValueError, match="normalizer"):
         LossInputs(z, z, z, z, 0.0)
-    with pytest.raises(ValueError, match=r"algo.policy_loss: unknown policy loss 'gspo'.*'ppo_clip'"):
-        compute_policy_loss(LossInputs(z, z, z, z, 1.0), LossConfig(policy_loss="gspo"))
+    with pytest.raises(ValueError, match=r"algo.policy_loss: unknown policy loss 'no_such_loss'.*'ppo_clip'"):
+        compute_policy_loss(LossInputs(z, z, z, z, 1.0), LossConfig(policy_loss="no_such_loss"))
     with pytest.raises(ValueError, match="ref_logprobs"):
         compute_policy_loss(LossInputs(z, z, z, z, 1.0), LossConfig(kl_coef=0.1))
     # tis_cap without rollout logprobs: no correction (the trainer passes them only when it applies)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
-from tests.unit.trainer_helpers import random_batch, save_tiny_llama
+from tests.unit.trainer_helpers import save_tiny_llama, shifted_batch
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +35,7 @@ def _trainer(tiny, mini_batches: int, tis_cap: float) -> Trainer:
 
 def _stale_batch(trainer: Trainer, shift) -> TrainBatch:
     """A batch whose behaviour logprobs are the trainer's current ones minus shift(i) (log space)."""
-    batch = random_batch(8, seed=3)
-    current = trainer.logprobs(batch.prompt_ids, batch.response_ids)
-    batch.rollout_logprobs = [[lp - shift(i) for lp in row] for i, row in enumerate(current)]
-    return batch
+    return shifted_batch(trainer, shift)
 
 
 def test_one_mini_batch_weights_by_current_detached_minus_rollout_logprobs(tiny):

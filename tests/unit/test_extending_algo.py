@@ -100,21 +100,21 @@ def test_c14_ppo_clip_branch() -> None:
 
 def test_c14_cispo_branch() -> None:
     import_plugins([str(LOSS_FILE)])
-    loss, grad, m = _one_token("cispo", 0.4, 0.2, -1.0, clip_high=4.0)  # ratio 0.5, weight cap 5.0
+    loss, grad, m = _one_token("cispo_example", 0.4, 0.2, -1.0, clip_high=4.0)  # ratio 0.5, weight cap 5.0
     assert loss == pytest.approx(0.5 * math.log(0.2), abs=1e-5)  # -0.804719
     assert loss == pytest.approx(-0.804719, abs=1e-5)
     assert grad == pytest.approx(0.5, abs=1e-5)  # no token leaves the gradient
     assert m["actor/ratio_mean"] == pytest.approx(0.5, abs=1e-6) and m["actor/clip_frac"] == 0.0
     # above the cap the weight is 5.0 and still carries a gradient: -5 * A
-    loss, grad, m = _one_token("cispo", 0.1, 0.8, 1.0, clip_high=4.0)  # ratio 8
+    loss, grad, m = _one_token("cispo_example", 0.1, 0.8, 1.0, clip_high=4.0)  # ratio 8
     assert grad == pytest.approx(-5.0, abs=1e-5) and m["actor/clip_frac"] == 1.0
 
 
 def test_config_and_trainer_use_the_loss_from_algo_plugins(tmp_path) -> None:
-    with pytest.raises(ConfigError, match=r"algo.policy_loss='cispo'.*'ppo_clip'"):
-        load_config(CPU_YAML, ["algo.policy_loss=cispo"])
-    assert load_config(CPU_YAML, ["algo.policy_loss=cispo", f"algo.plugins=[{LOSS_FILE}]"]).algo.policy_loss == "cispo"
-    POLICY_LOSSES.unregister("cispo")  # a trainer actor is a fresh process: it imports algo.plugins itself
+    with pytest.raises(ConfigError, match=r"algo.policy_loss='cispo_example'.*'ppo_clip'"):
+        load_config(CPU_YAML, ["algo.policy_loss=cispo_example"])
+    assert load_config(CPU_YAML, ["algo.policy_loss=cispo_example", f"algo.plugins=[{LOSS_FILE}]"]).algo.policy_loss == "cispo_example"
+    POLICY_LOSSES.unregister("cispo_example")  # a trainer actor is a fresh process: it imports algo.plugins itself
     sys.modules.pop(plugin_module_name(LOSS_FILE), None)
     from actors.trainer.trainer import Trainer
 
@@ -122,9 +122,9 @@ def test_config_and_trainer_use_the_loss_from_algo_plugins(tmp_path) -> None:
     tc = OmegaConf.structured(TrainerConfig)
     tc.update({"lr": 1e-2, "warmup_steps": 0, "micro_batch_size": 4, "num_threads": 1, "precision": "fp32"})
     algo = OmegaConf.structured(AlgoConfig)
-    algo.update({"policy_loss": "cispo", "clip_high": 4.0, "plugins": [str(LOSS_FILE)]})
+    algo.update({"policy_loss": "cispo_example", "clip_high": 4.0, "plugins": [str(LOSS_FILE)]})
     m = Trainer(str(folder), tc, algo, temperature=1.0, max_new_tokens=8).train_step(random_batch(8))
-    assert "cispo" in POLICY_LOSSES
+    assert "cispo_example" in POLICY_LOSSES
     assert math.isfinite(m["actor/loss"]) and m["actor/grad_norm"] > 0
 
 

@@ -26,3 +26,12 @@ def random_batch(n: int = 8, seed: int = 0) -> TrainBatch:
     responses = [[rng.randrange(3, 97) for _ in range(rng.randint(1, 7))] for _ in range(n)]
     return TrainBatch.with_sequence_advantages(prompts, responses, [[-4.0] * len(r) for r in responses],
                                                [rng.choice([-1.0, 1.0]) for _ in range(n)], ref_logprobs=None)
+
+
+def shifted_batch(trainer, shift, n: int = 8, seed: int = 3) -> TrainBatch:
+    """`random_batch(n, seed)` whose rollout (behaviour) logprobs are `trainer`'s current ones minus shift(i): every
+    token of sample i has log(pi_trainer / pi_rollout) = shift(i)."""
+    batch = random_batch(n, seed)
+    current = trainer.logprobs(batch.prompt_ids, batch.response_ids)
+    batch.rollout_logprobs = [[lp - shift(i) for lp in row] for i, row in enumerate(current)]
+    return batch

@@ -1,0 +1,43 @@
+"""Config keys `rl-orch plan memory` plans but a run cannot use yet (issue 22): context parallelism, FP8
+training, FP8 rollouts. The keys are in the schema so the planner can model them (`rl-orch plan memory
+--config ... trainer.context_parallel_size=4`); `rl-orch run` (every `load_config` without plan_only) refuses
+them with the error below instead of silently training without them.
+
+    check_context_parallel(cfg)      # ValueError: trainer.context_parallel_size must divide trainer.num_workers
+    refuse_unbuilt(cfg)              # ValueError naming each key whose trainer / engine support is not built
+"""
+from __future__ import annotations
+
+
+def check_context_parallel(cfg) -> None:
+    """trainer.context_parallel_size (c) must divide trainer.num_workers (c of the D ranks share a sequence).
+
+    Raises ValueError naming both keys."""
+    c, d = cfg.trainer.context_parallel_size, cfg.trainer.num_workers
+    if d % c:
+        raise ValueError(f"trainer.context_parallel_size={c} must divide trainer.num_workers={d} (each sequence is "
+                         f"split over c of the trainer ranks)")
+
+
+def unbuilt_settings(cfg) -> list[str]:
+    """'key=value (what is missing)' for every set key whose support is not built yet; [] when none."""
+    t, r = cfg.trainer, cfg.rollout
+    out = []
+    if t.context_parallel_size > 1:
+        out.append(f"trainer.context_parallel_size={t.context_parallel_size} (the trainer's ring attention over "
+                   "ranks is not built yet: only the attention, orchestrator/algo/ring_attention.py and ring_dist.py)")
+    if t.precision == "fp8":
+        out.append("trainer.precision=fp8 (the trainer's FP8 linear layers are not built yet)")
+    if r.quantization == "fp8":
+        out.append("rollout.quantization=fp8 (FP8 engine weights and their verified weight sync are not built yet)")
+    if r.kv_cache_dtype == "fp8":
+        out.append("rollout.kv_cache_dtype=fp8 (the engine's FP8 KV cache is not wired yet)")
+    return out
+
+
+def refuse_unbuilt(cfg) -> None:
+    """Raise ValueError when the config sets a key a run cannot honour yet (see unbuilt_settings)."""
+    settings = unbuilt_settings(cfg)
+    if settings:
+        raise ValueError(f"{'; '.join(settings)}: rl-orch cannot run this yet; `rl-orch plan memory --config` plans "
+                         "it (see docs/memory-planning.md). Remove the key(s) to run.")

@@ -1,0 +1,164 @@
+"""DAPO dynamic sampling: a step trains only on groups whose rewards differ (Yu et al. 2025, "DAPO: An Open-Source
+LLM Reinforcement Learning System at Scale", section 3.2, the constraint of eq. 11: 0 < |{o_i correct}| < G).
+
+A group whose n rewards are all equal has advantage 0 under a group baseline and adds nothing but noise to the
+update. With `algo.dynamic_sampling.enabled`, a step generates rounds of `rollout.prompts_per_step` groups
+(round 0 is the step's usual batch; each further round draws the next prompts from the data loader), scores
+each round, drops the uniform groups, and stops once it holds `rollout.prompts_per_step` informative groups
+(the first ones in generation order; surplus groups of the last round are dropped) or after `max_rounds`
+rounds. Short after max_rounds: the step trains on its informative groups topped up with the step's uniform
+groups in generation order, so the global batch keeps its size (trainer.mini_batches and trainer.num_workers
+divide it); a warning is printed the first time. Every prompt drawn moves the loader, whose state the
+checkpoint saves, and every round's seeds are a function of (rollout.seed, step, group id): a resume is exact.
+
+Group ids stay unique over the run: round r of step s gives prompt i the id s * P + i + r * ROUND_STRIDE
+(P = rollout.prompts_per_step; round 0 is exactly the id without dynamic sampling).
+
+Metrics: rollout/dyn_groups_generated, rollout/dyn_groups_kept (informative groups trained),
+rollout/dyn_groups_padded (uniform groups trained to fill the batch), rollout/dyn_rounds. The rollout/* and
+reward/* metrics of the rounds are merged over every generated sample (`merge_round_rows`); actor/* and
+rollout/groups_mixed_frac describe the trained batch. Pure: the controller is passed in (`Host`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from orchestrator.config.sampling import ROUND_STRIDE
+
+
+def round_group_id(step: int, index: int, round_: int, prompts_per_step: int) -> int:
+    """The group id of prompt `index` (0 .. P-1) of round `round_` of `step`: step * P + index + round * ROUND_STRIDE."""
+    return step * prompts_per_step + index + round_ * ROUND_STRIDE
+
+
+class Host(Protocol):
+    """What the sampler calls on the controller (orchestrator/controller.py)."""
+
+    reward_parts: dict  # each reward function's values over the last scored batch (completion samples)
+
+    def sample_prompts(self, step: int, round_: int = 0) -> list: ...
+    def generate(self, requests: list, row: dict) -> list: ...
+    def score(self, trajs: list, row: dict) -> list: ...
+
+
+def informative(rewards: list[float]) -> bool:
+    """Whether a group's rewards are not all equal (DAPO eq. 11: 0 < correct < G)."""
+    return bool(rewards) and max(rewards) > min(rewards)
+
+
+def split_groups(trajs: list, rewards: list[float]) -> list[tuple[list[int], bool]]:
+    """The batch's groups in order of first appearance: ([their indices in the batch], informative)."""
+    order: dict[int, list[int]] = {}
+    for i, t in enumerate(trajs):
+        order.setdefault(t.group_id, []).append(i)
+    return [(idx, informative([rewards[i] for i in idx])) for idx in order.values()]
+
+
+@dataclass
+class Pool:
+    """Groups collected over a step's rounds: (trajectories, rewards, {function: values}) per group."""
+
+    kept: list = field(default_factory=list)
+    uniform: list = field(default_factory=list)
+    generated: int = 0
+
+    def add(self, trajs: list, rewards: list[float], parts: dict) -> None:
+        parts = {k: v for k, v in parts.items() if len(v) == len(trajs)}  # multi-turn: none (env rewards)
+        for idx, good in split_groups(trajs, rewards):
+            values = {k: [v[i] for i in idx] for k, v in parts.items()}
+            group = ([trajs[i] for i in idx], [rewards[i] for i in idx], values)
+            (self.kept if good else self.uniform).append(group)
+            self.generated += 1
+
+    def batch(self, groups: int) -> tuple[list, list[float], dict, int, int]:
+        """(trajectories, rewards, parts, informative groups, uniform groups) of the trained batch: the first
+        `groups` informative groups, topped up with uniform ones."""
+        chosen = self.kept[:groups]
+        pad = self.uniform[: groups - len(chosen)]
+        trajs = [t for g in chosen + pad for t in g[0]]
+        rewards = [r for g in chosen + pad for r in g[1]]
+        names = chosen[0][2] if chosen else (pad[0][2] if pad else {})
+        parts = {k: [v for g in chosen + pad for v in g[2].get(k, [])] for k in names}
+        return trajs, rewards, parts, len(chosen), len(pad)
+
+
+class DynamicSampling:
+    """The step's rollouts: `rollouts(host, step, timer, row)` -> (trajectories, rewards or None).
+
+    Off (`algo.dynamic_sampling.enabled` false): sample, generate, and rewards None (the controller scores), as
+    before. On: the rounds of the module docstring; the rewards come back with the trajectories and the
+    host's `reward_parts` hold the trained batch's per-function values."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg.algo.dynamic_sampling
+        self.prompts_per_step = cfg.rollout.prompts_per_step
+        self.warned = False
+
+    def rollouts(self, host: Host, step: int, timer, row: dict) -> tuple[list, Optional[list[float]]]:
+        if not self.cfg.enabled:
+            with timer.phase("sample"):
+                requests = host.sample_prompts(step)
+            with timer.phase("generate"):
+                return host.generate(requests, row), None
+        pool, rows, sizes = Pool(), [], []
+        for round_ in range(self.cfg.max_rounds):
+            with timer.phase("sample"):
+                requests = host.sample_prompts(step, round_)
+            rows.append({"step": step})
+            with timer.phase("generate"):
+                trajs = host.generate(requests, rows[-1])
+            with timer.phase("reward"):
+                rewards = host.score(trajs, rows[-1])
+            pool.add(trajs, rewards, host.reward_parts)
+            sizes.append(len(trajs))
+            if len(pool.kept) >= self.prompts_per_step:
+                break
+        trajs, rewards, host.reward_parts, kept, padded = pool.batch(self.prompts_per_step)
+        row.update(merge_round_rows(rows, sizes))
+        row.update({"rollout/dyn_groups_generated": pool.generated, "rollout/dyn_groups_kept": kept,
+                    "rollout/dyn_groups_padded": padded, "rollout/dyn_rounds": len(rows)})
+        if padded and not self.warned:
+            self.warned = True
+            print(f"algo.dynamic_sampling: step {step} found {kept} informative groups of {self.prompts_per_step} in "
+                  f"max_rounds={self.cfg.max_rounds} rounds; it trains on them plus {padded} uniform groups "
+                  "(rollout/dyn_groups_padded; warned once)", flush=True)
+        return trajs, rewards
+
+
+_AVERAGED = ("/mean", "_mean", "_frac", "_rate", "_per_s")  # but *_s_mean: seconds (the rollout's busy time), summed
+
+
+def merge_round_rows(rows: list[dict], sizes: list[int]) -> dict:
+    """One row from the rounds' rows, weighted by their samples `sizes`: memory/* and *_max the largest, reward/std
+    pooled over every sample (from each round's reward/mean and reward/std), means / fractions / rates the
+    sample-weighted mean, everything else (counts, seconds) the sum; non-numbers the last round's. One round:
+    its row, unchanged."""
+    if len(rows) == 1:
+        return {k: v for k, v in rows[0].items() if k != "step"}
+    out: dict = {}
+    for key in dict.fromkeys(k for r in rows for k in r if k != "step"):
+        have = [(r[key], n) for r, n in zip(rows, sizes) if key in r]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v, _ in have):
+            out[key] = have[-1][0]
+        elif key.startswith("memory/") or key.endswith("_max"):
+            out[key] = max(v for v, _ in have)
+        elif key == "reward/std":
+            out[key] = pooled_std(rows, sizes)
+        elif key.endswith(_AVERAGED) and not key.endswith("_s_mean"):
+            out[key] = sum(v * n for v, n in have) / sum(n for _, n in have)
+        else:
+            out[key] = sum(v for v, _ in have)
+    return out
+
+
+def pooled_std(rows: list[dict], sizes: list[int]) -> float:
+    """The unbiased std of every sample's reward from each round's (reward/mean, reward/std, size)."""
+    parts = [(r.get("reward/mean", 0.0), r.get("reward/std", 0.0), n) for r, n in zip(rows, sizes)]
+    total = sum(n for _, _, n in parts)
+    if total < 2:
+        return 0.0
+    mean = sum(m * n for m, _, n in parts) / total
+    ss = sum((n - 1) * s * s + n * (m - mean) ** 2 for m, s, n in parts)
+    return math.sqrt(max(ss, 0.0) / (total - 1))

@@ -1,0 +1,104 @@
+"""DAPO on Ray (local, CPU), tiny random model, vLLM on CPU: dynamic sampling trains only informative groups and
+resumes exactly (2 steps + resume + 2 steps = 4 steps); overlong shaping and filtering run through the trainer.
+
+The reward makes whole groups uniform on purpose: a prompt whose gold answer is even scores 1.0 for every sample
+(a uniform group, dropped), an odd one scores by completion length (usually informative), so steps need more than
+one round of prompts.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from orchestrator.config import load_config
+from orchestrator.config.sampling import ROUND_STRIDE
+from orchestrator.controller import GRPOController
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.dapo_rewards:parity_reward', weight: 1.0}]"
+VOLATILE_PREFIXES = ("timing/", "roles/", "memory/")
+VOLATILE_SUFFIXES = ("_s", "_s_mean", "seconds", "gbps", "_frac_busy", "_frac_idle", "_per_s")
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAtStep3(GRPOController):
+    def step(self, step: int):
+        if step == 3:
+            raise Crash
+        return super().step(step)
+
+
+def _run(tiny_model, out, kind=GRPOController, *extra):
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{
+        "rollout.max_new_tokens": 16, "checkpoint.every_steps": 2, "trainer.total_steps": 4,
+        "algo.dynamic_sampling.enabled": "true", "algo.dynamic_sampling.max_rounds": 6}) + [REWARD, *extra])
+    controller = kind(cfg)
+    try:
+        return controller, controller.run()
+    finally:
+        controller.shutdown()
+
+
+def _stable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(VOLATILE_PREFIXES) and not k.endswith(VOLATILE_SUFFIXES)}
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, float) and isinstance(y, float):
+        return abs(x - y) <= 1e-6 + 1e-5 * abs(y)
+    return x == y
+
+
+def test_dynamic_sampling_trains_informative_groups_and_resumes_exactly(ray_local, tiny_model, tmp_path):
+    controller, whole = _run(tiny_model, tmp_path / "a")
+    rows = whole.rows
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["rollout/dyn_groups_generated"] == 2 * r["rollout/dyn_rounds"]  # rounds of prompts_per_step = 2
+        assert r["rollout/dyn_groups_kept"] + r["rollout/dyn_groups_padded"] == 2
+        if r["rollout/dyn_groups_padded"] == 0:  # enough informative groups: no uniform group trained
+            assert r["rollout/groups_mixed_frac"] == 1.0
+        assert math.isfinite(r["actor/loss"])
+    assert any(r["rollout/dyn_rounds"] > 1 for r in rows), [r["rollout/dyn_rounds"] for r in rows]
+    # the loader accounts for every prompt drawn: its position after step 2 is the groups generated in steps 1-2
+    state = json.loads((tmp_path / "a" / "ckpt" / "step_000002" / "state.json").read_text())["loader"]
+    assert state["epoch"] * state["size"] + state["position"] == sum(r["rollout/dyn_groups_generated"] for r in rows[:2])
+    # the last trained batch's group ids: round 0 ids are step * 2 + i, extra rounds add r * ROUND_STRIDE
+    gids = {t.group_id for t in controller.scored.trajs}
+    assert all((g % ROUND_STRIDE) // 2 == 4 and g // ROUND_STRIDE < rows[-1]["rollout/dyn_rounds"] for g in gids), gids
+
+    with pytest.raises(Crash):
+        _run(tiny_model, tmp_path / "b", CrashAtStep3)
+    resumed, split = _run(tiny_model, tmp_path / "b", GRPOController, "checkpoint.resume=latest")
+    assert resumed.start_step == 2
+    differ = [(a["step"], k, a.get(k), b.get(k)) for a, b in zip(rows, split.rows)
+              for k in sorted(set(_stable(a)) | set(_stable(b))) if not _same(a.get(k), b.get(k))]
+    assert not differ, differ
+    assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in split.rows]
+
+
+def test_overlong_penalty_and_filter_train(ray_local, tiny_model, tmp_path):
+    out = tmp_path / "o"
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{
+        "rollout.max_new_tokens": 12, "reward.overlong_penalty.enabled": "true",
+        "reward.overlong_penalty.cache_len": 6, "algo.overlong_filter": "true"}) +
+        ["reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"])
+    controller = GRPOController(cfg)
+    try:
+        rows = controller.run().rows
+    finally:
+        controller.shutdown()
+    for r in rows:
+        # a random model runs to max_new_tokens often: those samples get -1 (the whole ramp) and leave the loss
+        assert -1.0 <= r["reward/overlong_penalty_mean"] <= 0.0
+        assert r["reward/overlong_penalty_mean"] <= -r["rollout/truncated_frac"] + 1e-9
+        assert r["rollout/overlong_filtered_frac"] + r["rollout/overlong_unfiltered"] / 8 == pytest.approx(
+            r["rollout/truncated_frac"])
+        assert math.isfinite(r["actor/loss"]) and math.isfinite(r["actor/grad_norm"])
+    assert any(r["rollout/truncated_frac"] > 0 for r in rows)
