@@ -20,6 +20,7 @@ from orchestrator.config.fields import check_fields
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config, RewardFunctionConfig
+from orchestrator.data.rgym import check_reasoning_gym_config
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
@@ -145,6 +146,10 @@ def validate(cfg) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_env(cfg)
+    try:  # data.source=reasoning_gym:<task> (orchestrator/data/rgym.py)
+        check_reasoning_gym_config(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:  # the eval section (orchestrator/eval/checks.py)
         check_eval_config(cfg)
     except ValueError as e:

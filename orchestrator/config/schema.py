@@ -17,6 +17,7 @@ from orchestrator.algo.loss import POLICY_LOSSES
 from orchestrator.algo.loss_parts import LOSS_AGG_MODES
 from orchestrator.config.algo_losses import PolicyLossOptions
 from orchestrator.config.critic import CriticConfig, GaeFields
+from orchestrator.config.data import DataConfig  # the data section (and data.reasoning_gym), in its own module
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
 from orchestrator.config.rollout_correction import RolloutCorrectionConfig
 from orchestrator.config.sampling import DynamicSamplingConfig, OverlongPenaltyConfig
@@ -34,27 +35,6 @@ class ModelConfig:
     path: str = "default"
     # Where prepared models live; "" = $RL_ORCH_CACHE or ~/.cache/rl-orchestrator.
     cache_dir: str = ""
-
-
-@dataclass
-class DataConfig:
-    # "arith" = built-in procedural arithmetic task; or a path to a .jsonl / .parquet file with
-    # `prompt` and `answer` fields.
-    source: str = "arith"
-    # Built-in task: operations drawn from this list ("+", "-", "*") and operands in [min, max].
-    arith_ops: list = field(default_factory=lambda: ["+", "*"])
-    arith_min: int = 0
-    arith_max: int = 9
-    # Number of distinct examples the built-in task generates per epoch.
-    arith_size: int = 1000
-    # Text appended to every prompt (an instruction about the answer format); may be "".
-    prompt_suffix: str = ""
-    # System prompt for the chat template; None = the template's default.
-    system_prompt: Optional[str] = None
-    shuffle: bool = True
-    seed: int = 0
-    # Prompts longer than this (tokens, after the chat template) are an error naming the row.
-    max_prompt_tokens: int = number(256, ge=0, finite=True)
 
 
 @dataclass

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from orchestrator.data.code_tasks import code_arith_examples
+from orchestrator.data.rgym import is_reasoning_gym, reasoning_gym_examples
 from orchestrator.data.tasks import Example, arithmetic_examples
 
 
@@ -52,9 +53,11 @@ def read_parquet(path: Path) -> list[Example]:
 
 
 def load_examples(data_cfg) -> list[Example]:
-    """The examples of `data.source`: "arith" or "code_arith" (built-in) or a .jsonl / .parquet path.
+    """The examples of `data.source`: "arith" or "code_arith" (built-in), "reasoning_gym:<task>"
+    (orchestrator/data/rgym.py) or a .jsonl / .parquet path.
 
-    Raises DatasetError for a missing file, an unknown extension, an empty dataset or a bad row.
+    Raises DatasetError for a missing file, an unknown extension, an empty dataset, a bad row, an unknown
+    reasoning-gym task or a generation parameter it refuses.
     """
     if data_cfg.source == "arith":
         return arithmetic_examples(data_cfg.arith_size, list(data_cfg.arith_ops), data_cfg.arith_min,
@@ -62,9 +65,14 @@ def load_examples(data_cfg) -> list[Example]:
     if data_cfg.source == "code_arith":  # write f(x); the answer is its unit tests (reward: code_tests)
         return code_arith_examples(data_cfg.arith_size, data_cfg.arith_min, data_cfg.arith_max, data_cfg.seed,
                                    data_cfg.prompt_suffix)
+    if is_reasoning_gym(data_cfg.source):
+        try:
+            return reasoning_gym_examples(data_cfg)
+        except ValueError as e:
+            raise DatasetError(str(e)) from None
     path = Path(data_cfg.source).expanduser()
     if not path.is_file():
-        raise DatasetError(f"data.source={data_cfg.source!r}: no such file (or use 'arith' or 'code_arith')")
+        raise DatasetError(f"data.source={data_cfg.source!r}: no such file (or use 'arith', 'code_arith' or 'reasoning_gym:<task>')")
     readers = {".jsonl": read_jsonl, ".json": read_jsonl, ".parquet": read_parquet}
     if path.suffix not in readers:
         raise DatasetError(f"data.source={data_cfg.source!r}: unknown extension; use one of {sorted(readers)}")

@@ -9,7 +9,8 @@ Two sources (docs/eval.md):
   eval.seed, is held out: every training row with one of those texts is removed from the training items, so
   no eval prompt is ever trained on (this changes what training draws).
 - `eval.data`: its own rows ("arith": the built-in task with eval.seed, data.arith_* ranges and
-  data.prompt_suffix; or a .jsonl / .parquet file). Training is left exactly as it is; eval prompts whose text
+  data.prompt_suffix; "reasoning_gym:<task>": the task with data.reasoning_gym's parameters and eval.seed; or a
+  .jsonl / .parquet file). Training is left exactly as it is; eval prompts whose text
   the training loader draws in trainer.total_steps steps (replayed on a copy, plus one prefetched batch) are
   dropped, so the eval set is still never trained on by this run.
 """
@@ -17,6 +18,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+from omegaconf import OmegaConf
 
 from orchestrator.data import DatasetError, Example, StatefulLoader, load_examples
 
@@ -68,10 +72,13 @@ def trained_prompts(examples: list[Example], items: list[int], data_cfg, prompts
 
 def eval_examples(cfg) -> list[Example]:
     """The rows of `eval.data`: "arith" = the built-in task with eval.seed (data.arith_* and data.prompt_suffix),
+    "reasoning_gym:<task>" = the task with data.reasoning_gym and eval.seed,
     else a .jsonl / .parquet file (data.prompt_suffix appended). Raises DatasetError naming eval.data."""
     d = cfg.data
     fields = {"source": cfg.eval.data, "seed": cfg.eval.seed, "arith_ops": list(d.arith_ops), "arith_min": d.arith_min,
-              "arith_max": d.arith_max, "arith_size": d.arith_size, "prompt_suffix": d.prompt_suffix}
+              "arith_max": d.arith_max, "arith_size": d.arith_size, "prompt_suffix": d.prompt_suffix,
+              # reasoning_gym:<task>: data.reasoning_gym's parameters, drawn with eval.seed (docs/data-sources.md)
+              "reasoning_gym": SimpleNamespace(**{**OmegaConf.to_container(d.reasoning_gym), "seed": None})}
     try:
         return load_examples(_Section(**fields))
     except (DatasetError, ValueError) as e:
@@ -89,6 +96,7 @@ class _Section:
     arith_max: int
     arith_size: int
     prompt_suffix: str
+    reasoning_gym: SimpleNamespace
 
 
 def eval_split(cfg, examples: list[Example]) -> EvalSplit:

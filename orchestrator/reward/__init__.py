@@ -14,7 +14,12 @@ from orchestrator.reward.functions import (
     extract_final_answer,
     resolve_reward_fn,
 )
+from orchestrator.reward.rgym import reasoning_gym_reward
 from orchestrator.reward.scorer import RewardResult, RewardScorer, check_reward_values
+
+# a reasoning-gym task's own scorer (data.source=reasoning_gym:<task>); registered here, where every import of
+# orchestrator.reward.* passes, because rgym.py imports functions.py
+BUILTIN_REWARDS.setdefault("reasoning_gym", reasoning_gym_reward)
 
 __all__ = [
     "BUILTIN_REWARDS",
@@ -28,5 +33,6 @@ __all__ = [
     "check_reward_failures",
     "check_reward_values",
     "extract_final_answer",
+    "reasoning_gym_reward",
     "resolve_reward_fn",
 ]

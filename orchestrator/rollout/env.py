@@ -11,8 +11,8 @@ observation is chat messages: a string (one message in the env's default role), 
 sampled turn; decoding is only for the environment: the trajectory keeps the sampled token ids
 (orchestrator/rollout/multiturn.py, case C07).
 
-Environments are chosen by `EnvConfig.name`: a built-in name (``"calculator"``, ``"guessing"``) or a
-dotted path ``"pkg.module:Class"`` / ``"pkg.module.Class"`` to any class (or factory) with `reset` and
+Environments are chosen by `EnvConfig.name`: a built-in name (``"calculator"``, ``"guessing"``),
+``"gymnasium:<id>"`` (a Gymnasium environment with discrete actions, envs/gymnasium_text.py) or a dotted path ``"pkg.module:Class"`` / ``"pkg.module.Class"`` to any class (or factory) with `reset` and
 `step`. `EnvRunner` (env_runner.py) calls them under a per-step timeout.
 
 Try it: ``python -c "from orchestrator.rollout.env import make_env; e = make_env('guessing'); print(e.reset({'secret': 3}))"``
@@ -115,6 +115,10 @@ def resolve_env_factory(name: str, key: str = "env.name") -> Callable[..., Envir
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{key} is empty: give a built-in environment {sorted(BUILTIN_ENVS)} or 'pkg.module:Class'")
+    if name.startswith("gymnasium:"):  # a Gymnasium environment as a text game (orchestrator/rollout/envs/gymnasium_text.py)
+        from orchestrator.rollout.envs.gymnasium_text import gymnasium_env_class
+
+        return gymnasium_env_class(name[len("gymnasium:"):])
     path = BUILTIN_ENVS.get(name, name)
     if ":" in path:
         module_name, attr = path.split(":", 1)
