@@ -17,8 +17,8 @@ import ast
 import operator
 
 from orchestrator.reward.functions import accuracy
-from orchestrator.rollout.env import EnvStep
-from orchestrator.rollout.tool_calls import ToolCallParseError, parse_tool_calls, tools_system_prompt
+from orchestrator.rollout.envs.tool_env import ToolEnv
+from orchestrator.rollout.tool_calls import ToolCall
 
 CALCULATOR_TOOL = {
     "type": "function",
@@ -89,8 +89,8 @@ def format_number(value: int | float) -> str:
     return str(value) if isinstance(value, int) else f"{value:.10g}"
 
 
-class CalculatorEnv:
-    """Calculator tool environment (see the module docstring).
+class CalculatorEnv(ToolEnv):
+    """Calculator tool environment (see the module docstring; the turn logic is ToolEnv's).
 
     Args:
         max_tool_calls: tool calls allowed per episode; more ends the episode with reward 0.
@@ -99,43 +99,20 @@ class CalculatorEnv:
     Info per step: {"tool_calls": int, "tool_error": str (malformed call or bad expression)}.
     """
 
+    env_name = "calculator"
+
     def __init__(self, max_tool_calls: int = 4, system_prompt: str = "Answer the question. Give the final number."):
         if max_tool_calls < 0:
             raise ValueError(f"env.kwargs.max_tool_calls={max_tool_calls}: need >= 0")
-        self.max_tool_calls, self.system_prompt = max_tool_calls, system_prompt
-        self.answer, self.tool_calls = "", 0
+        super().__init__(CALCULATOR_TOOL, max_tool_calls, system_prompt)
 
-    def reset(self, sample: dict) -> list[dict]:
-        if "prompt" not in sample or "answer" not in sample:
-            raise KeyError(f"calculator sample needs 'prompt' and 'answer', got keys {sorted(sample)}")
-        self.answer, self.tool_calls = str(sample["answer"]), 0
-        return [{"role": "system", "content": tools_system_prompt([CALCULATOR_TOOL], self.system_prompt)},
-                {"role": "user", "content": str(sample["prompt"])}]
+    def score(self, action: str) -> float:
+        return accuracy([action], [self.answer])[0]
 
-    def step(self, action: str) -> EnvStep:
+    def call(self, call: ToolCall) -> tuple[str, str]:
+        if call.name != "calculator":
+            return f"error: unknown tool {call.name!r}; use 'calculator'", f"unknown tool {call.name!r}"
         try:
-            calls = parse_tool_calls(action)
-        except ToolCallParseError as e:
-            return EnvStep({"role": "tool", "content": f"error: {e}"}, 0.0, False, {"tool_error": str(e)})
-        if not calls:
-            reward = accuracy([action], [self.answer])[0]
-            return EnvStep([], reward, True, {"tool_calls": self.tool_calls})
-        self.tool_calls += len(calls)
-        if self.tool_calls > self.max_tool_calls:
-            return EnvStep([], 0.0, True, {"tool_calls": self.tool_calls, "tool_error": "too many tool calls"})
-        replies, errors = [], []
-        for call in calls:
-            if call.name != "calculator":
-                errors.append(f"unknown tool {call.name!r}")
-                replies.append({"role": "tool", "content": f"error: unknown tool {call.name!r}; use 'calculator'"})
-                continue
-            try:
-                result = format_number(safe_eval(str(call.arguments.get("expression", ""))))
-            except CalcError as e:
-                errors.append(str(e))
-                result = f"error: {e}"
-            replies.append({"role": "tool", "content": result})
-        info = {"tool_calls": self.tool_calls}
-        if errors:
-            info["tool_error"] = "; ".join(errors)
-        return EnvStep(replies, 0.0, False, info)
+            return format_number(safe_eval(str(call.arguments.get("expression", "")))), ""
+        except CalcError as e:
+            return f"error: {e}", str(e)

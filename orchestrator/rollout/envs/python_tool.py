@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from orchestrator.reward.functions import resolve_reward_fn
 from orchestrator.reward.sandbox import SandboxLimits, SandboxResult, run_python
-from orchestrator.rollout.env import EnvStep
-from orchestrator.rollout.tool_calls import ToolCallParseError, parse_tool_calls, tools_system_prompt
+from orchestrator.rollout.envs.tool_env import ToolEnv
+from orchestrator.rollout.tool_calls import ToolCall
 
 PYTHON_TOOL = {
     "type": "function",
@@ -51,8 +51,8 @@ def describe_run(result: SandboxResult, max_chars: int) -> str:
     return text[: max(max_chars - len(tail), 0)] + tail
 
 
-class PythonToolEnv:
-    """Sandboxed Python tool environment (see the module docstring).
+class PythonToolEnv(ToolEnv):
+    """Sandboxed Python tool environment (see the module docstring; the turn logic is ToolEnv's).
 
     Args:
         reward_fn: the reward function name scoring the final answer against sample["answer"].
@@ -64,6 +64,8 @@ class PythonToolEnv:
         ValueError: an unknown reward function, or a limit out of range.
     """
 
+    env_name = "python tool"
+
     def __init__(self, reward_fn: str = "code_tests", max_tool_calls: int = 3, max_output_chars: int = 2000,
                  cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512,
                  system_prompt: str = "Solve the task. You may run Python code first."):
@@ -73,36 +75,14 @@ class PythonToolEnv:
         self.reward = resolve_reward_fn(reward_fn)
         self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
                                     output_bytes=max(4 * max_output_chars, 4096))
-        self.max_tool_calls, self.max_output_chars, self.system_prompt = max_tool_calls, max_output_chars, system_prompt
-        self.answer, self.tool_calls = "", 0
+        super().__init__(PYTHON_TOOL, max_tool_calls, system_prompt)
+        self.max_output_chars = max_output_chars
 
-    def reset(self, sample: dict) -> list[dict]:
-        if "prompt" not in sample or "answer" not in sample:
-            raise KeyError(f"python tool sample needs 'prompt' and 'answer', got keys {sorted(sample)}")
-        self.answer, self.tool_calls = str(sample["answer"]), 0
-        return [{"role": "system", "content": tools_system_prompt([PYTHON_TOOL], self.system_prompt)},
-                {"role": "user", "content": str(sample["prompt"])}]
+    def score(self, action: str) -> float:
+        return float(self.reward([action], [self.answer])[0])
 
-    def step(self, action: str) -> EnvStep:
-        try:
-            calls = parse_tool_calls(action)
-        except ToolCallParseError as e:
-            return EnvStep({"role": "tool", "content": f"error: {e}"}, 0.0, False, {"tool_error": str(e)})
-        if not calls:
-            return EnvStep([], float(self.reward([action], [self.answer])[0]), True, {"tool_calls": self.tool_calls})
-        self.tool_calls += len(calls)
-        if self.tool_calls > self.max_tool_calls:
-            return EnvStep([], 0.0, True, {"tool_calls": self.tool_calls, "tool_error": "too many tool calls"})
-        replies, errors = [], []
-        for call in calls:
-            code = call.arguments.get("code")
-            if call.name != "python" or not isinstance(code, str):
-                errors.append(f"bad call {call.name!r}")
-                replies.append({"role": "tool", "content": "error: call the tool 'python' with a string 'code'"})
-                continue
-            replies.append({"role": "tool", "content": describe_run(run_python(code, self.limits),
-                                                                    self.max_output_chars)})
-        info = {"tool_calls": self.tool_calls}
-        if errors:
-            info["tool_error"] = "; ".join(errors)
-        return EnvStep(replies, 0.0, False, info)
+    def call(self, call: ToolCall) -> tuple[str, str]:
+        code = call.arguments.get("code")
+        if call.name != "python" or not isinstance(code, str):
+            return "error: call the tool 'python' with a string 'code'", f"bad call {call.name!r}"
+        return describe_run(run_python(code, self.limits), self.max_output_chars), ""
