@@ -20,6 +20,7 @@ Try it::
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import secrets
@@ -45,7 +46,8 @@ def extract_code(completion: str) -> str | None:
 def parse_tests(answer: str) -> list[str]:
     """The unit tests of a gold answer: a JSON list of strings, or one test per non-empty, non-# line.
 
-    Raises BadTestsError when there is no test or a test does not compile (naming it).
+    Raises BadTestsError when there is no test, a test does not compile, or a test holds no ``assert`` statement
+    (naming it): a gold answer such as ``12`` compiles as an expression and would pass any code.
     """
     text = str(answer).strip()
     tests: list[str] | None = None
@@ -62,9 +64,12 @@ def parse_tests(answer: str) -> list[str]:
         raise BadTestsError(f"code_tests: the answer holds no unit test: {text[:80]!r}")
     for i, test in enumerate(tests):
         try:
-            compile(textwrap.dedent(test), f"test {i}", "exec")
+            tree = ast.parse(textwrap.dedent(test), f"test {i}", "exec")
         except (SyntaxError, ValueError) as e:
             raise BadTestsError(f"code_tests: test {i} does not compile ({e}): {test[:80]!r}") from None
+        if not any(isinstance(node, ast.Assert) for node in ast.walk(tree)):
+            raise BadTestsError(f"code_tests: test {i} has no assert statement: {test[:80]!r} (the gold answer must "
+                                "be unit tests, e.g. data.source=code_arith)")
     return tests
 
 

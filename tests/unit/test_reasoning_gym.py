@@ -84,7 +84,7 @@ def test_a_plain_answer_is_not_a_reference():
     (["data.reasoning_gym.config={seed: 1}"], "data.reasoning_gym.config.seed: set data.reasoning_gym.seed instead"),
     (["data.reasoning_gym.size=0"], "data.reasoning_gym.size=0 must be > 0"),
     (["data.reasoning_gym.answer_format=xml"], "data.reasoning_gym.answer_format='xml' is not allowed"),
-    (["reward.functions=[accuracy]"], "score with the task's own scorer: reward.functions=\\[reasoning_gym\\]"),
+    (["reward.functions=[accuracy]"], "\\['accuracy'\\] cannot score data.source='reasoning_gym:.*use 'reasoning_gym'"),
 ])
 def test_bad_input_is_a_config_error_naming_the_key(extra, message):
     with pytest.raises(ConfigError, match=message):
