@@ -7,7 +7,9 @@ value of the wrong type, a choice outside its allowed values, a number out of ra
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -56,6 +58,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         layers.append(OmegaConf.from_dotlist(list(overrides)))
     except (yaml.YAMLError, OmegaConfBaseException, ValueError) as e:
         raise ConfigError(f"cannot parse the overrides {list(overrides)}: {str(e).splitlines()[0]}") from None
+    for layer in layers:  # `algo.dynamic_sampling=true` would fail inside OmegaConf without naming the key
+        check_sections(OmegaConf.to_container(layer, resolve=False), Config)
     try:
         merged = OmegaConf.merge(base, *layers)
         _coerce_reward_functions(merged)
@@ -82,6 +86,24 @@ def _coerce_reward_functions(cfg) -> None:
         except OmegaConfBaseException as e:
             raise ConfigError(f"reward.functions[{i}]: {_describe(e)}") from None
     cfg.reward.functions = typed
+
+
+def check_sections(values, cls, prefix: str = "") -> None:
+    """Raise ConfigError when a YAML or override value replaces a whole config section (a dataclass of the schema)
+    with something that is not a mapping, naming the section and its keys."""
+    if not isinstance(values, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        kind = hints.get(key)
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            continue
+        if isinstance(value, dict):
+            check_sections(value, kind, f"{prefix}{key}.")
+        elif value is not None:
+            keys = [f.name for f in dataclasses.fields(kind)]
+            raise ConfigError(f"{prefix}{key}={value!r}: {prefix}{key} is a section, not a value; set its keys, e.g. "
+                              f"{prefix}{key}.{keys[0]}=... (its keys: {', '.join(keys)})")
 
 
 def _describe(e: OmegaConfBaseException) -> str:

@@ -247,3 +247,14 @@ def test_broken_yaml_file_is_a_config_error(tmp_path):
     bad.write_text("rollout: {n: 4\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("override, section, first", [
+    ("algo.dynamic_sampling=true", "algo.dynamic_sampling", "enabled"),
+    ("algo.rollout_correction=token_mask", "algo.rollout_correction", "mode"),
+    ("reward.overlong_penalty=true", "reward.overlong_penalty", "enabled"),
+    ("weight_sync.disk=3", "weight_sync.disk", "path"),
+])
+def test_a_value_in_place_of_a_section_names_the_section_and_its_keys(override, section, first):
+    with pytest.raises(ConfigError, match=rf"{section} is a section, not a value; set its keys, e.g. {section}.{first}="):
+        load_config(CPU_YAML, [override])
