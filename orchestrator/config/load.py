@@ -246,12 +246,17 @@ def _check_auto_placement(cfg) -> None:
 def _check_env(cfg) -> None:
     """env.* ranges and choices (orchestrator/rollout/env_config.py), rollout.block_size >= 0; with env.name
     set, the environment must resolve now (a typo fails here, not after the actors start)."""
-    from orchestrator.rollout.env import resolve_env_factory
+    from orchestrator.rollout.env import BUILTIN_ENVS, make_env, resolve_env_factory
     from orchestrator.rollout.env_config import validate_env_config
 
     try:
         validate_env_config(cfg.env, cfg.rollout.max_model_len)
-        if cfg.env.name:
+        if cfg.env.name in BUILTIN_ENVS:  # ours: build one now so that a bad env.kwargs fails here (user envs may be heavy)
+            try:
+                make_env(cfg.env.name, OmegaConf.to_container(cfg.env.kwargs, resolve=True), "env.name")
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(str(e) if str(e).startswith("env.") else f"env.kwargs (env.name={cfg.env.name!r}): {e}") from None
+        elif cfg.env.name:
             resolve_env_factory(cfg.env.name, "env.name")
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -258,3 +258,15 @@ def test_broken_yaml_file_is_a_config_error(tmp_path):
 def test_a_value_in_place_of_a_section_names_the_section_and_its_keys(override, section, first):
     with pytest.raises(ConfigError, match=rf"{section} is a section, not a value; set its keys, e.g. {section}.{first}="):
         load_config(CPU_YAML, [override])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ("{wall_s: 0}", r"env.kwargs \(env.name='python'\): SandboxLimits.wall_s=0"),
+    ("{max_tool_calls: -1}", r"env.kwargs: max_tool_calls=-1"),
+    ("{reward_fn: nope}", r"unknown reward function 'nope'"),
+    ("{no_such_kwarg: 1}", r"env.name='python': cannot build it with env.kwargs"),
+])
+def test_a_built_in_environment_is_built_at_load_so_bad_kwargs_fail_there(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(CPU_YAML, ["env.name=python", f"env.kwargs={kwargs}", "env.kwargs.reward_fn=accuracy"]
+                    if "reward_fn" not in kwargs else ["env.name=python", f"env.kwargs={kwargs}"])
