@@ -93,7 +93,7 @@ def test_run_refuses_to_start_and_prints_the_table(tiny_folder, tmp_path, capsys
     import ray
 
     argv = ["run", "configs/grpo_arith_cpu.yaml", f"model.path={tiny_folder}", f"run.output_dir={tmp_path / 'out'}",
-            "memory.device_gib=0.01"]
+            f"checkpoint.dir={tmp_path / 'ckpt'}", "memory.device_gib=0.01"]  # not a demo's runs/ checkpoint
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("memory error: the run does not fit in memory")
