@@ -5,6 +5,7 @@ real chat template and vLLM can detokenise.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,15 @@ def assert_engine_holds_trainer_weights(controller, version: int):
     assert engine["version"] == version
     compare_checksums(ray.get(meta_ref)["groups"], engine["groups"])
     return trainer, worker
+
+
+def run_rows(cfg) -> list[dict]:
+    """Run a GRPOController on `cfg` to the end (shut down even when it fails) and return its metrics rows."""
+    from orchestrator.controller import GRPOController
+
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+    finally:
+        controller.shutdown()
+    return [json.loads(line) for line in open(result.metrics)]

@@ -18,7 +18,7 @@ from orchestrator.controller import GRPOController
 from orchestrator.placement.groups import PlacementError
 from orchestrator.rollout import PromptRequest
 from orchestrator.weight_sync import WeightMismatchError, compare_checksums
-from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
+from tests.integration.conftest import assert_engine_holds_trainer_weights, run_rows, tiny_overrides
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
@@ -128,12 +128,7 @@ def test_two_steps_with_icepop_token_masking_report_the_rollout_mismatch(ray_loc
     # actor, loss; the fp32 CPU engine and the fp32 trainer differ by float noise only, so IcePop's [0.5, 2]
     # band keeps every token and the mismatch KL is tiny but measured every step
     cfg = _cfg(tiny_model, tmp_path, "algo.rollout_correction.mode=token_mask")
-    controller = GRPOController(cfg)
-    try:
-        result = controller.run()
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+    rows = run_rows(cfg)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         print({k: v for k, v in r.items() if "mismatch" in k or k == "actor/tis_weight_mean"})

@@ -8,8 +8,7 @@ import json
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.controller import GRPOController
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import run_rows, tiny_overrides
 
 pytestmark = pytest.mark.integration
 
@@ -19,12 +18,7 @@ def test_two_steps_of_frozen_lake(ray_local, tiny_model, tmp_path):
                                                    "rollout.max_new_tokens": 8, "metrics.samples_every": 1,
                                                    "metrics.samples_n": 4, "checkpoint.every_steps": 0})
     cfg = load_config("configs/grpo_frozenlake_cpu.yaml", over)
-    controller = GRPOController(cfg)
-    try:
-        result = controller.run()
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+    rows = run_rows(cfg)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["env/errors"] == 0 and r["env/reset_failures"] == 0

@@ -9,9 +9,8 @@ import json
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.controller import GRPOController
 from orchestrator.reward.rgym import reasoning_gym_reward
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import run_rows, tiny_overrides
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +20,7 @@ def test_two_steps_on_a_reasoning_gym_task_log_its_reward(ray_local, tiny_model,
                                                    "metrics.samples_n": 8, "data.reasoning_gym.answer_format": "last_line",
                                                    "checkpoint.every_steps": 0})
     cfg = load_config("configs/grpo_reasoning_gym_cpu.yaml", over)
-    controller = GRPOController(cfg)
-    try:
-        result = controller.run()
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+    rows = run_rows(cfg)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert 0.0 <= r["reward/reasoning_gym_mean"] <= 1.0
