@@ -16,6 +16,8 @@ Options:
                       clipped loss is 1 and the losses differ only in their gradient's form and aggregation;
                       M > 1 makes the later updates off-policy, where clipping acts)
     --out DIR         one run folder per variant (metrics.jsonl) and results.json
+    --resume          keep the variants already in DIR/results.json (without an error) and run only the others;
+                      so the variants can run one invocation at a time and a last call prints the whole table
     extra key=value   overrides applied to every variant
 
 Variants whose estimator or loss is not registered in this checkout are reported as such, not run.
@@ -94,6 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--mini-batches", type=int, default=1)
     ap.add_argument("--out", default="/tmp/rl_orch_algorithms")
+    ap.add_argument("--resume", action="store_true")
     ap.add_argument("extra", nargs="*", help="key=value overrides for every variant")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(VARIANTS)
@@ -103,12 +106,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     estimators, losses = _registered()
-    results = {}
+    saved = out / "results.json"
+    results = json.loads(saved.read_text()) if args.resume and saved.exists() else {}
     for name in names:
+        if "error" not in results.get(name, {"error": ""}):
+            continue
         why = _missing(VARIANTS[name], estimators, losses)
         results[name] = {"error": why} if why else run_variant(name, VARIANTS[name], out, args.steps,
                                                                 args.mini_batches, args.extra)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        saved.write_text(json.dumps(results, indent=1))
         print(_row(name, results[name]), flush=True)
     print("\n| variant | overrides | reward first 5 | last 5 | gain | s/step |\n|---|---|---|---|---|---|")
     for name in names:
