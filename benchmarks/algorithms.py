@@ -54,7 +54,7 @@ VARIANTS: dict[str, list[str]] = {
 def _registered() -> tuple[set, set]:
     sys.path.insert(0, str(ROOT))
     from orchestrator.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-    return set(ADVANTAGE_ESTIMATORS.names), set(POLICY_LOSSES.names)
+    return set(ADVANTAGE_ESTIMATORS.names()), set(POLICY_LOSSES.names())
 
 
 def _missing(overrides: list[str], estimators: set, losses: set) -> str:
