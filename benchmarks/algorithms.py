@@ -33,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_arith_cpu.yaml"
-BASE = ["eval.every_steps=0", "metrics.trackers=[]", "metrics.samples_every=0", "checkpoint.every_steps=0"]
+BASE = ["eval.every_steps=0", "metrics.trackers=[]", "metrics.samples_every=0", "checkpoint.every_steps=0",
+        "checkpoint.resume=none"]  # every variant from the base model, never from another run's checkpoint
 
 # name -> overrides on top of the demo config (its estimator grpo, loss ppo_clip, token-mean)
 VARIANTS: dict[str, list[str]] = {

@@ -201,7 +201,7 @@ class SizingConfig:
 
 @dataclass
 class CheckpointConfig:
-    dir: str = "runs/${run.name}/checkpoints"
+    dir: str = "${run.output_dir}/checkpoints"  # follows run.output_dir (default runs/${run.name}/checkpoints)
     every_steps: int = number(0, ge=0, finite=True)  # 0 = off (the last step is always checkpointed)
     # a checkpoint after the step in which this many minutes passed since the last one (bounds the work a
     # crash or preemption loses); 0 = off

@@ -60,6 +60,9 @@ def test_dotlist_overrides() -> None:
     assert cfg.algo.kl_coef == pytest.approx(0.01) and isinstance(cfg.algo.kl_coef, float)
     assert cfg.checkpoint.dir == "runs/abc/checkpoints"
     assert cfg.algo.tis_cap is None
+    # checkpoints follow the run's output folder (a run elsewhere never resumes from runs/<name>'s checkpoints)
+    assert _load("run.output_dir=/data/exp1").checkpoint.dir == "/data/exp1/checkpoints"
+    assert _load("run.output_dir=/data/exp1", "checkpoint.dir=/ckpt").checkpoint.dir == "/ckpt"
     # overrides win over the file, the file over the defaults
     assert _load("trainer.lr=3e-6").trainer.lr == pytest.approx(3e-6)
     assert _load("rollout.n=8").rollout.n == 8
