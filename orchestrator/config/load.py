@@ -18,12 +18,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
+from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.config.source_reward import check_source_rewards
-from orchestrator.data.rgym import check_reasoning_gym_config
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
@@ -169,8 +169,8 @@ def validate(cfg) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _check_env(cfg)
-    try:  # data.source=reasoning_gym:<task> (orchestrator/data/rgym.py)
-        check_reasoning_gym_config(cfg)
+    try:  # data.source and eval.data: built-in ranges, reasoning-gym tasks (orchestrator/config/data_checks.py)
+        check_data_sources(cfg)
         check_source_rewards(cfg)  # built-in rewards against built-in sources' gold answers (config/source_reward.py)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -7,7 +7,7 @@ The reward function ``reasoning_gym`` (orchestrator/reward/rgym.py) rebuilds ``d
 reward worker and scores with the dataset's own ``score_answer(answer, entry)``, as reasoning-gym's own training code
 does (the entry's metadata, tuples included, is never round-tripped through JSON).
 
-Bad input fails at config load, before any actor starts (`check_reasoning_gym_config`): an unknown task (the
+Bad input fails at config load, before any actor starts (orchestrator/config/data_checks.py): an unknown task (the
 message lists the tasks), a generation parameter the task's config class does not take (the message lists the ones
 it takes), a value its ``validate()`` refuses, ``seed``/``size`` inside ``config`` (they have their own keys), or the
 ``accuracy`` reward with a reasoning-gym source is refused by orchestrator/config/source_reward.py (its gold answers are references).
@@ -73,15 +73,6 @@ def make_dataset(task: str, kwargs: dict):
         shown = {k: v for k, v in kwargs.items() if k not in ("seed", "size")}
         raise ValueError(f"data.reasoning_gym.config={shown}: task {task!r} refuses it: "
                          f"{e or type(e).__name__}") from None
-
-
-def check_reasoning_gym_config(cfg) -> None:
-    """Checks of a config whose data.source is a reasoning-gym task (nothing for other sources; see the module
-    docstring). Builds the dataset object (generates no row). Raises ValueError naming the key."""
-    if not is_reasoning_gym(cfg.data.source):
-        return
-    task = cfg.data.source[len(PREFIX):]
-    make_dataset(task, generation_kwargs(cfg.data))
 
 
 def reasoning_gym_examples(data_cfg) -> list[Example]:
