@@ -248,10 +248,13 @@ def _check_env(cfg) -> None:
     set, the environment must resolve now (a typo fails here, not after the actors start)."""
     from orchestrator.rollout.env import BUILTIN_ENVS, make_env, resolve_env_factory
     from orchestrator.rollout.env_config import validate_env_config
+    from orchestrator.rollout.envs.gymnasium_text import PREFIX as GYM_PREFIX
 
     try:
         validate_env_config(cfg.env, cfg.rollout.max_model_len)
-        if cfg.env.name in BUILTIN_ENVS:  # ours: build one now so that a bad env.kwargs fails here (user envs may be heavy)
+        # ours and Gymnasium's: build one now so that a bad env.kwargs or a non-discrete game fails here (user envs
+        # may be heavy)
+        if cfg.env.name in BUILTIN_ENVS or cfg.env.name.startswith(GYM_PREFIX):
             try:
                 make_env(cfg.env.name, OmegaConf.to_container(cfg.env.kwargs, resolve=True), "env.name")
             except (ValueError, TypeError, KeyError) as e:

@@ -56,6 +56,11 @@ def test_errors_name_the_env():
     assert cfg.env.name == "gymnasium:FrozenLake-v1"
     with pytest.raises(ValueError, match="not Discrete"):
         make_env("gymnasium:MountainCarContinuous-v0")
+    # the config load builds one instance: a game the adapter cannot play and bad kwargs fail before any actor starts
+    with pytest.raises(ConfigError, match="env.name='gymnasium:Pendulum-v1'.*not Discrete"):
+        load_config(None, base + ["env.name=gymnasium:Pendulum-v1"])
+    with pytest.raises(ConfigError, match="env.kwargs.actions=\\['a'\\]: FrozenLake-v1 has 4 actions"):
+        load_config(None, base + ["env.name=gymnasium:FrozenLake-v1", "env.kwargs={actions: [a]}"])
     with pytest.raises(ValueError, match="env.kwargs.actions"):
         make_env("gymnasium:FrozenLake-v1", {"actions": ["a", "b"]})
     with pytest.raises(ValueError, match="gymnasium.make refuses it"):

@@ -13,9 +13,9 @@ The adapter plays the Gymnasium environment ``gymnasium.make(<id>, **make_kwargs
   with no valid action is answered with an observation saying so and `invalid_reward`; the episode goes on (its
   length is bounded by env.max_turns). The step's reward is the Gymnasium reward; ``terminated or truncated`` ends it.
 
-Raises ValueError naming env.name / env.kwargs: for an id Gymnasium does not know when the config loads
-(`gymnasium_env_class`), for arguments gymnasium.make refuses, a non-discrete action space or `actions` of the wrong
-length when an instance is built.
+Raises ValueError naming env.name / env.kwargs: for an id Gymnasium does not know, arguments gymnasium.make refuses,
+a non-discrete action space or `actions` of the wrong length. The config load builds one instance
+(orchestrator/config/load.py), so each of these fails before any actor starts.
 """
 from __future__ import annotations
 
