@@ -28,7 +28,7 @@ system-deps:
 	./scripts/install_system_deps.sh
 
 test: model system-deps
-	$(BIN)/python -m pytest tests -v --timeout=900 -m "not gpu" $(ARGS)
+	$(BIN)/python -m pytest tests -v --timeout=900 --durations=40 -m "not gpu" $(ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q

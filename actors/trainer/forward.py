@@ -179,8 +179,9 @@ def apply_loss_mask(mb: MicroBatch) -> MicroBatch:
 
 
 def autocast_context(precision: str):
-    """bf16 autocast on the model's device for "bf16-autocast", a no-op for "fp32"."""
-    if precision == "bf16-autocast":
+    """bf16 autocast on the model's device for "bf16-autocast", and for "fp8" on a GPU (the layers outside the FP8
+    linears, actors/trainer/fp8.py); a no-op for "fp32" and for "fp8" on the CPU (fp32 around the FP8 matmuls)."""
+    if precision == "bf16-autocast" or (precision == "fp8" and torch.cuda.is_available()):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return torch.autocast(device_type=device, dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -5,7 +5,7 @@ optimizer step each) and micro-batches (gradient accumulation), and scales every
 one normaliser computed for the whole mini-batch first (`loss_normalizer`, cases C01/C02), so the
 update does not depend on the micro-batch size, nor on packing (`trainer.packing`: micro-batches are
 rows of `micro_batch_tokens` tokens, first-fit decreasing, case C11). AdamW, linear warmup then cosine decay, gradient
-clipping, fp32 or bf16 autocast with fp32 master weights. Optional gradient checkpointing, LoRA
+clipping, fp32, bf16 autocast or FP8 linear layers (actors/trainer/fp8.py) with fp32 master weights. Optional gradient checkpointing, LoRA
 adapters (actors/trainer/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
 the router load-balancing loss over real tokens (actors/trainer/moe_loss.py, case C12).
 """
@@ -27,12 +27,9 @@ from actors.trainer import attention, finite
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
-from actors.trainer.forward import collate
-from actors.trainer.forward import collate_packed, split_micro_batches
-from actors.trainer.forward import LOSS_MASK
+from actors.trainer.forward import LOSS_MASK, collate, collate_packed, split_micro_batches
 from actors.trainer.policy_forward import policy_forward
-from actors.trainer import lora
-from actors.trainer import prefix_share
+from actors.trainer import fp8, lora, prefix_share
 from actors.trainer.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.algo.mismatch import uses_rollout_logprobs
@@ -69,6 +66,7 @@ class Trainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # LoRA layers injected in place (self.model stays the HF class); None = full fine-tuning
         self.peft = lora.apply_lora(self.model, trainer_cfg.lora)
+        self.model = fp8.apply_fp8(self.model) if trainer_cfg.precision == "fp8" else self.model  # torchao Float8Linear
         self.router_aux = RouterAux.for_model(self.model, trainer_cfg.router_aux_loss_coef)  # None for dense models
         self.model.train()
         self.model = self._prepare_model(self.model)  # FSDP2 sharding with D > 1 (actors/trainer/sharded.py)

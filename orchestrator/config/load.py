@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
+from orchestrator.config.precision import check_precision
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config, RewardFunctionConfig
@@ -71,6 +72,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     validate(merged)
     if not plan_only:
         _run(refuse_unbuilt, merged)
+        _run(check_precision, merged)  # trainer.precision=fp8: torchao, no LoRA, the GPU's FP8 support
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
 

@@ -1,6 +1,6 @@
-"""Config keys `rl-orch plan memory` plans but a run cannot use yet (issue 22): context parallelism, FP8
-training, FP8 rollouts. The keys are in the schema so the planner can model them (`rl-orch plan memory
---config ... trainer.context_parallel_size=4`); `rl-orch run` (every `load_config` without plan_only) refuses
+"""Config keys `rl-orch plan memory` plans but a run cannot use yet (issue 22): context parallelism and FP8
+rollouts (FP8 training is built: actors/trainer/fp8.py, checked by orchestrator/config/precision.py). The keys
+are in the schema so the planner can model them (`rl-orch plan memory --config ... trainer.context_parallel_size=4`); `rl-orch run` (every `load_config` without plan_only) refuses
 them with the error below instead of silently training without them.
 
     check_context_parallel(cfg)      # ValueError: trainer.context_parallel_size must divide trainer.num_workers
@@ -26,8 +26,6 @@ def unbuilt_settings(cfg) -> list[str]:
     if t.context_parallel_size > 1:
         out.append(f"trainer.context_parallel_size={t.context_parallel_size} (the trainer's ring attention over "
                    "ranks is not built yet: only the attention, orchestrator/algo/ring_attention.py and ring_dist.py)")
-    if t.precision == "fp8":
-        out.append("trainer.precision=fp8 (the trainer's FP8 linear layers are not built yet)")
     if r.quantization == "fp8":
         out.append("rollout.quantization=fp8 (FP8 engine weights and their verified weight sync are not built yet)")
     if r.kv_cache_dtype == "fp8":
