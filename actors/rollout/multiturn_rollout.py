@@ -80,7 +80,8 @@ class MultiTurnRollout:
         """Roll out `groups` (GroupRequest or dicts); returns (trajectories, metrics).
 
         env_cfg: the `env` config section as a dict (name, kwargs, num_workers, step_timeout_s, max_turns,
-        max_tokens, render_mode). Metrics: the agent loop's (rollout/turns_mean, rollout/truncated_frac,
+        max_tokens, render_mode, tool_format: "auto" is resolved from the tokenizer's chat template and passed to
+        environments whose constructor takes `tool_format`). Metrics: the agent loop's (rollout/turns_mean, rollout/truncated_frac,
         env/step_s_mean, env/errors, ...) plus rollout/tokens (sampled), rollout/generate_s,
         rollout/tokens_per_s, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hits
         (vLLM's counters over this call), rollout/engine_steps and rollout/in_flight_max.
