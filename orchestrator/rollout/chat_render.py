@@ -210,13 +210,14 @@ class ChatSession:
 
 
 def check_template_keeps_history(renderer: ChatRenderer) -> None:
-    """Probe the template once: does adding a user turn re-render a past reasoning turn differently?
+    """Probe the template once: is a sampled reasoning turn, followed by a new user turn, re-rendered as sampled?
 
-    Renders [user, assistant "<think>..</think>answer"] and the same + a new user turn; raises
-    ChatTemplatePrefixError (turn 1) when the first is not a prefix of the second (e.g. Qwen3
-    templates strip past reasoning). Call it at start-up in strict mode to fail before any rollout.
+    The sampled text is the generation prompt of [user] + "<think>..</think>answer" + the EOS token; the
+    template's render of [user, assistant, user] with generation prompt must start with it. Raises
+    ChatTemplatePrefixError (turn 1) when not (Qwen3 and DeepSeek-R1 strip past reasoning, Mistral v0.3 pads the
+    turn with spaces), naming env.render_mode=incremental. Call it at start-up in strict mode.
     """
-    history = [{"role": "user", "content": "Q1"},
-               {"role": "assistant", "content": "<think>\nreasoning\n</think>\n\nanswer"}]
-    renderer.token_delta(renderer.render(history, add_generation_prompt=False),
-                         renderer.render(history + [{"role": "user", "content": "Q2"}], add_generation_prompt=True), 1)
+    user, answer = {"role": "user", "content": "Q1"}, "<think>\nreasoning\n</think>\n\nanswer"
+    sampled = renderer.render([user], add_generation_prompt=True) + answer + (renderer.tokenizer.eos_token or "")
+    renderer.token_delta(sampled, renderer.render([user, {"role": "assistant", "content": answer},
+                                                   {"role": "user", "content": "Q2"}], add_generation_prompt=True), 1)

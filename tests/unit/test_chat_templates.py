@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
-from orchestrator.rollout.chat_render import ChatRenderer, ChatTemplatePrefixError
+from orchestrator.rollout.chat_render import ChatRenderer, ChatTemplatePrefixError, check_template_keeps_history
 from orchestrator.rollout.env_runner import EnvRunner
 from orchestrator.rollout.envs.calculator import CalculatorEnv
 from orchestrator.rollout.router import StickyRouter
@@ -120,8 +120,11 @@ def _opening(renderer, t, tok):
     return session.messages
 
 
-def test_qwen3_template_breaks_strict_on_the_user_turn_and_the_error_names_incremental():
-    renderer = ChatRenderer(template_tokenizer("qwen3"), "strict")
-    from orchestrator.rollout.chat_render import check_template_keeps_history
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_start_up_probe_refuses_strict_exactly_for_the_templates_that_rewrite_past_turns(name):
+    renderer = ChatRenderer(template_tokenizer(name), "strict")
+    if STRICT_FAILS[name] is None:
+        check_template_keeps_history(renderer)
+        return
     with pytest.raises(ChatTemplatePrefixError, match=r"turn 1: .*Qwen3.*set env.render_mode=incremental"):
         check_template_keeps_history(renderer)
