@@ -23,12 +23,12 @@ from typing import Any
 from actors.rollout.async_engine import ContinuousBatcher
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer, check_template_keeps_history
-from orchestrator.rollout.env import resolve_env_factory
+from orchestrator.rollout.env import resolve_env_factory, with_tool_format
 from orchestrator.rollout.env_runner import EnvRunner
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import Trajectory
 
-_ENV_KEYS = ("name", "kwargs", "num_workers", "step_timeout_s", "render_mode")
+_ENV_KEYS = ("name", "kwargs", "num_workers", "step_timeout_s", "render_mode", "tool_format")
 
 
 def as_group_request(group: Any) -> GroupRequest:
@@ -66,9 +66,11 @@ class MultiTurnRollout:
         if key == self._env_key:
             return
         factory = resolve_env_factory(env_cfg["name"])
-        self.runner = EnvRunner(factory, dict(env_cfg.get("kwargs") or {}), num_workers=int(env_cfg["num_workers"]),
+        self.renderer = ChatRenderer(self.tokenizer, env_cfg.get("render_mode", "strict"),
+                                     tool_format=env_cfg.get("tool_format", "auto"))
+        kwargs = with_tool_format(factory, dict(env_cfg.get("kwargs") or {}), self.renderer.tool_format.name)
+        self.runner = EnvRunner(factory, kwargs, num_workers=int(env_cfg["num_workers"]),
                                 step_timeout_s=float(env_cfg["step_timeout_s"]))
-        self.renderer = ChatRenderer(self.tokenizer, env_cfg.get("render_mode", "strict"))
         if self.renderer.mode == "strict":
             check_template_keeps_history(self.renderer)  # a history-rewriting template fails before any rollout
         self._env_key = key
@@ -78,7 +80,8 @@ class MultiTurnRollout:
         """Roll out `groups` (GroupRequest or dicts); returns (trajectories, metrics).
 
         env_cfg: the `env` config section as a dict (name, kwargs, num_workers, step_timeout_s, max_turns,
-        max_tokens, render_mode). Metrics: the agent loop's (rollout/turns_mean, rollout/truncated_frac,
+        max_tokens, render_mode, tool_format: "auto" is resolved from the tokenizer's chat template and passed to
+        environments whose constructor takes `tool_format`). Metrics: the agent loop's (rollout/turns_mean, rollout/truncated_frac,
         env/step_s_mean, env/errors, ...) plus rollout/tokens (sampled), rollout/generate_s,
         rollout/tokens_per_s, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hits
         (vLLM's counters over this call), rollout/engine_steps and rollout/in_flight_max.

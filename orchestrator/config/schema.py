@@ -25,7 +25,7 @@ from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbC
 from orchestrator.config.weight_sync_config import (  # noqa: F401 (re-exported: the config's classes in one place)
     DeltaSyncConfig, DiskSyncConfig, SyncFabricConfig, WeightSyncConfig,
 )
-from orchestrator.rollout.env_config import RENDER_MODES, EnvConfig
+from orchestrator.rollout.env_config import RENDER_MODES, TOOL_FORMATS, EnvConfig
 
 
 @dataclass
@@ -338,4 +338,5 @@ class Config:
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the
 # env section validates itself (orchestrator/rollout/env_config.py), its render modes are listed here too.
-CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES})
+CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES,
+                       "env.tool_format": TOOL_FORMATS})

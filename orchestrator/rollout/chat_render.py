@@ -7,26 +7,42 @@ without re-tokenising the history (case C07). Two modes (`EnvConfig.render_mode`
 - "strict": render the whole message history + the new messages with the template (string), check
   that it starts with the decoded ``context_ids`` (string prefix) and that its tokenisation starts
   with the tokenisation of that string (token prefix), and append the remaining ids. A template that
-  renders past turns differently from how they were generated (Qwen3-style templates strip past
-  ``<think>`` reasoning) fails that check: `ChatTemplatePrefixError` names the turn. Nothing is
-  dropped silently.
-- "incremental": render only the new messages after a fixed dummy history ``[user "U", assistant
-  "A"]``: ids = tokens(render(dummy + new)) minus tokens(render(dummy)), plus the assistant turn's
-  closing text (``<|im_end|>\\n`` in ChatML) that the sampled ids lack. Past turns are kept exactly
-  as sampled; the template's rewriting of history is never applied (used by verl and SkyRL).
+  renders past turns differently from how they were generated (Qwen3 and DeepSeek-R1 templates strip
+  past ``<think>`` reasoning) fails that check: `ChatTemplatePrefixError` names the turn and points to
+  "incremental". Nothing is dropped silently.
+- "incremental": render the new messages after a fixed dummy history ``[user "U", assistant <marker>]``
+  (the marker turn is not the last message, so the template renders it as it renders past turns: no
+  empty think block, no generation-prompt suffix such as DeepSeek-R1's ``<think>\\n``). The
+  observation is everything the template writes after the marker: the assistant turn's closing text
+  (``<|im_end|>\\n`` in ChatML, ``<|eot_id|>`` in Llama-3, `` </s>`` in Mistral), the new messages and
+  the generation prompt, as ids = tokens(render) minus tokens(render up to the marker). Past turns
+  are kept exactly as sampled (reasoning included); the template's rewriting of history is never
+  applied (as verl and SkyRL do). Works with every template whose assistant turn contains its content.
 
 End of the assistant turn: when the sampled ids end with an end-of-turn id (EOS / ``<|im_end|>``)
-they keep it (it was sampled and is trained); the template supplies only what follows it (``\\n``).
-When the turn was cut off (no end id) the template supplies the whole closing text (mask 0).
+they keep it (it was sampled and is trained); the template supplies only what follows it (``\\n``;
+whitespace the template writes before it, as Mistral's `` </s>``, is dropped with it). When the turn
+was cut off (no end id) the template supplies the whole closing text (mask 0).
 
-Try it: see tests/unit/test_multiturn_render.py (SmolLM2 ChatML template and a reasoning-stripping one).
+Tools: a message returned by the environment may carry ``"tools": [schema, ...]`` (the built-in tool
+environments put it on their system message). The session renders them through the template's own
+``tools=`` support when it has one (Qwen, Llama-3.1, Mistral), else lists them in the system text in
+the `tool_format`'s convention (orchestrator/rollout/tool_formats.py).
+
+Try it: see tests/unit/test_multiturn_render.py and tests/unit/test_chat_templates.py (the real
+templates of Qwen3, Qwen2.5, DeepSeek-R1-Distill, Llama-3.1, Mistral v0.3 and SmolLM2).
 """
 from __future__ import annotations
 
 from orchestrator.rollout.env import Message
+from orchestrator.rollout.tool_formats import ToolFormat, get_tool_format
 
 _DUMMY_USER = {"role": "user", "content": "U"}
-_DUMMY_ASSISTANT = {"role": "assistant", "content": "A"}
+# the dummy assistant turn of incremental rendering: plain letters (no template trims, splits or escapes them)
+_MARKER = "ZqxAssistantTurnMarker"
+_DUMMY_ASSISTANT = {"role": "assistant", "content": _MARKER}
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
 
 
 class ChatTemplatePrefixError(RuntimeError):
@@ -45,24 +61,32 @@ class ChatRenderer:
         tokenizer: a transformers tokenizer with a chat template.
         mode: "strict" or "incremental".
         end_of_turn_ids: ids that end an assistant turn; default: the tokenizer's eos id(s).
+        tool_format: env.tool_format ("auto" = from the template): the special tokens of its calls are kept
+            in the text the environment sees, and it describes tools to templates without ``tools=`` support.
     Raises:
-        ValueError: unknown mode or no chat template.
-        ChatTemplatePrefixError: ("incremental") the template does not render an assistant turn as
-            generation prompt + content + closing text.
+        ValueError: unknown mode or tool format, or no chat template.
+        ChatTemplatePrefixError: ("incremental") the template does not render a past assistant turn's content.
     """
 
-    def __init__(self, tokenizer, mode: str = "strict", end_of_turn_ids: list | None = None):
+    def __init__(self, tokenizer, mode: str = "strict", end_of_turn_ids: list | None = None, tool_format: str = "auto"):
         if mode not in ("strict", "incremental"):
             raise ValueError(f"env.render_mode={mode!r}: allowed values are ['strict', 'incremental']")
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("multi-turn rollouts need a tokenizer with a chat template (tokenizer.chat_template is empty)")
         self.tokenizer, self.mode = tokenizer, mode
+        self.tool_format: ToolFormat = get_tool_format(tool_format, tokenizer.chat_template)
         eos = tokenizer.eos_token_id if end_of_turn_ids is None else end_of_turn_ids
         self.end_of_turn_ids = set(eos if isinstance(eos, (list, tuple, set)) else [eos]) - {None}
-        self.close_text = self._assistant_close_text() if mode == "incremental" else ""
+        special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        self._hidden_tokens = sorted(special - set(self.tool_format.markers), key=len, reverse=True)
+        self.template_has_tools = self._template_renders_tools()
+        if mode == "incremental":
+            self._check_marker()
 
-    def render(self, messages: list, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    def render(self, messages: list, add_generation_prompt: bool, tools: list | None = None) -> str:
+        kwargs = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  **kwargs)
 
     def encode(self, text: str) -> list:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -70,19 +94,41 @@ class ChatRenderer:
     def decode(self, ids: list, skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
+    def action_text(self, ids: list) -> str:
+        """`ids` as text for the environment: special tokens removed except the tool format's markers
+        (Mistral's [TOOL_CALLS], Llama's <|python_tag|>), which the environment needs to see a call."""
+        text = self.decode(ids)
+        for token in self._hidden_tokens:
+            text = text.replace(token, "")
+        return text
+
     def start(self, messages: list) -> "ChatSession":
         """A session for one trajectory whose opening messages are `messages`."""
         return ChatSession(self, messages)
 
-    def _assistant_close_text(self) -> str:
-        prompt = self.render([_DUMMY_USER], add_generation_prompt=True)
-        full = self.render([_DUMMY_USER, _DUMMY_ASSISTANT], add_generation_prompt=False)
-        if not full.startswith(prompt + _DUMMY_ASSISTANT["content"]):
+    def _template_renders_tools(self) -> bool:
+        try:
+            return self.render([_DUMMY_USER], True, [_PROBE_TOOL]) != self.render([_DUMMY_USER], True)
+        except Exception:  # a template that fails on tools= has no usable tool support
+            return False
+
+    def _check_marker(self) -> None:
+        full = self.render([_DUMMY_USER, _DUMMY_ASSISTANT, {"role": "user", "content": "V"}], add_generation_prompt=True)
+        if full.count(_MARKER) != 1:
             raise ChatTemplatePrefixError(
-                "the chat template does not render an assistant turn as <generation prompt> + content + "
-                f"<closing text> (generation prompt {prompt[-40:]!r}, rendered turn {full[len(prompt) - 40:]!r}); "
-                "incremental rendering cannot find where the turn ends")
-        return full[len(prompt) + len(_DUMMY_ASSISTANT["content"]):]
+                "the chat template does not render a past assistant turn's content as given (rendered "
+                f"{full[-120:]!r}); incremental rendering cannot find where the turn ends")
+
+    def incremental_delta(self, new_messages: list, end_text: str, turn: int) -> list:
+        """Ids the template writes after a past assistant turn's content: its closing text (after `end_text`,
+        the sampled end-of-turn token's text, when the template writes it there), `new_messages` and the
+        generation prompt. Raises ChatTemplatePrefixError when a token boundary merges."""
+        full = self.render([_DUMMY_USER, _DUMMY_ASSISTANT] + list(new_messages), add_generation_prompt=True)
+        cut = full.find(_MARKER) + len(_MARKER)
+        at = full.find(end_text, cut) if end_text else -1
+        if at >= 0 and not full[cut:at].strip():
+            cut = at + len(end_text)  # the sampled end id is kept; whitespace before it was never sampled
+        return self.token_delta(full[:cut], full, turn)
 
     def token_delta(self, prefix_text: str, full_text: str, turn: int) -> list:
         """Ids of `full_text` after `prefix_text`: string prefix and token prefix must both hold.
@@ -95,8 +141,9 @@ class ChatRenderer:
                 f"turn {turn}: the chat template renders the history differently from the tokens generated "
                 f"(first difference at character {i}: generated {prefix_text[max(0, i - 30):i + 30]!r}, "
                 f"template {full_text[max(0, i - 30):i + 30]!r}). Templates that rewrite past turns (e.g. "
-                "strip past <think> reasoning) break token-in-token-out; use env.render_mode=incremental "
-                "or a template that keeps past turns")
+                "Qwen3 or DeepSeek-R1 strip past <think> reasoning) break token-in-token-out under "
+                "env.render_mode=strict: set env.render_mode=incremental, which appends only the new messages "
+                "and keeps past turns as sampled")
         full_ids, prefix_ids = self.encode(full_text), self.encode(prefix_text)
         if full_ids[:len(prefix_ids)] != prefix_ids:
             raise ChatTemplatePrefixError(
@@ -110,24 +157,35 @@ class ChatSession:
     """The chat state of one trajectory: the prompt ids, then observation ids after each turn.
 
     Attributes:
-        prompt_ids: [P] ids of the opening messages + generation prompt.
+        prompt_ids: [P] ids of the opening messages + generation prompt (+ the tools, see the module docstring).
         messages: the message history (assistant contents are decoded text, used only for rendering
             checks in strict mode; the trajectory keeps the sampled ids).
+        tools: the tool schemas rendered with ``tools=`` ([] when none or folded into the system text).
     """
 
     def __init__(self, renderer: ChatRenderer, messages: list):
         self.renderer = renderer
         self.messages: list[Message] = [dict(m) for m in messages]
-        self.prompt_ids = renderer.encode(renderer.render(self.messages, add_generation_prompt=True))
+        tools = [t for m in self.messages for t in (m.pop("tools", None) or [])]
+        self.tools = tools if renderer.template_has_tools else []
+        if tools and not renderer.template_has_tools:
+            self._fold_tools(tools)
+        self.prompt_ids = renderer.encode(renderer.render(self.messages, add_generation_prompt=True, tools=self.tools))
         self.turn = 0
+
+    def _fold_tools(self, tools: list) -> None:
+        if self.messages and self.messages[0]["role"] == "system":
+            self.messages[0]["content"] = self.renderer.tool_format.system_prompt(tools, self.messages[0]["content"])
+        else:
+            self.messages.insert(0, {"role": "system", "content": self.renderer.tool_format.system_prompt(tools)})
 
     def _strip_end(self, sampled_ids: list) -> tuple[list, bool]:
         ended = bool(sampled_ids) and sampled_ids[-1] in self.renderer.end_of_turn_ids
         return (sampled_ids[:-1] if ended else sampled_ids), ended
 
     def action_text(self, sampled_ids: list) -> str:
-        """The turn as text for the environment (special tokens removed)."""
-        return self.renderer.decode(self._strip_end(sampled_ids)[0], skip_special_tokens=True)
+        """The turn as text for the environment (special tokens removed, tool-call markers kept)."""
+        return self.renderer.action_text(self._strip_end(sampled_ids)[0])
 
     def observation_ids(self, context_ids: list, sampled_ids: list, new_messages: list) -> list:
         """Ids to append after the sampled turn: the turn's closing text, `new_messages`, generation prompt.
@@ -143,29 +201,23 @@ class ChatSession:
         """
         self.turn += 1
         content_ids, ended = self._strip_end(sampled_ids)
-        content = self.renderer.decode(content_ids)
-        self.messages += [{"role": "assistant", "content": content}] + [dict(m) for m in new_messages]
         r = self.renderer
+        self.messages += [{"role": "assistant", "content": r.decode(content_ids)}] + [dict(m) for m in new_messages]
         if r.mode == "strict":
-            return r.token_delta(r.decode(context_ids), r.render(self.messages, add_generation_prompt=True), self.turn)
-        close = r.close_text
-        last_text = r.decode(sampled_ids[-1:]) if ended else ""
-        if ended and last_text and close.startswith(last_text):
-            close = close[len(last_text):]  # the sampled end-of-turn id is kept; the template adds the rest
-        base = [_DUMMY_USER, _DUMMY_ASSISTANT]
-        delta = r.token_delta(r.render(base, add_generation_prompt=False),
-                              r.render(base + list(new_messages), add_generation_prompt=True), self.turn)
-        return (r.encode(close) if close else []) + delta
+            full = r.render(self.messages, add_generation_prompt=True, tools=self.tools)
+            return r.token_delta(r.decode(context_ids), full, self.turn)
+        return r.incremental_delta(new_messages, r.decode(sampled_ids[-1:]) if ended else "", self.turn)
 
 
 def check_template_keeps_history(renderer: ChatRenderer) -> None:
-    """Probe the template once: does adding a user turn re-render a past reasoning turn differently?
+    """Probe the template once: is a sampled reasoning turn, followed by a new user turn, re-rendered as sampled?
 
-    Renders [user, assistant "<think>..</think>answer"] and the same + a new user turn; raises
-    ChatTemplatePrefixError (turn 1) when the first is not a prefix of the second (e.g. Qwen3
-    templates strip past reasoning). Call it at start-up in strict mode to fail before any rollout.
+    The sampled text is the generation prompt of [user] + "<think>..</think>answer" + the EOS token; the
+    template's render of [user, assistant, user] with generation prompt must start with it. Raises
+    ChatTemplatePrefixError (turn 1) when not (Qwen3 and DeepSeek-R1 strip past reasoning, Mistral v0.3 pads the
+    turn with spaces), naming env.render_mode=incremental. Call it at start-up in strict mode.
     """
-    history = [{"role": "user", "content": "Q1"},
-               {"role": "assistant", "content": "<think>\nreasoning\n</think>\n\nanswer"}]
-    renderer.token_delta(renderer.render(history, add_generation_prompt=False),
-                         renderer.render(history + [{"role": "user", "content": "Q2"}], add_generation_prompt=True), 1)
+    user, answer = {"role": "user", "content": "Q1"}, "<think>\nreasoning\n</think>\n\nanswer"
+    sampled = renderer.render([user], add_generation_prompt=True) + answer + (renderer.tokenizer.eos_token or "")
+    renderer.token_delta(sampled, renderer.render([user, {"role": "assistant", "content": answer},
+                                                   {"role": "user", "content": "Q2"}], add_generation_prompt=True), 1)

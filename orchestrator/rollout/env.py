@@ -20,6 +20,7 @@ Try it: ``python -c "from orchestrator.rollout.env import make_env; e = make_env
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from typing import Any, Callable, NamedTuple, Protocol, Union, runtime_checkable
 
@@ -149,3 +150,13 @@ def make_env(name: str, kwargs: dict | None = None, key: str = "env.name") -> En
         return factory(**dict(kwargs or {}))
     except TypeError as e:
         raise ValueError(f"{key}={name!r}: cannot build it with env.kwargs={dict(kwargs or {})}: {e}") from e
+
+
+def with_tool_format(factory: Callable, kwargs: dict, tool_format: str) -> dict:
+    """`kwargs` plus ``tool_format`` (env.tool_format resolved from the chat template) when the factory's
+    signature takes a `tool_format` argument and env.kwargs does not set it already."""
+    try:
+        takes = "tool_format" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {**kwargs, "tool_format": tool_format} if takes and "tool_format" not in kwargs else kwargs

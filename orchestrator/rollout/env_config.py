@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 RENDER_MODES = ("strict", "incremental")
+TOOL_FORMATS = ("auto", "hermes", "llama3_json", "mistral")  # as orchestrator/rollout/tool_formats.py
 
 
 @dataclass
@@ -32,6 +33,11 @@ class EnvConfig:
     # strips past <think> reasoning); "incremental" renders only the new messages after a fixed
     # dummy history (never checks the past).
     render_mode: str = "strict"
+    # How tool calls are written and answered (orchestrator/rollout/tool_formats.py): "hermes" (<tool_call>,
+    # Qwen/Hermes/SmolLM2), "llama3_json" (a JSON turn, ipython replies), "mistral" ([TOOL_CALLS], [TOOL_RESULTS]
+    # with tool_call_id), or "auto" = picked from the chat template. Passed to environments whose constructor
+    # takes `tool_format` (the built-in calculator and python tools).
+    tool_format: str = "auto"
     # The run stops when more than this fraction of a step's episodes end on an env error or timeout
     # (each ends its episode, counted in env/errors). 1.0 = never stop, 0.0 = on any failure.
     max_failed_frac: float = 0.5
@@ -58,5 +64,7 @@ def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> Non
                          "a trajectory must fit the engine's context")
     if env.render_mode not in RENDER_MODES:
         raise ValueError(f"env.render_mode={env.render_mode!r} is not allowed; choose one of {list(RENDER_MODES)}")
+    if env.tool_format not in TOOL_FORMATS:
+        raise ValueError(f"env.tool_format={env.tool_format!r} is not allowed; choose one of {list(TOOL_FORMATS)}")
     if not isinstance(env.kwargs, dict) and not hasattr(env.kwargs, "keys"):
         raise ValueError(f"env.kwargs must be a mapping, got {type(env.kwargs).__name__}")

@@ -27,10 +27,12 @@ class ToolCallParseError(ValueError):
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed tool call: the tool's `name` and its keyword `arguments`."""
+    """One parsed tool call: the tool's `name`, its keyword `arguments` and the call's `id` ("" when the
+    format carries none; Mistral's templates need one on the tool reply, see tool_formats.py)."""
 
     name: str
     arguments: dict
+    id: str = ""
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
@@ -47,18 +49,25 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
             raise ToolCallParseError(f"tool call {i}: not valid JSON ({e.msg} at char {e.pos}): {body.strip()[:80]!r}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             raise ToolCallParseError(f"tool call {i}: need an object with a string 'name', got {body.strip()[:80]!r}")
-        arguments = obj.get("arguments", {})
-        if isinstance(arguments, str):  # some models emit the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                raise ToolCallParseError(f"tool call {i}: 'arguments' is a string that is not JSON") from None
-        if not isinstance(arguments, dict):
-            raise ToolCallParseError(f"tool call {i}: 'arguments' must be an object, got {type(arguments).__name__}")
-        calls.append(ToolCall(obj["name"], arguments))
+        calls.append(ToolCall(obj["name"], call_arguments(obj.get("arguments", {}), i, "arguments")))
     if text.count("<tool_call>") > len(calls):
         raise ToolCallParseError(f"tool call {len(calls)}: '<tool_call>' without a closing '</tool_call>'")
     return calls
+
+
+def call_arguments(arguments, i: int, key: str = "arguments") -> dict:
+    """A call's arguments as a dict: a dict as is, a JSON string decoded (some models emit them so).
+
+    Raises ToolCallParseError naming call `i` and `key` when they are neither.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            raise ToolCallParseError(f"tool call {i}: '{key}' is a string that is not JSON") from None
+    if not isinstance(arguments, dict):
+        raise ToolCallParseError(f"tool call {i}: '{key}' must be an object, got {type(arguments).__name__}")
+    return arguments
 
 
 def tools_system_prompt(tools: list[dict], preamble: str = "") -> str:

@@ -29,3 +29,31 @@ class ChattyEnv:
         reward = (len(action) % 7) / 21.0
         done = self.turns >= 2 and len(action) % 2 == 0
         return "Go on.", reward, done, {"chars": len(action)}
+
+
+LOOKUP_TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                                "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}}}
+
+
+class ToolThenUserEnv:
+    """For the Qwen3-template run: a system message with a tool (rendered through the template's tools=), then
+    a tool reply after turn 1 and a user reply after turn 2; turn 3 ends it. Rewards as ChattyEnv's. Every action
+    text it receives is appended to `record` (JSON lines) so the test can compare them with the trained ids."""
+
+    def __init__(self, record: str = "", **ignored):
+        self.record, self.turns = record, 0
+
+    def reset(self, sample: dict) -> list:
+        self.turns = 0
+        return [{"role": "system", "content": "You are terse.", "tools": [LOOKUP_TOOL]},
+                {"role": "user", "content": f"What is {sample.get('seed', 0)}?"}]
+
+    def step(self, action: str):
+        import json
+
+        self.turns += 1
+        if self.record:
+            with open(self.record, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"turn": self.turns, "action": action}) + "\n")
+        reply = {"role": "tool", "content": f"result {self.turns}"} if self.turns == 1 else "Go on."
+        return reply, (len(action) % 7) / 21.0, self.turns >= 3, {}

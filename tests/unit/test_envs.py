@@ -10,7 +10,7 @@ import pytest
 from orchestrator.rollout.env import EnvStep, as_messages, make_env, resolve_env_factory
 from orchestrator.rollout.env_config import EnvConfig, validate_env_config
 from orchestrator.rollout.env_runner import EnvFailure, EnvRunner
-from orchestrator.rollout.envs.calculator import CalcError, CalculatorEnv, format_number, safe_eval
+from orchestrator.rollout.envs.calculator import CALCULATOR_TOOL, CalcError, CalculatorEnv, format_number, safe_eval
 from orchestrator.rollout.envs.guessing import GuessingEnv
 from orchestrator.rollout.tool_calls import ToolCallParseError, parse_tool_calls
 
@@ -52,7 +52,7 @@ def test_parse_tool_calls():
 def test_calculator_episode():
     env = CalculatorEnv(max_tool_calls=2)
     opening = env.reset({"prompt": "What is 3 * (4 + 5)?", "answer": "27"})
-    assert [m["role"] for m in opening] == ["system", "user"] and "<tools>" in opening[0]["content"]
+    assert [m["role"] for m in opening] == ["system", "user"] and opening[0]["tools"] == [CALCULATOR_TOOL]
     obs, reward, done, info = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "3*(4+5)"}}</tool_call>')
     assert obs == [{"role": "tool", "content": "27"}] and (reward, done) == (0.0, False) and info == {"tool_calls": 1}
     assert env.step("The answer is 27.") == EnvStep([], 1.0, True, {"tool_calls": 1})

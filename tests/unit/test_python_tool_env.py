@@ -24,7 +24,7 @@ def call(code: str) -> str:
 def test_tool_call_runs_in_the_sandbox_and_returns_its_output():
     env = make_env("python", {"max_tool_calls": 3, "wall_s": 5.0})
     system, user = env.reset(SAMPLE)
-    assert '"name": "python"' in system["content"] and user["content"] == SAMPLE["prompt"]
+    assert system["tools"][0]["function"]["name"] == "python" and user["content"] == SAMPLE["prompt"]
     obs, reward, done, info = env.step(call("print(2 * 21)"))
     assert obs == [{"role": "tool", "content": "42\n[exit code 0]"}] and reward == 0.0 and not done
     obs, *_ = env.step(call("import os\nos.fork()"))

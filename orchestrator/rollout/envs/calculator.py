@@ -1,7 +1,8 @@
 """Tool-using calculator environment: the model may call a calculator, then answers; verifiable reward.
 
-Episode: reset(sample) -> [system (tool description), user (sample["prompt"])]. Each policy turn is
-either one or more Hermes ``<tool_call>`` blocks (orchestrator/rollout/tool_calls.py) calling
+Episode: reset(sample) -> [system (text, "tools": [the calculator schema]), user (sample["prompt"])]. Each policy turn is
+either one or more tool calls (``env.tool_format``: Hermes ``<tool_call>``, Llama-3 JSON or Mistral
+``[TOOL_CALLS]``, orchestrator/rollout/tool_formats.py) calling
 ``calculator(expression)``, answered by ``"tool"`` messages with the result, or a final answer that
 ends the episode with reward `accuracy([turn], [sample["answer"]])` (orchestrator/reward/functions.py:
 last ``\\boxed{}`` or last number, compared with math-verify). Tool turns have reward 0.
@@ -94,17 +95,19 @@ class CalculatorEnv(ToolEnv):
 
     Args:
         max_tool_calls: tool calls allowed per episode; more ends the episode with reward 0.
-        system_prompt: text before the tool description in the system message.
+        system_prompt: the system message's text (the tool's schema rides with it, see tool_env.py).
+        tool_format: the call format (env.tool_format; set by the rollout worker from the chat template).
     Sample keys: "prompt" (str, the question), "answer" (gold answer, str or number).
     Info per step: {"tool_calls": int, "tool_error": str (malformed call or bad expression)}.
     """
 
     env_name = "calculator"
 
-    def __init__(self, max_tool_calls: int = 4, system_prompt: str = "Answer the question. Give the final number."):
+    def __init__(self, max_tool_calls: int = 4, system_prompt: str = "Answer the question. Give the final number.",
+                 tool_format: str = "hermes"):
         if max_tool_calls < 0:
             raise ValueError(f"env.kwargs.max_tool_calls={max_tool_calls}: need >= 0")
-        super().__init__(CALCULATOR_TOOL, max_tool_calls, system_prompt)
+        super().__init__(CALCULATOR_TOOL, max_tool_calls, system_prompt, tool_format)
 
     def score(self, action: str) -> float:
         return accuracy([action], [self.answer])[0]

@@ -1,7 +1,7 @@
 """Python tool environment: the model may run code in the sandbox and read its output, then answers.
 
 Episode: reset(sample) -> [system (the tool's description), user (sample["prompt"])]. Each policy turn is either
-one or more Hermes ``<tool_call>`` blocks (orchestrator/rollout/tool_calls.py) calling ``python(code)``, each
+one or more tool calls (``env.tool_format``, orchestrator/rollout/tool_formats.py) calling ``python(code)``, each
 answered by a ``"tool"`` message with what the run printed (stdout, then stderr, the exit status and any limit
 hit, cut to `max_output_chars`), or a final answer that ends the episode with reward
 ``reward_fn([turn], [sample["answer"]])`` (`code_tests` by default: the final code block against the task's
@@ -59,7 +59,8 @@ class PythonToolEnv(ToolEnv):
         max_tool_calls: tool calls allowed per episode; more ends the episode with reward 0.
         max_output_chars: characters of each tool reply.
         cpu_s, wall_s, memory_mb: the sandbox limits of each call (see SandboxLimits).
-        system_prompt: text before the tool description in the system message.
+        system_prompt: the system message's text (the tool's schema rides with it, see tool_env.py).
+        tool_format: the call format (env.tool_format; set by the rollout worker from the chat template).
     Raises:
         ValueError: an unknown reward function, or a limit out of range.
     """
@@ -68,14 +69,14 @@ class PythonToolEnv(ToolEnv):
 
     def __init__(self, reward_fn: str = "code_tests", max_tool_calls: int = 3, max_output_chars: int = 2000,
                  cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512,
-                 system_prompt: str = "Solve the task. You may run Python code first."):
+                 system_prompt: str = "Solve the task. You may run Python code first.", tool_format: str = "hermes"):
         if max_tool_calls < 0 or max_output_chars < 80:
             raise ValueError(f"env.kwargs: max_tool_calls={max_tool_calls} (need >= 0), "
                              f"max_output_chars={max_output_chars} (need >= 80)")
         self.reward = resolve_reward_fn(reward_fn)
         self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
                                     output_bytes=max(4 * max_output_chars, 4096))
-        super().__init__(PYTHON_TOOL, max_tool_calls, system_prompt)
+        super().__init__(PYTHON_TOOL, max_tool_calls, system_prompt, tool_format)
         self.max_output_chars = max_output_chars
 
     def score(self, action: str) -> float:
