@@ -45,6 +45,11 @@ class EnvActor:
     def close(self, env_id: int) -> tuple:
         return self.host.close(env_id)
 
+    def placement(self) -> tuple:
+        """(placement group id hex or None, {resource: amount} assigned to this actor) - where Ray put it."""
+        ctx = ray.get_runtime_context()
+        return ctx.get_placement_group_id(), dict(ctx.get_assigned_resources())
+
     def pid(self) -> int:
         """This actor's process id (fault tests)."""
         import os
