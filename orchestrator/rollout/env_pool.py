@@ -135,13 +135,19 @@ class ActorEnvRunner:
             raise EnvFailure("error", method, f"its env actor (slot {env.slot}) was replaced after a failure")
         try:
             if not slot.ready:
-                await self._await(getattr(slot.handle, "ready").remote(), self.start_timeout_s)
-                slot.ready = True
+                started = await self._started(slot)
+                if not started:
+                    self.stats.timeouts += 1
+                    self._replace(env.slot, env.generation)
+                    raise EnvFailure("timeout", method, f"env actor {env.slot} did not start within "
+                                                        f"{self.start_timeout_s:g} s; replaced")
             outcome = await self._await(getattr(slot.handle, method).remote(*args), self.step_timeout_s)
+        except EnvFailure:
+            raise
         except asyncio.TimeoutError:
             self.stats.timeouts += 1
             self._replace(env.slot, env.generation)
-            raise EnvFailure("timeout", method, f"took longer than env.step_timeout_s={self.step_timeout_s}; "
+            raise EnvFailure("timeout", method, f"took longer than env.step_timeout_s={self.step_timeout_s:g}; "
                                                 f"env actor {env.slot} killed and replaced") from None
         except Exception as e:  # noqa: BLE001 - the actor died (RayActorError and kin): replace it
             self.stats.errors += 1
@@ -155,6 +161,15 @@ class ActorEnvRunner:
             self.stats.errors += 1
             raise EnvFailure("error", method, str(value))
         return value
+
+    async def _started(self, slot: _Slot) -> bool:
+        """Wait (up to start_timeout_s) for a new actor to come up; False on timeout (a dead one raises)."""
+        try:
+            await self._await(slot.handle.ready.remote(), self.start_timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        slot.ready = True
+        return True
 
     @staticmethod
     async def _await(ref, timeout: float) -> Any:

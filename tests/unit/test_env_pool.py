@@ -57,6 +57,7 @@ class FakeActor:
         if self.killed:
             raise RuntimeError("RayActorError: the actor is dead")
         if name == "ready":
+            await asyncio.sleep(60 if self.slot == "stuck" else 0)
             return ("ok", True)
         if name == "step" and args[1] == "hang":
             await asyncio.sleep(60)
@@ -223,3 +224,33 @@ def test_spawner_options_use_the_bundle_or_ask_for_cpus():
     spawner = EnvActorSpawner("guessing", {}, num_workers=3, actor_cpus=0.5, bundles=[bundle])
     assert spawner.options(0) == {**bundle, "max_concurrency": 3}
     assert spawner.options(1) == {"num_cpus": 0.5, "max_concurrency": 3}  # no bundle: Ray places it
+
+
+def test_each_rollout_worker_gets_the_bundles_of_its_own_env_actors():
+    from orchestrator.placement.groups import env_actor_options
+
+    cfg = load_config(CPU_YAML, ["rollout.num_workers=2", "env.placement=actor", "env.num_actors=2",
+                                 "env.actor_cpus=0.5"])
+    plan = plan_job(cfg, pin=False)
+    pg = object()  # stands for the job's placement group
+    second = env_actor_options(plan.slots["env"], [pg], 1, cfg.env.num_actors)
+    assert [o["scheduling_strategy"].placement_group_bundle_index for o in second] == [s.bundle for s in plan.slots["env"][2:]]
+    assert all(o["scheduling_strategy"].placement_group is pg and o["num_cpus"] == 0.5 for o in second)
+    assert env_actor_options([], [pg], 0, 1) == []  # thread placement: no env bundles
+
+
+def test_an_actor_that_does_not_start_fails_the_make_and_is_replaced():
+    pool, starts = Pool(), iter(["stuck"])
+    spawn = lambda slot: pool.spawn(next(starts, slot))  # noqa: E731 - the first actor never comes up
+    r = ActorEnvRunner(spawn, pool.kill, num_actors=1, step_timeout_s=5.0, start_timeout_s=0.2)
+
+    async def go():
+        with pytest.raises(EnvFailure, match="did not start within 0.2 s") as e:
+            await r.make()
+        return e.value, await r.make()
+
+    failure, env = run(go())
+    assert failure.kind == "timeout" and env == EnvHandle(0, 1, 1) and r.slots[0].open == 1
+    assert (r.stats.timeouts, r.stats.actor_restarts) == (1, 1) and pool.killed == [pool.spawned[0]]
+    with pytest.raises(ValueError, match="env.num_actors=0"):
+        ActorEnvRunner(spawn, pool.kill, num_actors=0)
