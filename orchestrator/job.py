@@ -36,8 +36,8 @@ import ray
 from actors.pinning import CORES_ENV, engine_env
 from orchestrator.critic_step import critic_checkpoint, restore_critic
 from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
-from orchestrator.placement.groups import (PlacementError, missing_resources, remove_groups, reserve_groups,
-                                           slot_options, wait_placed)
+from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
+                                           reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 from orchestrator.ray_security import loopback_node_ip, secure_auth_token
 
@@ -322,8 +322,9 @@ def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path
 
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
+    env_actors = env_actor_options(plan.slots.get("env", []), pgs, k, cfg.env.num_actors)  # env.placement=actor
     return RolloutWorkerActor.options(**actor_options(plan, pgs, "rollout", k)).remote(
-        engine_path, cfg.rollout, cfg.rollout.seed + k, colocated=colocated)
+        engine_path, cfg.rollout, cfg.rollout.seed + k, colocated=colocated, env_actors=env_actors)
 
 
 def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0) -> dict:

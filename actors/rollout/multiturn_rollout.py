@@ -2,7 +2,8 @@
 
 `MultiTurnRollout` is what `RolloutWorker.generate_multiturn` runs. It holds, per worker process:
 the `ContinuousBatcher` over the worker's engine (async_engine.py), an `EnvRunner` whose environment
-calls run in threads next to the engine (so a slow environment never blocks sampling), and a
+calls run in threads next to the engine (so a slow environment never blocks sampling) or, with
+env.placement=actor, an `ActorEnvRunner` over this worker's env actors (actors/env_actor.py), and a
 `ChatRenderer` over the model's tokenizer. For every call it runs an `AgentLoop`
 (orchestrator/rollout/agent_loop.py) over the groups the controller routed to this worker: all
 samples and turns of those groups run here, on this engine, so vLLM's prefix cache serves each
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from actors.env_actor import make_env_runner
 from actors.rollout.async_engine import ContinuousBatcher
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer, check_template_keeps_history
@@ -28,7 +30,8 @@ from orchestrator.rollout.env_runner import EnvRunner
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import Trajectory
 
-_ENV_KEYS = ("name", "kwargs", "num_workers", "step_timeout_s", "render_mode", "tool_format")
+_ENV_KEYS = ("name", "kwargs", "num_workers", "step_timeout_s", "render_mode", "tool_format", "placement", "num_actors",
+             "actor_cpus")
 
 
 def as_group_request(group: Any) -> GroupRequest:
@@ -51,13 +54,14 @@ class MultiTurnRollout:
     Args:
         engine: a `VLLMEngine` (in this process).
         tokenizer: the policy's transformers tokenizer (with a chat template).
+        env_actors: `.options(...)` of this worker's env actors (env.placement=actor), see actors/env_actor.py.
     """
 
-    def __init__(self, engine, tokenizer):
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine, tokenizer, env_actors: list | None = None):
+        self.engine, self.tokenizer, self.env_actors = engine, tokenizer, list(env_actors or [])
         self.batcher = ContinuousBatcher(engine)
         self._env_key: tuple | None = None
-        self.runner: EnvRunner | None = None
+        self.runner: EnvRunner | None = None  # or an ActorEnvRunner (env.placement=actor)
         self.renderer: ChatRenderer | None = None
 
     def _configure(self, env_cfg: dict) -> None:
@@ -65,12 +69,13 @@ class MultiTurnRollout:
         key = tuple(repr(env_cfg.get(k)) for k in _ENV_KEYS)
         if key == self._env_key:
             return
-        factory = resolve_env_factory(env_cfg["name"])
+        if hasattr(self.runner, "shutdown"):  # the env actors of the previous settings
+            self.runner.shutdown()
         self.renderer = ChatRenderer(self.tokenizer, env_cfg.get("render_mode", "strict"),
                                      tool_format=env_cfg.get("tool_format", "auto"))
-        kwargs = with_tool_format(factory, dict(env_cfg.get("kwargs") or {}), self.renderer.tool_format.name)
-        self.runner = EnvRunner(factory, kwargs, num_workers=int(env_cfg["num_workers"]),
-                                step_timeout_s=float(env_cfg["step_timeout_s"]))
+        kwargs = with_tool_format(resolve_env_factory(env_cfg["name"]), dict(env_cfg.get("kwargs") or {}),
+                                  self.renderer.tool_format.name)
+        self.runner = make_env_runner({**env_cfg, "kwargs": kwargs}, self.env_actors)
         if self.renderer.mode == "strict":
             check_template_keeps_history(self.renderer)  # a history-rewriting template fails before any rollout
         self._env_key = key

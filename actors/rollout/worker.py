@@ -19,7 +19,10 @@ from orchestrator.rollout.types import PromptRequest, Trajectory
 class RolloutWorker:
     """Owns one engine and the weight version it holds."""
 
-    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, colocated: bool = False):
+    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, colocated: bool = False,
+                 env_actors: Optional[list] = None):
+        """env_actors: `.options(...)` of this worker's env actors in the job's placement group
+        (env.placement=actor; orchestrator/placement/groups.py `env_actor_options`); None or [] = Ray places them."""
         pin_from_env()  # fake GPUs: this engine's cores (actors/pinning.py), before vLLM starts threads
         self.engine = VLLMEngine(model_path, rollout_cfg, seed=seed, sleep_mode=colocated)
         self.sleep_state = SleepState(self.engine)  # colocated time-slicing: sleep / wake_up, recorded
@@ -28,6 +31,7 @@ class RolloutWorker:
         self.max_new_tokens = rollout_cfg.max_new_tokens
         self.version = 0
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
+        self.env_actors = list(env_actors or [])
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
@@ -46,7 +50,8 @@ class RolloutWorker:
 
     def generate_multiturn(self, groups: list, env_cfg: dict, worker_id=0) -> tuple[list[Trajectory], dict[str, float]]:
         """Multi-turn episodes for the groups routed to this worker (GroupRequest or {"group_id", "sample",
-        "n"} dicts), every turn on this engine with continuous batching; envs run in threads here.
+        "n"} dicts), every turn on this engine with continuous batching; envs run in threads here
+        (env.placement=thread) or in this worker's env actors (actor).
         env_cfg: the `env` config section as a dict. Returns trajectories (loss mask and turn rewards in
         `extra`, see actors/rollout/multiturn_rollout.py) and `rollout/*`, `env/*` metrics."""
         self.sleep_state.ensure_awake("generate_multiturn")
@@ -55,7 +60,8 @@ class RolloutWorker:
 
             from actors.rollout.multiturn_rollout import MultiTurnRollout
 
-            self._multiturn = MultiTurnRollout(self.engine, AutoTokenizer.from_pretrained(self.model_path))
+            self._multiturn = MultiTurnRollout(self.engine, AutoTokenizer.from_pretrained(self.model_path),
+                                               env_actors=self.env_actors)
         return self._multiturn.run(groups, env_cfg, self.max_new_tokens, self.version, worker_id)
 
     def checksums(self) -> dict:

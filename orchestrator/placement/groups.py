@@ -22,7 +22,7 @@ from orchestrator.placement.plan import (ActorSlot, GroupPlan, PlacementError, e
                                          total_asked)
 
 __all__ = ["PlacementError", "RolePlan", "plan_bundles", "missing_resources", "reserve", "reserve_groups",
-           "bundle_options", "slot_options", "remove_groups"]
+           "bundle_options", "slot_options", "remove_groups", "env_actor_options"]
 
 
 @dataclass
@@ -152,3 +152,9 @@ def slot_options(pgs: Sequence[PlacementGroup], slot: ActorSlot) -> dict:
     """`.options(...)` kwargs of one planned actor (its group, bundle, resources; a TP engine captures
     its child tasks so vLLM's Ray workers land in its group)."""
     return bundle_options(pgs[slot.group], slot.bundle, slot.resources, slot.capture_child_tasks)
+
+
+def env_actor_options(slots: Sequence[ActorSlot], pgs: Sequence[PlacementGroup], k: int, per_worker: int) -> list[dict]:
+    """`.options(...)` of rollout worker k's env actors (env.placement=actor): the "env" `slots` k*per_worker ..
+    k*per_worker+per_worker-1 of the plan; [] when the plan has none (thread placement)."""
+    return [slot_options(pgs, s) for s in list(slots)[k * per_worker:(k + 1) * per_worker]]

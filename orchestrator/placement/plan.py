@@ -19,6 +19,11 @@ engine has its own group of t bundles with STRICT_PACK (one node); replicas are 
 by `placement.strategy` through per-group node hints (`engine_node_hints`). Colocated: the engine's t
 device bundles are inside the job group (devices e*t .. e*t+t-1).
 
+Environment actors (`env.placement=actor`, env.name set), both modes: env.num_actors bundles per rollout
+worker, {CPU: env.actor_cpus} each, appended to the job group (role "env", rollout worker k's actors are
+slots k*A .. k*A+A-1); they ask for no device, so with a PACK or SPREAD job group Ray may put them on
+CPU-only nodes.
+
 Fake GPUs (`placement.resource=fake_gpu`, `placement.fake_gpus=N`): device j is host core j; bundles are
 mapped to devices first-fit in plan order (`map_cores`) and each actor gets the cores of its bundles.
 """
@@ -124,6 +129,7 @@ def _plan_disaggregated(cfg) -> JobPlan:
     if cfg.algo.estimator == "gae":  # PPO's value model (actors/critic.py)
         add("critic", {p.resource: cfg.critic.per_worker})
     add("reward", {"CPU": p.reward_cpus})
+    _add_env_slots(cfg, job, slots)
     return JobPlan(p.mode, groups, slots)
 
 
@@ -148,7 +154,19 @@ def _plan_colocated(cfg) -> JobPlan:
     if critic:
         slots["critic"] = [ActorSlot("critic", 0, 0, {p.resource: share[0]})]
     slots["reward"] = [ActorSlot("reward", 0, n_dev, dict(job.bundles[n_dev]))]
+    _add_env_slots(cfg, job, slots)
     return JobPlan(p.mode, [job], slots)
+
+
+def _add_env_slots(cfg, job: GroupPlan, slots: dict) -> None:
+    """env.num_actors CPU bundles per rollout worker at the end of the job group (env.placement=actor only)."""
+    env = getattr(cfg, "env", None)
+    if env is None or not env.name or getattr(env, "placement", "thread") != "actor":
+        return
+    for _ in range(cfg.rollout.num_workers * env.num_actors):
+        bundle = {"CPU": float(env.actor_cpus)}
+        slots.setdefault("env", []).append(ActorSlot("env", 0, len(job.bundles), dict(bundle)))
+        job.bundles.append(bundle)
 
 
 def map_cores(groups: Sequence[GroupPlan], resource: str, n_devices: int,

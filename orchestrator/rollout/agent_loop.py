@@ -1,7 +1,7 @@
 """The multi-turn agent loop: many trajectories in flight at once against an async engine and envs.
 
 Each trajectory is its own coroutine: generate a turn on its group's rollout worker, step its
-environment (in a thread, under a timeout), append the observation ids, repeat. Nothing waits for
+environment (in a thread or an env actor, under a timeout), append the observation ids, repeat. Nothing waits for
 other trajectories between turns, so an engine with continuous batching always has whatever turns
 are ready (no lockstep by turn). All samples and turns of a group go to the worker `StickyRouter`
 gives the group, so the engine's prefix cache serves the shared prompt and each growing history.
@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from orchestrator.rollout.env_runner import EnvFailure, EnvRunner
+from orchestrator.rollout.env_runner import EnvFailure, EnvRunnerLike
 from orchestrator.rollout.multiturn import MultiTurnTrajectory, TrajectoryBuilder
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.seeds import sample_seed, turn_seed
@@ -75,14 +75,15 @@ class AgentLoop:
 
     Args:
         engine: an `AsyncEngine`.
-        runner: the `EnvRunner` that makes and steps environments.
+        runner: the `EnvRunner` (threads) or `ActorEnvRunner` (env actors, env_pool.py) that makes and steps
+            environments (`EnvRunnerLike`).
         renderer: a `ChatRenderer` (anything with ``start(messages) -> session`` whose session has
             ``prompt_ids``, ``action_text(ids)`` and ``observation_ids(context_ids, ids, messages)``).
         router: the `StickyRouter` over the engine's workers.
         cfg: `AgentLoopConfig`.
     """
 
-    def __init__(self, engine: AsyncEngine, runner: EnvRunner, renderer, router: StickyRouter, cfg: AgentLoopConfig):
+    def __init__(self, engine: AsyncEngine, runner: EnvRunnerLike, renderer, router: StickyRouter, cfg: AgentLoopConfig):
         self.engine, self.runner, self.renderer, self.router, self.cfg = engine, runner, renderer, router, cfg
 
     def run_sync(self, groups: list) -> tuple[list, dict]:
@@ -95,10 +96,10 @@ class AgentLoop:
         Metrics (floats): rollout/trajectories, rollout/turns_mean, rollout/turns_max,
         rollout/truncated_frac, rollout/reward_mean, rollout/response_tokens_mean,
         env/step_s_mean, env/errors, env/timeouts, env/reset_failures, env/stuck_threads,
-        router/groups_per_worker_max.
+        router/groups_per_worker_max; env/actor_restarts too when the runner has env actors.
         """
         stats = self.runner.stats
-        before = (stats.errors, stats.timeouts, len(stats.step_seconds))
+        before = (stats.errors, stats.timeouts, len(stats.step_seconds), getattr(stats, "actor_restarts", None))
         limit = asyncio.Semaphore(self.cfg.max_concurrency) if self.cfg.max_concurrency else None
         per_worker: dict = {}
         results = await asyncio.gather(*(self._group(g, limit, per_worker) for g in groups))
@@ -125,6 +126,15 @@ class AgentLoop:
     async def _episode(self, group: GroupRequest, index: int, worker) -> MultiTurnTrajectory | None:
         try:
             env = await self.runner.make()
+        except EnvFailure:
+            return None  # counted by the runner; no prompt, so no trajectory
+        try:
+            return await self._play(env, group, index, worker)
+        finally:
+            self.runner.close(env)
+
+    async def _play(self, env, group: GroupRequest, index: int, worker) -> MultiTurnTrajectory | None:
+        try:
             messages = await self.runner.reset(env, dict(group.sample))
         except EnvFailure:
             return None  # counted by the runner; no prompt, so no trajectory
@@ -156,7 +166,7 @@ def _metrics(trajectories: list, stats, before: tuple, reset_failures: int) -> d
     turns = [t.num_turns for t in trajectories]
     step_s = stats.step_seconds[before[2]:]
     n = max(len(trajectories), 1)
-    return {
+    metrics = {
         "rollout/trajectories": float(len(trajectories)),
         "rollout/turns_mean": float(statistics.fmean(turns)) if turns else 0.0,
         "rollout/turns_max": float(max(turns, default=0)),
@@ -169,3 +179,6 @@ def _metrics(trajectories: list, stats, before: tuple, reset_failures: int) -> d
         "env/reset_failures": float(reset_failures),
         "env/stuck_threads": float(stats.stuck_threads),
     }
+    if before[3] is not None:  # env actors (env.placement=actor): replaced after a hang or crash
+        metrics["env/actor_restarts"] = float(stats.actor_restarts - before[3])
+    return metrics

@@ -53,8 +53,9 @@ class EnvStep(NamedTuple):
 class Environment(Protocol):
     """A multi-turn environment. One instance serves one episode (one trajectory) at a time.
 
-    Implementations may block (they run in worker threads, see env_runner.py) but must not rely on
-    being called from a particular thread. Raising, or taking longer than `EnvConfig.step_timeout_s`,
+    Implementations may block (they run in worker threads, see env_runner.py, or, with
+    env.placement=actor, in threads of an env actor, env_pool.py) but must not rely on being called from a
+    particular thread. Raising, or taking longer than `EnvConfig.step_timeout_s`,
     ends only this episode (counted as an env error), never the run.
     """
 

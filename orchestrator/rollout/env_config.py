@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 RENDER_MODES = ("strict", "incremental")
 TOOL_FORMATS = ("auto", "hermes", "llama3_json", "mistral")  # as orchestrator/rollout/tool_formats.py
+PLACEMENTS = ("thread", "actor")
 
 
 @dataclass
@@ -19,8 +20,18 @@ class EnvConfig:
     name: str = ""
     # Keyword arguments for the environment's constructor, e.g. {max_turns: 8, high: 100}.
     kwargs: dict = field(default_factory=dict)
-    # Environment calls that may run at once (threads next to the rollout loop).
+    # Environment calls that may run at once (threads next to the rollout loop; with placement=actor,
+    # threads inside each env actor).
     num_workers: int = 4
+    # Where environments run: "thread" = threads inside each rollout worker; "actor" = env.num_actors Ray
+    # actors per rollout worker (actors/env_actor.py), each in a bundle of the job's placement group asking
+    # env.actor_cpus CPUs (so they can sit on CPU-only nodes); a hung or crashed actor ends only the episodes
+    # on it and is replaced (env/actor_restarts).
+    placement: str = "thread"
+    # Env actors per rollout worker (placement=actor); episodes go to the actor with the fewest open ones.
+    num_actors: int = 1
+    # CPUs each env actor asks for (placement=actor; its placement-group bundle is {CPU: actor_cpus}).
+    actor_cpus: float = 1.0
     # Seconds one env reset/step may take; longer ends that episode as an env error (counted).
     step_timeout_s: float = 10.0
     # Policy turns per trajectory; a trajectory still going after this many is marked truncated.
@@ -62,6 +73,12 @@ def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> Non
     if max_model_len is not None and env.max_tokens > max_model_len:
         raise ValueError(f"env.max_tokens={env.max_tokens} > rollout.max_model_len={max_model_len}: "
                          "a trajectory must fit the engine's context")
+    if env.placement not in PLACEMENTS:
+        raise ValueError(f"env.placement={env.placement!r} is not allowed; choose one of {list(PLACEMENTS)}")
+    if env.num_actors < 1:
+        raise ValueError(f"env.num_actors={env.num_actors}: need >= 1 (env actors per rollout worker)")
+    if not (0 < env.actor_cpus < float("inf")):
+        raise ValueError(f"env.actor_cpus={env.actor_cpus}: need a finite number of CPUs > 0")
     if env.render_mode not in RENDER_MODES:
         raise ValueError(f"env.render_mode={env.render_mode!r} is not allowed; choose one of {list(RENDER_MODES)}")
     if env.tool_format not in TOOL_FORMATS:

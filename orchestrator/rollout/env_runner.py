@@ -17,7 +17,7 @@ it, releases its concurrency slot, counts it in `stats.stuck_threads`, and never
 instance again. The thread keeps running until the env's code returns on its own (its result is
 then dropped); because it is a daemon thread it does not keep the process alive at exit. An env
 that can hang for ever while holding the GIL in C code would still stall the process; such envs
-belong in a separate process (a Ray actor per env worker; wired in actors/rollout/, not here).
+belong in a separate process: `env.placement=actor` (env_pool.py `ActorEnvRunner`, actors/env_actor.py).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from orchestrator.rollout.env import EnvStep, Environment, Message, as_messages, check_step
 
@@ -55,6 +55,24 @@ class EnvStats:
     timeouts: int = 0
     step_seconds: list = field(default_factory=list)
     stuck_threads: int = 0
+
+
+class EnvRunnerLike(Protocol):
+    """What the agent loop needs of a runner: `EnvRunner` (threads) or `ActorEnvRunner` (env actors, env_pool.py).
+
+    ``make()`` returns an env token passed back to ``reset`` / ``step`` / ``close``; make/reset/step raise
+    EnvFailure; ``close`` (not awaited) ends the episode's env; ``stats`` is an `EnvStats`.
+    """
+
+    stats: EnvStats
+
+    async def make(self) -> Any: ...
+
+    async def reset(self, env: Any, sample: dict) -> list[Message]: ...
+
+    async def step(self, env: Any, action: str) -> EnvStep: ...
+
+    def close(self, env: Any) -> None: ...
 
 
 class EnvRunner:
@@ -103,6 +121,9 @@ class EnvRunner:
         result, seconds = await self._call("step", run)
         self.stats.step_seconds.append(seconds)  # time inside the env, not waiting for a slot
         return result
+
+    def close(self, env: Environment) -> None:
+        """The episode is over; nothing to do for a thread-run env (it is garbage-collected)."""
 
     async def _call(self, where: str, fn: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ in env/errors (timeouts included) and env/timeouts; env/failed_frac = failed epi
 
 Metrics (into the step's row): rollout/turns_mean, rollout/turns_max, rollout/truncated_frac,
 rollout/trajectories, env/step_s (mean seconds inside env.step), env/errors, env/timeouts,
-env/reset_failures, env/failed_frac, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hit_rate,
+env/reset_failures, env/failed_frac, env/actor_restarts (env.placement=actor), rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hit_rate,
 rollout/tokens, rollout/tokens_per_s, rollout/worker<k>_tokens_per_s, rollout/response_len_mean
 (sampled + observation ids), rollout/sampled_len_mean, router/groups_per_worker_max, reward/mean,
 reward/std, reward/max, reward/min.
@@ -169,6 +169,8 @@ def _rollout_metrics(trajs: list[Trajectory], results: list[tuple[int, dict]], n
         "env/reset_failures": sum(m["env/reset_failures"] for _, m in results),
         "rollout/worker_generate_s_mean": sum(m["rollout/generate_s"] for _, m in results) / len(results),
     }
+    if any("env/actor_restarts" in m for _, m in results):  # env.placement=actor
+        out["env/actor_restarts"] = sum(m.get("env/actor_restarts", 0.0) for _, m in results)
     for k in range(num_workers):  # per-worker throughput: imbalance shows up here (0 for an idle worker)
         out[f"rollout/worker{k}_tokens_per_s"] = next((m["rollout/tokens_per_s"] for w, m in results if w == k), 0.0)
     return out

@@ -57,3 +57,34 @@ class ToolThenUserEnv:
                 f.write(json.dumps({"turn": self.turns, "action": action}) + "\n")
         reply = {"role": "tool", "content": f"result {self.turns}"} if self.turns == 1 else "Go on."
         return reply, (len(action) % 7) / 21.0, self.turns >= 3, {}
+
+
+class FaultyGuessingEnv:
+    """The guessing game (secret `sample["secret"]`, opening "[game <tag>] ...") for the env-actor test: at its
+    second step it hangs for ever (``sample["mode"] == "hang"``), calls ``os._exit`` ("exit") or segfaults
+    ("segv"); mode "ok" plays normally. Only meaningful inside an env actor (it would kill a test process)."""
+
+    def __init__(self, **kwargs):
+        from orchestrator.rollout.envs.guessing import GuessingEnv
+
+        self.game, self.mode, self.turns = GuessingEnv(**kwargs), "ok", 0
+
+    def reset(self, sample: dict) -> str:
+        self.mode, self.turns = sample.get("mode", "ok"), 0
+        return f"[game {sample['tag']}] " + self.game.reset(sample)
+
+    def step(self, action: str):
+        self.turns += 1
+        if self.turns == 2 and self.mode == "hang":
+            import time
+
+            time.sleep(3600)
+        if self.turns == 2 and self.mode == "exit":
+            import os
+
+            os._exit(3)
+        if self.turns == 2 and self.mode == "segv":
+            import ctypes
+
+            ctypes.string_at(0)  # reads address 0: SIGSEGV
+        return self.game.step(action)

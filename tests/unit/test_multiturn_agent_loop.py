@@ -93,6 +93,7 @@ def test_guessing_rollouts_overlap_and_stay_on_their_worker(tok):
     engine = BinarySearchEngine(tok, delay_s=lambda tag, turn: 0.5 if (tag, turn) == (3, 1) else 0.0, gate=12)
     groups = [GroupRequest(g, {"tag": g, "secret": s}, n=3) for g, s in enumerate(secrets)]
     trajectories, m = make_loop(tok, engine).run_sync(groups)
+    assert "env/actor_restarts" not in m  # thread placement: the metrics are as before env actors
 
     assert [(t.group_id, t.sample_index) for t in trajectories] == [(g, i) for g in range(4) for i in range(3)]
     for t in trajectories:
