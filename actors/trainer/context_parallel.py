@@ -21,8 +21,8 @@ How a forward runs on rank r of c:
   (passed through the decoder's kwargs to every attention layer, also when gradient checkpointing recomputes
   the layer) runs `ring_attention_dist`; without it the call is plain SDPA, so the same model serves ordinary
   forwards (probe, empty micro-batches of data-parallel ranks) unchanged.
-- Logits only on the rank's scored positions (the `FAST_PATH_ARCHS` output projection: Llama, Qwen, Mistral...;
-  other architectures are refused), per-token logprobs there, then `gather_positions` puts every rank's values
+- Logits only on the rank's scored positions (`logits_to_keep`: the columns with a scored position; the
+  `FAST_PATH_ARCHS`, whose logits are the plain output projection: Llama, Qwen, Mistral...; others are refused), per-token logprobs there, then `gather_positions` puts every rank's values
   into the whole [b, L-1] tensor on every rank (all-gather). Its backward keeps only this rank's positions: every
   rank computes the same loss from the same gathered tensor, so the gradient of its own positions is already
   the whole gradient, and the parameter gradients of the group's ranks add up to the un-split forward's
@@ -148,7 +148,7 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: st
     micro-batch) and equal on every rank. Differentiable; every rank of the group must run backward. Given an
     `entropy` sink, its value [b, L-1] is gathered the same way. The model must be loaded with
     `attn_implementation=RING_ATTENTION`. Raises ValueError for an architecture outside `FAST_PATH_ARCHS`."""
-    if type(model).__name__ not in FAST_PATH_ARCHS:
+    if not {k.__name__ for k in type(model).__mro__} & FAST_PATH_ARCHS:  # FSDP2 subclasses the HF class
         raise ValueError(f"trainer.context_parallel_size > 1: {type(model).__name__} is not supported "
                          f"(supported: {sorted(FAST_PATH_ARCHS)})")
     c, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -157,11 +157,12 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: st
     mine = row["parts"][rank]
     doc_ids = row["doc_ids"].to(device) if row["doc_ids"] is not None else None
     local_mask = row["mask"][:, mine].to(device)
-    with autocast_context(precision):
-        out = model.get_decoder()(input_ids=row["ids"][:, mine].to(device),
-                                  position_ids=row["position_ids"][:, mine].to(device), attention_mask=None,
-                                  use_cache=False, cp_ring=RingCall(group, row["seq_len"], doc_ids))
-        logits = model.get_output_embeddings()(out.last_hidden_state[local_mask])  # [N, V] scored positions only
+    cols = torch.nonzero(local_mask.any(dim=0)).flatten()  # columns with a scored position in some row
+    with autocast_context(precision):  # the whole model (FSDP2's root unit gathers the embeddings and the head)
+        out = model(input_ids=row["ids"][:, mine].to(device), position_ids=row["position_ids"][:, mine].to(device),
+                    attention_mask=None, use_cache=False, logits_to_keep=cols,
+                    cp_ring=RingCall(group, row["seq_len"], doc_ids))
+        logits = out.logits[local_mask[:, cols]]  # [N, V] the scored positions, row-major like local_mask
     lp = token_logprobs(logits[None], row["targets"][:, mine].to(device)[local_mask][None], temperature)[0]
     local = torch.zeros(local_mask.shape, dtype=lp.dtype, device=device).masked_scatter(local_mask, lp)
     full = gather_positions(local, row["parts"], rank, group)[:, : row["length"] - 1]
@@ -169,3 +170,25 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: st
         entropy.record(logits, local_mask, temperature)
         entropy.value = gather_positions(entropy.value, row["parts"], rank, group)[:, : row["length"] - 1]
     return full
+
+
+def policy_logprobs(trainer, mb: MicroBatch, router_logits: Optional[list], entropy: EntropySink) -> torch.Tensor:
+    """The trainer's differentiable logprobs [b, L-1] of `mb` over its context-parallel group `trainer.cp_group`
+    (actors/trainer/policy_forward.py). Raises ValueError when router logits are asked for (the MoE
+    load-balancing loss is not built for context parallelism)."""
+    if router_logits is not None:
+        raise ValueError("trainer.context_parallel_size > 1 with trainer.router_aux_loss_coef > 0 (a mixture of "
+                         "experts' load-balancing loss) is not supported; set trainer.router_aux_loss_coef=0")
+    return cp_forward_logprobs(trainer.model, mb, trainer.temperature, trainer.cfg.precision, group=trainer.cp_group,
+                               entropy=entropy)
+
+
+def context_parallel_group(world_size: int, c: int, device_type: str):
+    """Collective (every rank of the default group calls it): the 2-D mesh (dp = world_size // c, cp = c) of the
+    trainer ranks, rank = dp_rank * c + cp_rank, and this rank's context-parallel ProcessGroup (its row of c
+    ranks). FSDP2 shards over all world_size ranks (actors/trainer/fsdp.py: the flattened mesh), so model
+    states divide by world_size, activations by c."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (world_size // c, c), mesh_dim_names=("dp", "cp"))
+    return mesh.get_group("cp")
