@@ -17,7 +17,7 @@ How a forward runs on rank r of c:
   (`doc_ids_from_position_ids`); the ring attention masks other documents (a sequence straddling the chunk
   boundary is split over ranks and still attends only to itself).
 - Attention: the model is loaded with `attn_implementation=RING_ATTENTION`, registered below with transformers'
-  `AttentionInterface` (and `AttentionMaskInterface`, as SDPA's mask). A call carrying the `cp_ring` keyword
+  `AttentionInterface` (and `AttentionMaskInterface`: SDPA's mask, none inside a context-parallel forward). A call carrying the `cp_ring` keyword
   (passed through the decoder's kwargs to every attention layer, also when gradient checkpointing recomputes
   the layer) runs `ring_attention_dist`; without it the call is plain SDPA, so the same model serves ordinary
   forwards (probe, empty micro-batches of data-parallel ranks) unchanged.
@@ -39,6 +39,7 @@ works on gloo and NCCL alike; on GPUs a fused kernel per block would be faster (
 """
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,8 +85,18 @@ def ring_attention_forward(module, query, key, value, attention_mask, dropout: f
     return out.transpose(1, 2).contiguous(), None
 
 
+_IN_RING = contextvars.ContextVar("rl_orch_ring_forward", default=False)  # inside cp_forward_logprobs' model call
+
+
+def ring_mask(*args, **kwargs):
+    """transformers mask function: None inside a context-parallel forward (the ring builds its masks per block;
+    the local positions' jumps would otherwise make transformers materialise an [l, l] packed-sequence mask),
+    else SDPA's."""
+    return None if _IN_RING.get() else sdpa_mask(*args, **kwargs)
+
+
 AttentionInterface.register(RING_ATTENTION, ring_attention_forward)
-AttentionMaskInterface.register(RING_ATTENTION, sdpa_mask)
+AttentionMaskInterface.register(RING_ATTENTION, ring_mask)
 
 
 def doc_ids_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -158,11 +169,15 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: st
     doc_ids = row["doc_ids"].to(device) if row["doc_ids"] is not None else None
     local_mask = row["mask"][:, mine].to(device)
     cols = torch.nonzero(local_mask.any(dim=0)).flatten()  # columns with a scored position in some row
-    with autocast_context(precision):  # the whole model (FSDP2's root unit gathers the embeddings and the head)
-        out = model(input_ids=row["ids"][:, mine].to(device), position_ids=row["position_ids"][:, mine].to(device),
-                    attention_mask=None, use_cache=False, logits_to_keep=cols,
-                    cp_ring=RingCall(group, row["seq_len"], doc_ids))
-        logits = out.logits[local_mask[:, cols]]  # [N, V] the scored positions, row-major like local_mask
+    token = _IN_RING.set(True)
+    try:
+        with autocast_context(precision):  # the whole model (FSDP2's root unit gathers the embeddings and the head)
+            out = model(input_ids=row["ids"][:, mine].to(device), position_ids=row["position_ids"][:, mine].to(device),
+                        attention_mask=None, use_cache=False, logits_to_keep=cols,
+                        cp_ring=RingCall(group, row["seq_len"], doc_ids))
+    finally:
+        _IN_RING.reset(token)
+    logits = out.logits[local_mask[:, cols]]  # [N, V] the scored positions, row-major like local_mask
     lp = token_logprobs(logits[None], row["targets"][:, mine].to(device)[local_mask][None], temperature)[0]
     local = torch.zeros(local_mask.shape, dtype=lp.dtype, device=device).masked_scatter(local_mask, lp)
     full = gather_positions(local, row["parts"], rank, group)[:, : row["length"] - 1]

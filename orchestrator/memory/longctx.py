@@ -119,8 +119,9 @@ def long_context_candidates(run) -> list:
 
 
 def not_built(after) -> list:
-    """The long-context features of a planned RunShape that rl-orch's trainer or engines do not run yet."""
-    return [what for what, on in (("context parallelism", cp_size(after) > 1), ("FP8 training", after.precision == "fp8"),
+    """The long-context features of a planned RunShape that rl-orch's trainer or engines do not run yet (context
+    parallelism runs: actors/trainer/context_parallel.py)."""
+    return [what for what, on in (("FP8 training", after.precision == "fp8"),
                                   ("FP8 rollouts", after.engine_fp8 or after.kv_cache_bytes == 1)) if on]
 
 

@@ -2,7 +2,7 @@
 (torch.multiprocessing.spawn), a tiny Llama in fp32: the logprobs, the policy loss and every parameter gradient
 (summed over the 2 ranks) equal the un-split forward's (c = 1, SDPA), for a padded micro-batch and for packed rows
 whose sequences straddle the chunk boundaries, with and without gradient checkpointing, and with the entropy
-bonus (the gathered entropy's gradient)."""
+bonus (the gathered entropy's gradient); outside a context-parallel forward the ring-loaded model equals SDPA."""
 from __future__ import annotations
 
 import pytest
@@ -87,6 +87,11 @@ def test_two_context_parallel_ranks_equal_one(run, packed, checkpointing):
     lp = forward_logprobs(model, mb, 0.7, entropy=sink)
     loss = _loss(lp, mb, sink.value)
     loss.backward()
+    if not checkpointing:  # outside a context-parallel forward the ring-loaded model is plain SDPA (probe, empty rows)
+        from actors.trainer.context_parallel import RING_ATTENTION
+
+        with torch.no_grad():
+            assert torch.allclose(forward_logprobs(_load(folder, RING_ATTENTION), mb, 0.7), lp, atol=1e-6)
     for rank in range(C):
         got = torch.load(out / f"cp_{int(packed)}{int(checkpointing)}_{rank}.pt")
         assert torch.allclose(got["lp"], lp.detach(), atol=1e-5), (got["lp"] - lp).abs().max()
