@@ -1,6 +1,7 @@
 """The planner's long-context terms against hand-computed bytes (orchestrator/memory/longctx.py): context
 parallelism, FP8 training, FP8 rollouts; the seeds' 70B figure; the docs' 32k-token worked example through
-`rl-orch plan memory`; the config keys (planned only, a run refuses them)."""
+`rl-orch plan memory`; the config keys (the FP8 ones planned only: a run refuses them; context parallelism
+runs)."""
 from __future__ import annotations
 
 import dataclasses
