@@ -251,20 +251,21 @@ def response_values(t: torch.Tensor, mb: MicroBatch) -> list[list[float]]:
 @torch.no_grad()
 def batch_logprobs(model, prompt_ids, response_ids, temperature: float, micro_batch_size: int,
                    precision: str = "fp32", pad_id: int = 0,
-                   micro_batch_tokens: Optional[int] = None) -> list[list[float]]:
+                   micro_batch_tokens: Optional[int] = None, forward=forward_logprobs) -> list[list[float]]:
     """Response-token logprobs of every sample (no gradient), [B][len(response_i)], computed in padded
     micro-batches of `micro_batch_size` sequences, or, when `micro_batch_tokens` is given, in packed rows
-    of at most that many tokens (first-fit decreasing; ValueError if one sequence is longer)."""
+    of at most that many tokens (first-fit decreasing; ValueError if one sequence is longer). `forward`:
+    `forward_logprobs` or one with its signature (the context-parallel forward, actors/trainer/context_parallel.py)."""
     if micro_batch_tokens is not None:
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
         result: list = [None] * len(prompt_ids)
         for row in pack_first_fit_decreasing(lengths, micro_batch_tokens):
             mb = collate_packed([prompt_ids[i] for i in row], [response_ids[i] for i in row])
-            for i, lp in zip(row, response_values(forward_logprobs(model, mb, temperature, precision), mb)):
+            for i, lp in zip(row, response_values(forward(model, mb, temperature, precision), mb)):
                 result[i] = lp
         return result
     out: list[list[float]] = []
     for s in range(0, len(prompt_ids), micro_batch_size):
         mb = collate(prompt_ids[s : s + micro_batch_size], response_ids[s : s + micro_batch_size], pad_id=pad_id)
-        out.extend(response_values(forward_logprobs(model, mb, temperature, precision), mb))
+        out.extend(response_values(forward(model, mb, temperature, precision), mb))
     return out

@@ -36,6 +36,13 @@ same as with one trainer.
   A checkpoint of a single trainer (no `sharded/`) loads too: the full weights and optimizer state are
   sharded on load.
 
+- Context parallelism (`trainer.context_parallel_size` = c > 1, actors/trainer/context_parallel.py): the D ranks
+  form a (D // c, c) mesh; the c ranks of a row share every micro-batch of their data-parallel group's samples
+  (`i % (D // c) == rank // c`), each running the decoder on its zig-zag part of each row with ring attention
+  over the row's group; the logprobs (training, old-logprob and `logprobs` passes) are gathered over the group.
+  FSDP2 still shards over all D ranks and averages over D with the normaliser's `dp_size = D`; the group's
+  ranks' gradients add up to their micro-batch's gradient, so the update is the un-split batch's. The metric
+  sums, which every rank of a group holds in full, are divided by c after the all-reduce.
 - Non-finite updates (actors/trainer/finite.py): a non-finite loss on any rank's shard (its flag is summed
   with the metric sums), a non-finite global gradient norm, or non-finite weights after the step on any rank
   (`_all_max`) skip the update on every rank alike; each rank's shards and AdamW state stay as they were.
@@ -48,6 +55,7 @@ at start); the DCP `sharded/` files hold the frozen base weights too.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -59,6 +67,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
 from actors.trainer import lora
+from actors.trainer.context_parallel import context_parallel_group, cp_forward_logprobs
 from actors.trainer.forward import batch_logprobs, collate, forward_logprobs
 from actors.trainer.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, init_group, load_sharded, load_unsharded,
                                  save_sharded, shard_model)
@@ -79,6 +88,9 @@ class ShardedTrainer(Trainer):
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"ShardedTrainer: rank {rank} of world_size {world_size} (needs world_size >= 2)")
         self.rank, self.dp_size, self.timeout_s = rank, world_size, timeout_s
+        # context parallelism: c ranks share each sequence; samples are split over the D // c groups
+        self.cp_size = trainer_cfg.context_parallel_size
+        self.dp_groups, self.dp_rank, self.cp_group = world_size // self.cp_size, rank // self.cp_size, None
         self._group_name = group_name
         self.peers: list = []
         super().__init__(model_path, trainer_cfg, algo_cfg, temperature, max_new_tokens, pad_id)
@@ -90,23 +102,30 @@ class ShardedTrainer(Trainer):
         init_group(self.rank, self.dp_size, self._group_name, self.timeout_s)
         if self.rank == 0:  # every rank has joined: the rendezvous key is no longer needed
             internal_kv._internal_kv_del(f"rl_orch_fsdp_{self._group_name}")
+        if self.cp_size > 1:  # the (dp, cp) mesh; the ring forward replaces the shared-prompt one
+            self.cp_group = context_parallel_group(self.dp_size, self.cp_size, next(model.parameters()).device.type)
+            self.shared_prefix_on = False
         return shard_model(model, self.dp_size)
 
     def _mine(self, indices) -> list[int]:
-        return [i for i in indices if i % self.dp_size == self.rank]
+        return [i for i in indices if i % self.dp_groups == self.dp_rank]
+
+    def _forward(self):
+        """The no-gradient logprob forward: the context-parallel one over `cp_group` with c > 1, else plain."""
+        return forward_logprobs if self.cp_group is None else functools.partial(cp_forward_logprobs, group=self.cp_group)
 
     def _old_logprobs(self, batch: TrainBatch) -> list:
         mine = self._mine(range(len(batch)))
         lps = batch_logprobs(self.model, [batch.prompt_ids[i] for i in mine],
                              [batch.response_ids[i] for i in mine], self.temperature,
-                             self.cfg.micro_batch_size, self.cfg.precision, self.pad_id)
+                             self.cfg.micro_batch_size, self.cfg.precision, self.pad_id, forward=self._forward())
         out: list = [None] * len(batch)  # other ranks' samples: never read on this rank
         for i, lp in zip(mine, lps):
             out[i] = lp
         return out
 
     def _local_shard(self, idx, old_lp):
-        keep = [j for j, i in enumerate(idx) if i % self.dp_size == self.rank]
+        keep = [j for j, i in enumerate(idx) if i % self.dp_groups == self.dp_rank]
         return [idx[j] for j in keep], ([old_lp[j] for j in keep] if old_lp is not None else None)
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
@@ -114,7 +133,8 @@ class ShardedTrainer(Trainer):
         device = next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
         t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
         dist.all_reduce(t)
-        out = dict(zip(keys, t.tolist()))
+        # the c ranks of a context-parallel group compute the same loss and metrics (of the whole micro-batch)
+        out = {k: v / self.cp_size for k, v in zip(keys, t.tolist())}
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
 
@@ -184,7 +204,7 @@ class ShardedTrainer(Trainer):
         """Response-token logprobs [B][len(response_i)]: every rank runs the same forwards (FSDP
         gathers each layer from all ranks), rank 0 returns its result."""
         refs = self._fan_out("logprobs_local", prompt_ids, response_ids)
-        out = Trainer.logprobs(self, prompt_ids, response_ids)
+        out = self.logprobs_local(prompt_ids, response_ids)
         self._collect(refs)
         return out
 
@@ -238,7 +258,11 @@ class ShardedTrainer(Trainer):
         return Trainer.train_step(self, batch)
 
     def logprobs_local(self, prompt_ids, response_ids) -> list[list[float]]:
-        return Trainer.logprobs(self, prompt_ids, response_ids)
+        if self.cp_group is None:
+            return Trainer.logprobs(self, prompt_ids, response_ids)
+        return batch_logprobs(self.model, prompt_ids, response_ids, self.temperature, self.cfg.micro_batch_size,
+                              self.cfg.precision, self.pad_id, micro_batch_tokens=self.cfg.micro_batch_tokens if self.cfg.packing else None,
+                              forward=self._forward())
 
     def probe_logprobs_local(self, prompt_ids, continuation_ids) -> list[float]:
         return Trainer.probe_logprobs(self, prompt_ids, continuation_ids)

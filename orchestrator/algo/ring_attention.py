@@ -102,7 +102,7 @@ def rank_attention(q: torch.Tensor, q_pos: torch.Tensor, kv_block: Callable[[int
         if bool(mask.any()):
             acc = merge(acc, block_attention(q, k, v, mask, scale))
     if acc is None:  # cannot happen under a causal mask (a query sees itself); kept for empty q
-        return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+        return torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     return acc
 
 

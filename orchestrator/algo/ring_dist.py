@@ -30,23 +30,28 @@ def ring_attention_dist(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_l
                         scale: Optional[float] = None) -> torch.Tensor:
     """This rank's attention output [B, H, L, D] for its queries q and its key/value block k, v [B, H, L, D]
     at positions zigzag_positions(seq_len, c, zigzag)[rank] (c = the group's size); doc_ids [B, seq_len]
-    (packed rows) is known to every rank. Differentiable in q, k and v (every rank must call backward).
+    (packed rows) is known to every rank. Computed in fp32 (autocast off; bf16 inputs are upcast, the output
+    cast back). Differentiable in q, k and v (every rank must call backward).
     Raises ValueError when q's length is not this rank's part."""
-    ring = _Ring(group, seq_len, zigzag)
+    ring = _Ring(group, seq_len, zigzag, q.device)
     if q.shape[-2] != ring.parts[ring.rank].numel() or k.shape != v.shape:
         raise ValueError(f"ring_attention_dist: rank {ring.rank} holds {ring.parts[ring.rank].numel()} positions of "
                          f"seq_len={seq_len} over c={ring.c}; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return _RingAttention.apply(q, k, v, ring, doc_ids, scale)
+    # in fp32 whatever the inputs (bf16 under autocast): the scores, log-sum-exps and merges; out in q's dtype
+    with torch.autocast(q.device.type, enabled=False):
+        out = _RingAttention.apply(q.float(), k.float(), v.float(), ring, doc_ids, scale)
+    return out.to(q.dtype)
 
 
 class _Ring:
-    """The group's size c, this rank, every rank's positions, and the exchange with the neighbours."""
+    """The group's size c, this rank, every rank's positions (on the tensors' device), and the exchange with the
+    neighbours."""
 
-    def __init__(self, group, seq_len: int, zigzag: bool):
+    def __init__(self, group, seq_len: int, zigzag: bool, device=None):
         self.group, self.c, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
-        self.parts = zigzag_positions(seq_len, self.c, zigzag)
+        self.parts = [p.to(device) for p in zigzag_positions(seq_len, self.c, zigzag)]
         self.next, self.prev = _global(group, (self.rank + 1) % self.c), _global(group, (self.rank - 1) % self.c)
 
     def source(self, step: int) -> torch.Tensor:

@@ -145,8 +145,8 @@ class TrainerConfig:
     mini_batches: int = number(1, gt=0)  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
     # fp32 | bf16-autocast (fp32 master weights) | fp8 (FP8 linear layers: planned only, a run refuses it)
     precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast", "fp8"))
-    # c: each sequence split over c of the trainer ranks (ring attention); divides num_workers. > 1 is
-    # planned only (`rl-orch plan memory`): a run refuses it, the trainer support is not built yet
+    # c: each sequence split over c of the trainer ranks (ring attention, actors/trainer/context_parallel.py);
+    # divides num_workers
     context_parallel_size: int = number(1, ge=1, note="(ranks each sequence is split over; divides trainer.num_workers)")
     num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
     seed: int = 0

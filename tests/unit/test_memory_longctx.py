@@ -1,6 +1,7 @@
 """The planner's long-context terms against hand-computed bytes (orchestrator/memory/longctx.py): context
 parallelism, FP8 training, FP8 rollouts; the seeds' 70B figure; the docs' 32k-token worked example through
-`rl-orch plan memory`; the config keys (planned only, a run refuses them)."""
+`rl-orch plan memory`; the config keys (the FP8 ones planned only: a run refuses them; context parallelism
+runs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -97,7 +98,7 @@ def test_worked_32k_example_fits_with_c4_not_c1(capsys):
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out
     assert "trainer.context_parallel_size=4 (ring attention): fits" in out
-    assert "[not in rl-orch yet: context parallelism]" in out
+    assert "[not in rl-orch yet" not in out  # context parallelism runs (actors/trainer/context_parallel.py)
     assert main(EXAMPLE + ["--context-parallel", "4"]) == 0
     fits = capsys.readouterr().out
     doc = DOC.read_text()
@@ -110,14 +111,18 @@ def test_cli_context_parallel_must_divide_the_trainer_gpus(capsys):
     assert "--context-parallel" in capsys.readouterr().err
 
 
-def test_config_keys_are_planned_but_a_run_refuses_them(tmp_path, capsys):
+def test_config_keys_are_planned_and_a_run_refuses_the_unbuilt_ones(tmp_path, capsys):
     with pytest.raises(ConfigError, match="trainer.context_parallel_size=2 must divide trainer.num_workers=1"):
         load_config(CPU_YAML, ["trainer.context_parallel_size=2"], plan_only=True)
     keys = ["trainer.num_workers=2", "trainer.context_parallel_size=2", "trainer.precision=fp8",
             "rollout.quantization=fp8", "rollout.kv_cache_dtype=fp8"]
-    for key in [k for k in keys[1:] if k != "trainer.precision=fp8"]:  # FP8 training runs (test_fp8_training.py)
+    for key in keys[3:]:  # context parallelism and FP8 training run
         with pytest.raises(ConfigError, match=f"{key.split('=')[0]}=.*not (built|wired) yet"):
             load_config(CPU_YAML, ["trainer.num_workers=2", key])
+    # context parallelism is built (actors/trainer/context_parallel.py): a run takes it, with SDPA-class attention
+    assert load_config(CPU_YAML, keys[:2]).trainer.context_parallel_size == 2
+    with pytest.raises(ConfigError, match="trainer.attn_implementation=eager cannot be used with it"):
+        load_config(CPU_YAML, keys[:2] + ["trainer.attn_implementation=eager"])
     cfg = load_config(CPU_YAML, keys, plan_only=True)
     assert cfg.trainer.context_parallel_size == 2
     folder = tmp_path / "small"
@@ -139,7 +144,7 @@ def test_long_context_candidates():
     assert [k for k, _, _ in cands if k != "cp"] == ["fp8-train", "fp8-rollout", "fp8-rollout"]
     done = RunShape(precision="fp8", engine_fp8=True, kv_cache_bytes=1, context_parallel=64, trainer_ranks=64)
     assert longctx.long_context_candidates(done) == []
-    assert longctx.not_built(done) == ["context parallelism", "FP8 rollouts"]  # FP8 training is built
+    assert longctx.not_built(done) == ["FP8 rollouts"]  # context parallelism and FP8 training run
 
 
 def test_a_long_single_gpu_run_is_told_to_add_context_parallel_ranks(capsys):
