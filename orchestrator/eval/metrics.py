@@ -58,13 +58,19 @@ def maj_at_k(finals: Sequence[Optional[str]], gold: str, k: int, match: Callable
     return float(voted is not None and match(voted, gold))
 
 
-def summarize(correct: Sequence[Sequence[bool]], finals: Sequence[Sequence[Optional[str]]], golds: Sequence[str],
-              ks: Sequence[int], match: Optional[Callable[[str, str], bool]] = None) -> dict[str, float]:
+def summarize(correct: Sequence[Sequence[bool]], finals: Optional[Sequence[Sequence[Optional[str]]]],
+              golds: Optional[Sequence[str]], ks: Sequence[int],
+              match: Optional[Callable[[str, str], bool]] = None) -> dict[str, float]:
     """Means over prompts of pass@1 (c / n: the greedy accuracy when n = 1), and of pass@k (`pass_at_k`), avg@k and
     maj@k for each k in `ks`: {"eval/pass_at_1", "eval/pass_at_<k>", "eval/avg_at_<k>", "eval/maj_at_<k>"}.
-    correct, finals: [P][n] per prompt and sample (the same n for every prompt); golds: [P]; match: answer
-    equality for maj@k (default orchestrator.reward.functions.answers_match). Raises ValueError for no prompt,
-    ragged samples, or a k outside [1, n]."""
+    correct, finals: [P][n] per prompt and sample (the same n for every prompt); golds: [P]; finals and golds None:
+    no maj@k (a source without a single final answer, orchestrator/eval/majority.py); match: answer equality for
+    maj@k (default orchestrator.reward.functions.answers_match). Raises ValueError for no prompt, ragged samples,
+    or a k outside [1, n]."""
+    if finals is None:
+        finals, golds, majority = [[None] * len(c) for c in correct], [""] * len(correct), False
+    else:
+        majority = True
     if not correct or len(correct) != len(finals) or len(correct) != len(golds):
         raise ValueError(f"eval metrics need the same P >= 1 prompts in correct ({len(correct)}), "
                          f"finals ({len(finals)}) and golds ({len(golds)})")
@@ -78,7 +84,8 @@ def summarize(correct: Sequence[Sequence[bool]], finals: Sequence[Sequence[Optio
     for k in ks:
         out[f"eval/pass_at_{k}"] = sum(pass_at_k(n, sum(map(bool, c)), k) for c in correct) / P
         out[f"eval/avg_at_{k}"] = sum(avg_at_k(c, k) for c in correct) / P
-        out[f"eval/maj_at_{k}"] = sum(maj_at_k(f, g, k, match) for f, g in zip(finals, golds)) / P
+        if majority:
+            out[f"eval/maj_at_{k}"] = sum(maj_at_k(f, g, k, match) for f, g in zip(finals, golds)) / P
     return out
 
 

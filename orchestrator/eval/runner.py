@@ -16,10 +16,12 @@ which the sizer and the role utilisation do not read.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Callable
 
+from orchestrator.config.source_reward import answer_kind
 from orchestrator.data import Example, render_prompt_ids
 from orchestrator.eval.checks import pass_function
+from orchestrator.eval.majority import majority_inputs
 from orchestrator.eval.metrics import response_stats, summarize
 from orchestrator.eval.prompts import eval_split
 from orchestrator.rollout.seeds import eval_seed
@@ -91,8 +93,6 @@ class Evaluator:
     def metrics(self, trajs: list[Trajectory], rewards: list[float], per_function: dict) -> dict:
         """pass@k, avg@k, maj@k (orchestrator/eval/metrics.py), response length and truncation of the scored
         eval trajectories; a sample is correct when eval.pass_function's value (`pass_function`) >= eval.pass_threshold."""
-        from orchestrator.reward.functions import extract_final_answer
-
         e = self.cfg.eval
         name = pass_function(self.cfg)
         values = rewards if name == "reward" else per_function[name]
@@ -101,8 +101,9 @@ class Evaluator:
             by_prompt.setdefault(-t.group_id - 1, []).append(i)
         order = sorted(by_prompt)
         correct = [[values[i] >= e.pass_threshold for i in by_prompt[p]] for p in order]
-        finals: list[list[Optional[str]]] = [[extract_final_answer(trajs[i].text) for i in by_prompt[p]] for p in order]
-        golds = [self.requests[p].answer for p in order]
+        kind = answer_kind(e.data or self.cfg.data.source)  # maj@k's vote: orchestrator/eval/majority.py
+        finals, golds = majority_inputs(kind, [[trajs[i].text for i in by_prompt[p]] for p in order],
+                                        [self.requests[p].answer for p in order])
         out = summarize(correct, finals, golds, list(e.k))
         out.update(response_stats([len(t.response_ids) for t in trajs], [t.finish_reason for t in trajs]))
         out["eval/prompts"], out["eval/samples"] = len(order), len(trajs)
