@@ -37,7 +37,8 @@ def check_data_sources(cfg) -> None:
             try:
                 make_dataset(source[len(PREFIX):], generation_kwargs(section))
             except ValueError as e:
-                raise ValueError(str(e).replace("data.source", key)) from None
+                msg = str(e).replace("data.source", key)
+                raise ValueError(msg if key in msg else f"{key}={source!r}: {msg}") from None
 
 
 def _check_arith(d, key: str, source: str) -> None:

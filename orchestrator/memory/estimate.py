@@ -119,8 +119,8 @@ def layer_activation_bytes(model: ModelShape, precision: str, attention: str, se
       eager instead: the fp32 softmax probabilities (heads x seq x 4), + their bf16 cast under autocast
       MoE (approximate): per routed expert a token uses 4 I_expert e + the gathered input h e,
       plus the router logits (experts x 4)
-    with e = 4 bytes (fp32) or 2 (bf16-autocast, fp8), and 2 fp32 RMSNorm scales (8 bytes). fp8: the
-    linear layers' saved inputs at 1 byte (longctx.fp8_linear_input_saving). seq_len: the keys a query
+    with e = 4 bytes (fp32) or 2 (bf16-autocast, fp8), and 2 fp32 RMSNorm scales (8 bytes). fp8: as bf16-autocast
+    (torchao's float8 training saves bf16 inputs; the trainer's recipe, actors/trainer/fp8.py). seq_len: the keys a query
     spans at once (seq / c under context parallelism: ring attention takes one block at a time).
     """
     h, e = model.hidden, (4 if precision == "fp32" else 2)
@@ -133,8 +133,9 @@ def layer_activation_bytes(model: ModelShape, precision: str, attention: str, se
         per_token += model.heads * seq_len * (4 if e == 4 else 6)
     else:
         per_token += model.heads * 4 + seq_len * e
-    if precision == "fp8":
-        per_token -= longctx.fp8_linear_input_saving(model)
+    # fp8: the trainer's recipe is torchao's float8 training (actors/trainer/fp8.py), which saves the linear layers'
+    # inputs at the compute dtype (bf16), so activations are bf16-autocast's; only the weight copies shrink (below).
+    # (Transformer Engine's recipe saves 1-byte inputs: longctx.fp8_linear_input_saving.)
     return per_token
 
 

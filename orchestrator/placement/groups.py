@@ -120,7 +120,8 @@ def _gang_message(groups: Sequence[GroupPlan], waiting: Sequence[GroupPlan], tim
         lack = "; ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
         return (f"the cluster cannot hold the job: {lack}. Not ready after placement.timeout_s={timeout_s:g}s: "
                 f"{names}; available now: {avail}. Lower the per-role amounts under placement.*, the rollout "
-                f"replicas or rollout.tensor_parallel_size, or add nodes. Every placement group was removed.")
+                f"replicas or rollout.tensor_parallel_size, env.num_actors / env.actor_cpus (env.placement=actor), "
+                f"or add nodes (an autoscaler adds them while the job waits). Every placement group was removed.")
     return (f"placement groups not ready after placement.timeout_s={timeout_s:g}s; the totals fit (asked "
             f"{ {k: round(v, 4) for k, v in need.items()} }, cluster has { {k: total.get(k, 0.0) for k in need} }) "
             f"but these could not be placed: {names}; available now: {avail}. Every placement group was removed.")

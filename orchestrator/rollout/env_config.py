@@ -83,5 +83,18 @@ def validate_env_config(env: EnvConfig, max_model_len: int | None = None) -> Non
         raise ValueError(f"env.render_mode={env.render_mode!r} is not allowed; choose one of {list(RENDER_MODES)}")
     if env.tool_format not in TOOL_FORMATS:
         raise ValueError(f"env.tool_format={env.tool_format!r} is not allowed; choose one of {list(TOOL_FORMATS)}")
+    _check_kwargs_tool_format(env)
     if not isinstance(env.kwargs, dict) and not hasattr(env.kwargs, "keys"):
         raise ValueError(f"env.kwargs must be a mapping, got {type(env.kwargs).__name__}")
+
+
+def _check_kwargs_tool_format(env: EnvConfig) -> None:
+    """env.tool_format is the one key for the tool format: the renderer (prompt, kept special tokens) and the
+    environment must agree, so env.kwargs.tool_format is refused unless it repeats a non-auto env.tool_format."""
+    given = env.kwargs.get("tool_format") if hasattr(env.kwargs, "get") else None
+    if given is None or (given == env.tool_format and given != "auto"):
+        return
+    raise ValueError(f"env.kwargs.tool_format={given!r}: set the format with env.tool_format (one of "
+                     f"{list(TOOL_FORMATS)}; now {env.tool_format!r}), which both the chat renderer and the "
+                     "environment use; env.kwargs.tool_format alone would make the environment parse a format the "
+                     "prompt does not teach")

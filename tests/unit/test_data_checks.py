@@ -18,6 +18,10 @@ EVAL_RG = ["eval.holdout=0", "eval.data=reasoning_gym:basic_arithmetic"]
     ([*CODE, "data.arith_size=0"], r"data.arith_size=0, .*\(data.source='code_arith'\)"),
     (["eval.holdout=0", "eval.data=reasoning_gym:nope"], r"eval.data='reasoning_gym:nope': reasoning-gym has no task"),
     ([*EVAL_RG, "data.reasoning_gym.config={max_terms: 1}"], r"task 'basic_arithmetic' refuses it: max_terms"),
+    # data.reasoning_gym.config is the training task's; an eval.data task that does not take it is named
+    (["data.source=reasoning_gym:basic_arithmetic", "reward.functions=[reasoning_gym]", "eval.holdout=0",
+      "eval.data=reasoning_gym:leg_counting", "data.reasoning_gym.config={max_terms: 2}"],
+     r"eval.data='reasoning_gym:leg_counting': data.reasoning_gym.config: task 'leg_counting' has no parameter"),
     ([*CODE, "data.arith_ops=[/]"], r"data.arith_ops=\['/'\]: .* \(eval.data='arith'\)"),  # the demo's eval.data
 ])
 def test_bad_sources_fail_at_load_naming_the_key(extra, message):

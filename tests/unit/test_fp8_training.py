@@ -23,6 +23,9 @@ def tiny(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
+GPU = ["trainer.precision=fp8", "placement.resource=GPU"]  # load-time checks only: nothing starts
+
+
 def _trainer(tiny, precision):
     tc = OmegaConf.structured(TrainerConfig)
     tc.update({"lr": 1e-2, "warmup_steps": 0, "micro_batch_size": 4, "num_threads": 1, "precision": precision})
@@ -86,18 +89,20 @@ def test_an_old_gpu_is_refused(monkeypatch):
         fp8.check_fp8_device("cuda:0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ConfigError, match=r"trainer.precision=fp8: this GPU \(NVIDIA A100, compute capability 8.0\)"):
-        load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8"])
+        load_config("configs/grpo_arith_cpu.yaml", GPU)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     fp8.check_fp8_device("cuda:0")  # Hopper passes
-    assert load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8"]).trainer.precision == "fp8"
+    assert load_config("configs/grpo_arith_cpu.yaml", GPU).trainer.precision == "fp8"
 
 
 def test_config_refusals(monkeypatch):
+    with pytest.raises(ConfigError, match="trainer.precision=fp8 with placement.resource=CPU: FP8 training needs GPUs"):
+        load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8"])  # the CPU runs FP8 only in tests
     with pytest.raises(ConfigError, match="trainer.precision=fp8 with trainer.lora.rank=8"):
-        load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8", "trainer.lora.rank=8"])
+        load_config("configs/grpo_arith_cpu.yaml", [*GPU, "trainer.lora.rank=8"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
     with pytest.raises(ConfigError, match=r"needs torchao's float8 training: pip install 'rl-orchestrator\[fp8\]'"):
-        load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8"])
+        load_config("configs/grpo_arith_cpu.yaml", GPU)
     # the memory planner plans FP8 without torchao or a GPU
     assert load_config("configs/grpo_arith_cpu.yaml", ["trainer.precision=fp8"], plan_only=True)

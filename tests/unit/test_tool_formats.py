@@ -89,3 +89,16 @@ def test_the_environment_sees_the_call_markers_but_not_other_special_tokens():
         ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         assert session.action_text(ids) == text
         assert session.action_text(tok(f"{tok.bos_token}hi", add_special_tokens=False)["input_ids"]) == "hi"
+
+
+def test_env_kwargs_tool_format_must_not_disagree_with_env_tool_format():
+    from orchestrator.config import load_config
+    from orchestrator.config.load import ConfigError
+
+    base = ["env.name=python"]
+    with pytest.raises(ConfigError, match=r"env.kwargs.tool_format='mistral': set the format with env.tool_format"):
+        load_config("configs/grpo_code_cpu.yaml", [*base, "env.kwargs.tool_format=mistral", "env.tool_format=hermes"])
+    with pytest.raises(ConfigError, match=r"env.kwargs.tool_format='bogus'"):
+        load_config("configs/grpo_code_cpu.yaml", [*base, "env.kwargs.tool_format=bogus"])
+    cfg = load_config("configs/grpo_code_cpu.yaml", [*base, "env.kwargs.tool_format=mistral", "env.tool_format=mistral"])
+    assert cfg.env.tool_format == "mistral"
