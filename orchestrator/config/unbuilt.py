@@ -1,5 +1,6 @@
-"""Config keys `rl-orch plan memory` plans but a run cannot use yet (issue 22): context parallelism and FP8
-rollouts (FP8 training is built: actors/trainer/fp8.py, checked by orchestrator/config/precision.py). The keys
+"""Config keys `rl-orch plan memory` plans but a run cannot use yet (issue 22): context parallelism (FP8 training is
+built: actors/trainer/fp8.py, checked by orchestrator/config/precision.py; FP8 rollouts are built for CUDA engines:
+orchestrator/config/fp8_rollout.py). The keys
 are in the schema so the planner can model them (`rl-orch plan memory --config ... trainer.context_parallel_size=4`); `rl-orch run` (every `load_config` without plan_only) refuses
 them with the error below instead of silently training without them.
 
@@ -21,15 +22,11 @@ def check_context_parallel(cfg) -> None:
 
 def unbuilt_settings(cfg) -> list[str]:
     """'key=value (what is missing)' for every set key whose support is not built yet; [] when none."""
-    t, r = cfg.trainer, cfg.rollout
+    t = cfg.trainer
     out = []
     if t.context_parallel_size > 1:
         out.append(f"trainer.context_parallel_size={t.context_parallel_size} (the trainer's ring attention over "
                    "ranks is not built yet: only the attention, orchestrator/algo/ring_attention.py and ring_dist.py)")
-    if r.quantization == "fp8":
-        out.append("rollout.quantization=fp8 (FP8 engine weights and their verified weight sync are not built yet)")
-    if r.kv_cache_dtype == "fp8":
-        out.append("rollout.kv_cache_dtype=fp8 (the engine's FP8 KV cache is not wired yet)")
     return out
 
 

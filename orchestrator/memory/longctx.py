@@ -120,8 +120,8 @@ def long_context_candidates(run) -> list:
 
 def not_built(after) -> list:
     """The long-context features of a planned RunShape that rl-orch's trainer or engines do not run yet."""
-    return [what for what, on in (("context parallelism", cp_size(after) > 1),  # FP8 training runs (trainer/fp8.py)
-                                  ("FP8 rollouts", after.engine_fp8 or after.kv_cache_bytes == 1)) if on]
+    # FP8 training (actors/trainer/fp8.py) and FP8 rollouts on CUDA engines (config/fp8_rollout.py) run
+    return ["context parallelism"] if cp_size(after) > 1 else []
 
 
 def long_context_fields(cfg) -> dict:

@@ -115,9 +115,11 @@ def test_config_keys_are_planned_but_a_run_refuses_them(tmp_path, capsys):
         load_config(CPU_YAML, ["trainer.context_parallel_size=2"], plan_only=True)
     keys = ["trainer.num_workers=2", "trainer.context_parallel_size=2", "trainer.precision=fp8",
             "rollout.quantization=fp8", "rollout.kv_cache_dtype=fp8"]
-    for key in [k for k in keys[1:] if k != "trainer.precision=fp8"]:  # FP8 training runs (test_fp8_training.py)
-        with pytest.raises(ConfigError, match=f"{key.split('=')[0]}=.*not (built|wired) yet"):
-            load_config(CPU_YAML, ["trainer.num_workers=2", key])
+    with pytest.raises(ConfigError, match="trainer.context_parallel_size=2 .*not built yet"):
+        load_config(CPU_YAML, ["trainer.num_workers=2", "trainer.context_parallel_size=2"])
+    for key in keys[3:]:  # FP8 rollouts run on CUDA engines only (orchestrator/config/fp8_rollout.py)
+        with pytest.raises(ConfigError, match=f"{key}.* needs CUDA GPUs"):
+            load_config(CPU_YAML, ["rollout.dtype=bfloat16", key])
     cfg = load_config(CPU_YAML, keys, plan_only=True)
     assert cfg.trainer.context_parallel_size == 2
     folder = tmp_path / "small"
@@ -139,7 +141,7 @@ def test_long_context_candidates():
     assert [k for k, _, _ in cands if k != "cp"] == ["fp8-train", "fp8-rollout", "fp8-rollout"]
     done = RunShape(precision="fp8", engine_fp8=True, kv_cache_bytes=1, context_parallel=64, trainer_ranks=64)
     assert longctx.long_context_candidates(done) == []
-    assert longctx.not_built(done) == ["context parallelism", "FP8 rollouts"]  # FP8 training is built
+    assert longctx.not_built(done) == ["context parallelism"]  # FP8 training and FP8 rollouts are built
 
 
 def test_a_long_single_gpu_run_is_told_to_add_context_parallel_ranks(capsys):
