@@ -119,3 +119,49 @@ def test_the_engine_verifier_wraps_the_fp8_methods_and_reports_resident_changes(
     assert verifier.report(None)["errors"]["l0.qkv_proj"] == "resident FP8 scale changed after the verified load"
     verifier.begin()  # the next version: nothing verified until it loads
     assert len(verifier.report(None)["errors"]) == 3
+
+
+def test_the_worker_extension_verifies_an_fp8_engine_end_to_end_on_cpu(monkeypatch):
+    """The extension's FP8 path with a fake engine (vLLM's CPU build has no FP8 kernels): a load re-quantises through
+    the wrapped method, the FP8 group reports the stream's checksums (equal to the trainer's) and the FP8 check."""
+    from functools import partial
+
+    from actors.weight_sync import base, fp8_resident, vllm_extension
+    from orchestrator.weight_sync.checksum import compare_checksums, group_checksums
+
+    layer, norm = torch.nn.Module(), torch.nn.LayerNorm(4)
+    layer.quant_method = _FakeMethod()
+    model = torch.nn.Module()
+    model.mlp, model.norm = torch.nn.Module(), norm
+    model.mlp.down_proj = layer
+    layer.weight = torch.zeros(8, 4, dtype=torch.bfloat16)  # as after a first load
+    layer.quant_method.process_weights_after_loading(layer)
+    finder = lambda m: {n: x for n, x in m.named_modules() if isinstance(getattr(x, "quant_method", None), _FakeMethod)}
+    monkeypatch.setattr(vllm_extension, "online_fp8_layers", finder)
+    monkeypatch.setattr(fp8_resident, "online_fp8_layers", finder)
+    monkeypatch.setattr(vllm_extension, "FP8Verifier", partial(fp8_resident.FP8Verifier, quant=quantize_fp8))
+    monkeypatch.setattr(base, "tp_position", lambda: (0, 1))
+
+    class Worker(vllm_extension.WeightReceiverExtension):
+        def reload_weights(self, weights_iterator):  # vLLM's layerwise reload, as far as this model needs it
+            for name, t in weights_iterator:
+                if name == "mlp.down_proj.weight":
+                    layer.weight = t
+                    layer.quant_method.process_weights_after_loading(layer)
+                else:
+                    norm.get_parameter(name.split(".")[-1]).data.copy_(t)
+
+    w = Worker()
+    w.model_runner = type("Runner", (), {"get_model": lambda self: model, "model_config": None})()
+    torch.manual_seed(2)
+    sent = [("mlp.down_proj.weight", torch.randn(8, 4).to(torch.bfloat16)), ("norm.weight", torch.rand(4)),
+            ("norm.bias", torch.rand(4))]
+    monkeypatch.setattr(w, "_retie_output_embeddings", lambda: None)
+    w._load(iter(sent), 1)
+    rep = w.weight_checksums()
+    compare_checksums(group_checksums(sent), rep["groups"])  # the stream (mlp) and the resident norm
+    assert rep["packed_groups"] == ["mlp"] and rep["fp8"] == {"layers": 1, "errors": {}}
+    check_fp8_report(rep, "rollout worker 0")
+    assert w.corrupt_fp8_scale(2.0) == "mlp.down_proj"
+    with pytest.raises(WeightMismatchError, match="FP8 layer 'mlp.down_proj': resident FP8 scale changed"):
+        check_fp8_report(w.weight_checksums(), "rollout worker 0")
