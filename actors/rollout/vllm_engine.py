@@ -142,8 +142,11 @@ class VLLMEngine:
         tensor parallelism the workers' agreed report (raises WeightMismatchError when they disagree; see
         orchestrator.weight_sync.checksum.combine_worker_reports)."""
         from orchestrator.weight_sync.checksum import combine_worker_reports
+        from orchestrator.weight_sync.fp8_check import merge_fp8
 
-        return combine_worker_reports(self.llm.collective_rpc("weight_checksums"))
+        reports = self.llm.collective_rpc("weight_checksums")
+        fp8 = merge_fp8(reports)  # FP8 engines: every worker's re-quantisation check (its own shards)
+        return {**combine_worker_reports(reports), **({"fp8": fp8} if fp8 else {})}
 
 
 def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]:
@@ -170,7 +173,23 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
         kwargs.update(cpu_seeded_scheduling(rollout_cfg.max_model_len))
     if getattr(rollout_cfg, "block_size", 0):  # prefix caching reuses whole blocks of this many tokens
         kwargs["block_size"] = rollout_cfg.block_size
+    kwargs.update(fp8_kwargs(rollout_cfg))
     return kwargs
+
+
+def fp8_kwargs(rollout_cfg) -> dict[str, Any]:
+    """vLLM's FP8 arguments: rollout.quantization=fp8 -> quantization="fp8_per_tensor" (online per-tensor FP8
+    of the linear layers from the 16-bit weights; vLLM 0.32 keeps `"fp8"` for FP8 checkpoints), and
+    rollout.kv_cache_dtype=fp8 -> kv_cache_dtype="fp8". {} without them (load-time checks:
+    orchestrator/config/fp8_rollout.py)."""
+    from orchestrator.config.fp8_rollout import VLLM_QUANTIZATION
+
+    out: dict[str, Any] = {}
+    if getattr(rollout_cfg, "quantization", "none") != "none":
+        out["quantization"] = VLLM_QUANTIZATION[rollout_cfg.quantization]
+    if getattr(rollout_cfg, "kv_cache_dtype", "auto") != "auto":
+        out["kv_cache_dtype"] = rollout_cfg.kv_cache_dtype
+    return out
 
 
 def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import torch
 
 from actors.weight_sync import base
 from actors.weight_sync.base import WeightReceiver
+from actors.weight_sync.fp8_resident import FP8Verifier, online_fp8_layers
 from orchestrator.weight_sync.checksum import add_checksum, checksum_group, group_checksums
 from orchestrator.weight_sync.registry import StrategyEntry, get
 
@@ -45,6 +46,7 @@ class WeightReceiverExtension:
     _fault_next_load: bool = False
     _hang_next_load_s: float = 0.0
     _fault_after_load: float = 0.0  # tests: scale one layer's resident weights right after the next load
+    _fp8: Optional[FP8Verifier] = None  # FP8 engines: what each sync's re-quantisation gave (fp8_resident.py)
 
     def weight_sync(self, strategy: StrategyEntry | str, method: str, *args) -> Any:
         """Run `method` of `strategy`'s receiver (a registry entry, or a registered name): "connect"
@@ -69,6 +71,11 @@ class WeightReceiverExtension:
             time.sleep(self._hang_next_load_s)
             self._hang_next_load_s = 0.0
         device = next(self.model_runner.get_model().parameters()).device
+        if self._fp8 is None and online_fp8_layers(self.model_runner.get_model()):
+            self._fp8 = FP8Verifier()
+            self._fp8.install(self.model_runner.get_model())
+        if self._fp8 is not None:
+            self._fp8.begin()
         checks: dict = {}
         digests: Optional[dict] = {} if self._digests is not None else None
 
@@ -112,10 +119,13 @@ class WeightReceiverExtension:
             method.process_weights_after_loading(head)
 
     def weight_checksums(self) -> dict:
-        """{"version", "groups": {group: [sum, sumsq, numel]}, "packed_groups": [...]}.
+        """{"version", "groups": {group: [sum, sumsq, numel]}, "packed_groups": [...]}, and for an FP8 engine
+        "fp8": {"layers", "errors"} (orchestrator/weight_sync/fp8_check.py).
 
         Resident parameters are read back; groups with a parameter packed away by the backend
-        (numel 0) report the checksums of the values loaded into them for this version, or are
+        (numel 0), and the groups of FP8 layers (whose resident FP8 weights and scales are checked against the
+        re-quantisation of the loaded weights instead), report the checksums of the values loaded into them for
+        this version, or are
         left out before the first sync (nothing was loaded through us yet). Under tensor parallelism
         (tp_size > 1) every parameter is a shard or a replica, so every group reports the checksums of the
         full tensors this worker's loader consumed (`verified_on: "load"`); the engine checks that all its
@@ -125,12 +135,17 @@ class WeightReceiverExtension:
         report = {"version": self.weight_version, "tp_rank": tp_rank, "shadow_version": None}
         for receiver in (self._receivers or {}).values():
             report.update(receiver.report())
+        fp8 = set()
+        if self._fp8 is not None:  # FP8 layers: the stream's checksums, and the re-quantisation check
+            model = self.model_runner.get_model()
+            report["fp8"] = self._fp8.report(model)
+            fp8 = {checksum_group(f"{n}.weight") for n in online_fp8_layers(model)}
         if tp_size > 1:  # every resident tensor is a shard: report the full tensors the loader consumed
             loaded = dict(self._loaded_checksums)
             return {**report, "groups": loaded, "packed_groups": sorted(loaded), "verified_on": "load"}
         # remove_duplicate=False: a tied output head is listed (and checked) under its own name too
         params = list(self.model_runner.get_model().named_parameters(remove_duplicate=False))
-        packed = {checksum_group(n) for n, p in params if p.numel() == 0}
+        packed = {checksum_group(n) for n, p in params if p.numel() == 0} | fp8
         groups = group_checksums((n, p) for n, p in params if checksum_group(n) not in packed)
         for g in packed:
             if g in self._loaded_checksums:
@@ -158,6 +173,13 @@ class WeightReceiverExtension:
         """After the next load (whose stream and checksums are right), `corrupt_resident_weights(scale)`
         (tests: the logprob probe must catch what the checksums cannot)."""
         self._fault_after_load = float(scale)
+
+    def corrupt_fp8_scale(self, factor: float = 2.0) -> str:
+        """Multiply the first online-FP8 layer's resident weight scale by `factor` after a verified load (tests:
+        the FP8 check must catch it). Returns the layer's name; raises StopIteration without FP8 layers."""
+        name, layer = next(iter(online_fp8_layers(self.model_runner.get_model()).items()))
+        layer.weight_scale.data.mul_(factor)
+        return name
 
     def corrupt_resident_weights(self, scale: float = 2.0, layer: str = "") -> dict:
         """Make one linear layer compute with its weight times `scale`, bypassing the weight stream and leaving

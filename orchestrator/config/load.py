@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
+from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
 from orchestrator.config.precision import check_precision
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
@@ -28,7 +29,7 @@ from orchestrator.config.source_reward import check_source_rewards
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
-from orchestrator.config.unbuilt import check_context_parallel, refuse_unbuilt  # noqa: I001 (own line: merges)
+from orchestrator.config.unbuilt import check_context_parallel  # noqa: I001 (own line: merges)
 
 
 class ConfigError(ValueError):
@@ -71,8 +72,9 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         raise ConfigError(_describe(e) if isinstance(e, OmegaConfBaseException) else str(e)) from None
     validate(merged)
     if not plan_only:
-        _run(refuse_unbuilt, merged)
         _run(check_precision, merged)  # trainer.precision=fp8: torchao, no LoRA, the GPU's FP8 support
+        _run(check_fp8_rollout, merged)  # rollout.quantization / kv_cache_dtype=fp8: CUDA, a 16-bit engine
+        log_fp8_correction(merged, set_keys(layers, CORRECTION_KEYS))  # FP8 rollouts: the correction, logged
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
 

@@ -47,7 +47,7 @@ class RolloutConfig:
     max_new_tokens: int = number(64, gt=0)
     # vLLM engine
     dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16
-    # FP8 rollouts (planned by `rl-orch plan memory` only; a run refuses them: the engine support is not built yet)
+    # FP8 rollouts: CUDA engines only (orchestrator/config/fp8_rollout.py; planned by `rl-orch plan memory` too)
     quantization: str = choice("none", ("none", "fp8"))  # fp8: vLLM's FP8 weights for the linear layers
     kv_cache_dtype: str = choice("auto", ("auto", "fp8"))  # auto: the engine dtype; fp8: 1-byte keys and values
     enforce_eager: bool = True

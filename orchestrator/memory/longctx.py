@@ -118,12 +118,6 @@ def long_context_candidates(run) -> list:
     return out
 
 
-def not_built(after) -> list:
-    """The long-context features of a planned RunShape that rl-orch's trainer or engines do not run yet (context
-    parallelism and FP8 training run: actors/trainer/context_parallel.py, actors/trainer/fp8.py)."""
-    return ["FP8 rollouts"] if after.engine_fp8 or after.kv_cache_bytes == 1 else []
-
-
 def long_context_fields(cfg) -> dict:
     """RunShape fields of a run config's long-context keys: trainer.context_parallel_size,
     rollout.quantization and rollout.kv_cache_dtype (trainer.precision passes through as it is)."""

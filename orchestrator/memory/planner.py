@@ -228,10 +228,9 @@ def _candidates(run: RunShape) -> list:
 
 def _not_yet(run: RunShape, changes: dict) -> str:
     """A note when a change needs what rl-orch's trainer or engines cannot do yet (the plan is still right
-    for systems that can: FSDP CPU offload)."""
+    for systems that can: FSDP CPU offload; every long-sequence remedy of longctx.py runs)."""
     after = dataclasses.replace(run, **changes)
     missing = [what for what, on in (("CPU offload", after.offload),) if on]
-    missing += [what for what in longctx.not_built(after) if what not in longctx.not_built(run)]
     return f" [not in rl-orch yet: {', '.join(missing)}]" if missing else ""
 
 

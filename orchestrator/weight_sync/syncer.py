@@ -32,6 +32,7 @@ import ray
 from actors.weight_sync.base import SyncContext, WeightSender
 from orchestrator.faults import EnginesLost, describe, is_actor_lost
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
+from orchestrator.weight_sync.fp8_check import check_fp8_report
 from orchestrator.weight_sync.probe import ProbeMismatchError, compare_probe, probe_due, tolerance_for
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
@@ -215,6 +216,7 @@ class WeightSyncer:
                 raise WeightMismatchError(f"rollout worker {i} reports weight version {rep['version']}, expected {version}")
             if self.ws.verify:
                 compare_checksums(meta["groups"], rep["groups"], where=f"rollout worker {i}")
+                check_fp8_report(rep, where=f"rollout worker {i}")  # FP8 engines: their re-quantisation
             self.engine_versions[i] = version
 
 

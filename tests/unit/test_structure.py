@@ -20,6 +20,7 @@ ALLOWED_PRIVATE = {
     "model.config._attn_implementation",  # transformers' attention switch (no public setter)
     "getattr(config, '_attn_implementation', None)",  # the same, read
     "getattr(model, '_no_split_modules', None)",  # transformers: the decoder-layer classes FSDP wraps one by one
+    "from vllm import _custom_ops",  # vLLM's kernels (scaled_fp8_quant) have no other name; its own layers use it
 }
 
 
@@ -54,7 +55,8 @@ def test_no_module_reaches_into_private_state():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):  # `from x import _y`: another module's private name
                 bad += [f"{path.relative_to(ROOT)}:{node.lineno} from {node.module} import {a.name}"
-                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                        for a in node.names if a.name.startswith("_") and not a.name.startswith("__")
+                        and f"from {node.module} import {a.name}" not in ALLOWED_PRIVATE]
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr") \
                     and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
                     and str(node.args[1].value).startswith("_") and not str(node.args[1].value).startswith("__") \
