@@ -81,7 +81,7 @@ class ValueModel(torch.nn.Module):
 
 
 class Critic:
-    """Owns the value model, its optimizer and LR schedule. All methods run in one process.
+    """Owns the value model, its optimizer and LR schedule, in one process (the data-parallel hooks: identities).
 
     Args:
         model_path: the policy's HF folder (its base model is the critic's body).
@@ -310,4 +310,4 @@ def merge_values(n: int, parts: list[dict[int, list[float]]]) -> list[list[float
 
 @ray.remote
 class CriticActor(Critic):
-    """Ray actor over `Critic` (one per job, in its own placement bundle: orchestrator/placement/plan.py)."""
+    """Ray actor over `Critic` (critic.num_workers=1: one per job, in its own placement bundle: orchestrator/placement/plan.py)."""

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
+from orchestrator.config.critic import check_critic
 from orchestrator.config.fields import check_fields
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
@@ -156,6 +157,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"trainer.mini_batches={cfg.trainer.mini_batches} must divide the global batch "
                           f"rollout.n * rollout.prompts_per_step = {batch}")
     _check_data_parallel(cfg, batch // cfg.trainer.mini_batches)
+    _run(check_critic, cfg)  # critic.num_workers divides the batch (orchestrator/config/critic.py)
     if not cfg.reward.functions:
         raise ConfigError("reward.functions is empty; give at least one {name, weight}")
     _check_reward_functions(cfg)

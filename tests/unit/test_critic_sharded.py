@@ -1,4 +1,4 @@
-"""The FSDP2-sharded critic (actors/critic_sharded.py) over 2 gloo ranks (torch.multiprocessing.spawn, no Ray) equals
+"""The FSDP2-sharded critic (actors/critic_sharded.py) over 2 gloo ranks (forked processes, no Ray) equals
 the single-process critic (actors/critic.py) on the same batches: values, loss, metrics, grad norm, updated
 weights; checkpoints cross both ways (a sharded one loads into a single critic, a single one into the ranks) and
 the update after the load equals the single critic's (the AdamW state came across). 7 samples over 2 ranks in
@@ -77,7 +77,10 @@ def runs(tmp_path_factory):
     single.save(str(path / "single_ckpt"))
     ref["m2"] = single.update(*_batch(2))
     ref["full"] = {k: v.detach().clone() for k, v in single.model.state_dict().items()}
-    mp.spawn(_rank, args=(f"file://{path}/rendezvous", model, str(path)), nprocs=D, join=True)
+    # fork: the ranks inherit this process's imports (a spawned one re-imports torch, transformers and the
+    # trainer: ~8 s of CPU each); the parent never joined a process group and runs torch on one thread
+    mp.start_processes(_rank, args=(f"file://{path}/rendezvous", model, str(path)), nprocs=D, join=True,
+                       start_method="fork")
     ranks = [torch.load(path / f"rank{r}.pt", weights_only=False) for r in range(D)]
     return SimpleNamespace(path=path, model=model, ref=ref, ranks=ranks)
 
