@@ -157,7 +157,6 @@ def validate(cfg) -> None:
         raise ConfigError(f"trainer.mini_batches={cfg.trainer.mini_batches} must divide the global batch "
                           f"rollout.n * rollout.prompts_per_step = {batch}")
     _check_data_parallel(cfg, batch // cfg.trainer.mini_batches)
-    _run(check_critic, cfg)  # critic.num_workers divides the batch (orchestrator/config/critic.py)
     if not cfg.reward.functions:
         raise ConfigError("reward.functions is empty; give at least one {name, weight}")
     _check_reward_functions(cfg)
@@ -290,7 +289,9 @@ def _check_lora_targets(cfg) -> None:
 def _check_data_parallel(cfg, mini_batch: int) -> None:
     """trainer.num_workers (D, FSDP2 ranks) >= 1; with D > 1 every mini-batch splits evenly over the ranks
     (each rank takes an equal share; with packing, ranks whose shards pack into fewer rows run empty
-    micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py)."""
+    micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py). The same for the PPO critic's
+    ranks, critic.num_workers, over the whole batch (orchestrator/config/critic.py)."""
+    _run(check_critic, cfg)
     d = cfg.trainer.num_workers
     if d == 1:
         return
