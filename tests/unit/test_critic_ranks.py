@@ -74,3 +74,11 @@ def test_merge_values_orders_the_ranks_shares_and_names_a_missing_sample():
     assert merge_values(3, [{0: [0.5], 2: [1.0, 2.0]}, {1: [3.0]}]) == [[0.5], [3.0], [1.0, 2.0]]
     with pytest.raises(ValueError, match=r"samples \[1\] of 3"):
         merge_values(3, [{0: [0.5], 2: [1.0]}])
+
+
+def test_plan_memory_cli_takes_the_critic_ranks(capsys):
+    from orchestrator.cli import main
+
+    main(["plan", "memory", "--model", "qwen2.5-7b", "--device-gib", "80", "--trainer-gpus", "8", "--algorithm", "ppo",
+          "--critic-gpus", "2"])
+    assert "critic GPU (x2): critic: 70.85 of 80.00 GiB: fits" in capsys.readouterr().out
