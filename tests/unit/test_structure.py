@@ -20,6 +20,7 @@ ALLOWED_PRIVATE = {
     "model.config._attn_implementation",  # transformers' attention switch (no public setter)
     "getattr(config, '_attn_implementation', None)",  # the same, read
     "getattr(model, '_no_split_modules', None)",  # transformers: the decoder-layer classes FSDP wraps one by one
+    "getattr(body, '_no_split_modules', None)",  # the same, of the PPO critic's decoder body (actors/critic.py)
 }
 
 
