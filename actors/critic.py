@@ -7,12 +7,14 @@ response token t is read at the position that predicts it, i.e. V_t is the value
 as GAE needs (orchestrator/algo/gae.py). Its own AdamW (`critic.lr`, linear warmup `critic.warmup_steps`, then
 constant), gradient clipping, the non-finite update guard of the trainer (actors/trainer/finite.py), the
 clipped value loss of PPO (orchestrator/algo/value_loss.py) aggregated like the policy loss (one normaliser
-for the whole batch, so the update does not depend on `critic.micro_batch_size`). One process (no FSDP
-sharding: `trainer.num_workers > 1` shards the policy only).
+for the whole batch, so the update does not depend on `critic.micro_batch_size`). One process; with
+`critic.num_workers = D > 1` the FSDP2-sharded `ShardedCritic` (actors/critic_sharded.py) overrides the
+data-parallel hooks below (identities here), as the trainer's ranks do.
 
 Checkpoint: `<folder>/value_model.safetensors` (weights) and `<folder>/critic_state.pt` (optimizer, scheduler,
 step; read back with torch's safe loader), written atomically; orchestrator/critic_step.py puts the folder
-at `<checkpoint>/critic/` before the manifest is written.
+at `<checkpoint>/critic/` before the manifest is written. A sharded critic's folder also holds `sharded/`
+(DCP: weights and optimizer state, reshardable) and no optimizer in `critic_state.pt`; `load` reads either.
 """
 from __future__ import annotations
 
@@ -32,9 +34,10 @@ from actors.pinning import pin_from_env_count
 from actors.trainer import finite
 from actors.trainer.forward import (LOSS_MASK, MicroBatch, apply_loss_mask, autocast_context, collate,
                                     response_values, split_micro_batches)
+from actors.trainer.fsdp import SHARDED_DIR, load_sharded
 from actors.trainer.trainer import keep_fused
 from orchestrator.algo import loss_normalizer, lr_multiplier, position_ids_from_attention_mask, response_mask_tensor
-from orchestrator.algo.value_loss import clipped_value_loss, explained_variance
+from orchestrator.algo.value_loss import clipped_value_loss, explained_variance_over
 from orchestrator.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state
 
@@ -50,6 +53,8 @@ class ValueModel(torch.nn.Module):
         self.head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
+        # the decoder-layer classes FSDP2 wraps one by one (actors/trainer/fsdp.py:shard_model)
+        self._no_split_modules = list(getattr(body, "_no_split_modules", None) or [])
 
     @classmethod
     def from_pretrained(cls, model_path: str) -> "ValueModel":
@@ -59,18 +64,24 @@ class ValueModel(torch.nn.Module):
 
     def values(self, mb: MicroBatch, precision: str = "fp32") -> torch.Tensor:
         """Values [b, L-1] float32 in shifted coordinates (position p: the state after input token p), 0 off
-        `mb.mask`. Position ids from the attention mask (case C10); the head runs in fp32."""
+        `mb.mask`. Position ids from the attention mask (case C10); the head runs in fp32. Through `forward`
+        (FSDP2 gathers the root unit's parameters, the head among them, in its forward hooks)."""
         device = self.head.weight.device
-        attn = mb.attention_mask.to(device)
-        with autocast_context(precision):
-            out = self.body(input_ids=mb.input_ids.to(device), attention_mask=attn, use_cache=False,
-                            position_ids=position_ids_from_attention_mask(mb.attention_mask).to(device))
-        v = self.head(out.last_hidden_state[:, :-1].float()).squeeze(-1)
+        v = self(mb.input_ids.to(device), mb.attention_mask.to(device),
+                 position_ids_from_attention_mask(mb.attention_mask).to(device), precision)
         return torch.where(mb.mask.to(device), v, torch.zeros((), dtype=v.dtype, device=device))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                precision: str = "fp32") -> torch.Tensor:
+        """Values [b, L-1] float32 of every position but the last (no mask applied)."""
+        with autocast_context(precision):
+            out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                            position_ids=position_ids)
+        return self.head(out.last_hidden_state[:, :-1].float()).squeeze(-1)
 
 
 class Critic:
-    """Owns the value model, its optimizer and LR schedule. All methods run in one process.
+    """Owns the value model, its optimizer and LR schedule, in one process (the data-parallel hooks: identities).
 
     Args:
         model_path: the policy's HF folder (its base model is the critic's body).
@@ -89,7 +100,7 @@ class Critic:
         self.cfg, self.algo, self.precision = critic_cfg, algo_cfg, precision
         self.max_new_tokens, self.pad_id = max_new_tokens, pad_id
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = ValueModel.from_pretrained(str(model_path)).to(device)
+        self.model = self._prepare_model(ValueModel.from_pretrained(str(model_path)).to(device))
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=critic_cfg.lr,
                                            weight_decay=critic_cfg.weight_decay)
@@ -107,13 +118,25 @@ class Critic:
     def values(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> list[list[float]]:
         """V_t of every response token, [B][len(response_i)] python floats, no gradient, in eval mode, in
         padded micro-batches of `critic.micro_batch_size`. Raises ValueError for an empty prompt or response."""
+        return merge_values(len(prompt_ids), [self.local_values(prompt_ids, response_ids)])
+
+    @torch.no_grad()
+    def local_values(self, prompt_ids: Sequence[Sequence[int]],
+                     response_ids: Sequence[Sequence[int]]) -> dict[int, list[float]]:
+        """`values` of this rank's samples ({index: V [len(response_i)]}; one process: all of them). Collective
+        with D ranks: every rank runs as many forwards (empty ones where its share is shorter)."""
+        mine = self._mine(range(len(prompt_ids)))
+        size = self.cfg.micro_batch_size
+        chunks = [mine[s:s + size] for s in range(0, len(mine), size)]
+        empty = self._empty_micro_batches(len(chunks))  # collective, before any forward
         self.model.eval()
         try:
-            out: list[list[float]] = []
-            for s in range(0, len(prompt_ids), self.cfg.micro_batch_size):
-                mb = collate(prompt_ids[s:s + self.cfg.micro_batch_size], response_ids[s:s + self.cfg.micro_batch_size],
-                             pad_id=self.pad_id)
-                out.extend(response_values(self.model.values(mb, self.precision), mb))
+            out: dict[int, list[float]] = {}
+            for part in chunks:
+                mb = collate([prompt_ids[i] for i in part], [response_ids[i] for i in part], pad_id=self.pad_id)
+                out.update(zip(part, response_values(self.model.values(mb, self.precision), mb)))
+            for _ in range(empty):
+                self.model.values(self._dummy_micro_batch(), self.precision)
             return out
         finally:
             self.model.train()
@@ -131,12 +154,14 @@ class Critic:
         """
         t0 = time.perf_counter()
         mask = response_mask_tensor(response_ids, response_mask)
-        norm = loss_normalizer(mask, self.algo.loss_agg, max_response_len=self.max_new_tokens)
+        norm = loss_normalizer(mask, self.algo.loss_agg, max_response_len=self.max_new_tokens,
+                               dp_size=self.dp_size)  # over the whole batch: D ranks' gradients are averaged
         per_token = {"ret": returns, "old": old_values}
         if response_mask is not None:
             per_token[LOSS_MASK] = response_mask
-        groups, _ = split_micro_batches([len(p) + len(r) for p, r in zip(prompt_ids, response_ids)],
-                                        self.cfg.micro_batch_size)
+        mine = self._mine(range(len(prompt_ids)))  # this rank's samples (all of them with one process)
+        groups = [[mine[j] for j in g] for g in split_micro_batches(
+            [len(prompt_ids[i]) + len(response_ids[i]) for i in mine], self.cfg.micro_batch_size)[0]] if mine else []
         rows: list[dict[str, float]] = []
         for epoch in range(self.cfg.updates_per_step):
             rows.append(self._one_update(prompt_ids, response_ids, per_token, groups, norm, explain=epoch == 0))
@@ -150,8 +175,10 @@ class Critic:
     def _one_update(self, prompt_ids, response_ids, per_token: dict, groups: list[list[int]], norm: float,
                     explain: bool) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"critic/value_loss": 0.0, "critic/vf_clip_frac": 0.0, "critic/values_mean": 0.0}
-        tokens, loss_total, seen = 0.0, 0.0, ([], [])
+        keys = ("critic/value_loss", "critic/vf_clip_frac", "critic/values_mean")
+        sums = dict.fromkeys((*keys, "tokens", "loss", "nonfinite"), 0.0)
+        seen: tuple[list, list] = ([], [])
+        empty = self._empty_micro_batches(len(groups))  # collective, before any forward
         for pos in groups:
             mb = collate([prompt_ids[i] for i in pos], [response_ids[i] for i in pos],
                          {k: [v[i] for i in pos] for k, v in per_token.items()}, self.pad_id)
@@ -161,31 +188,65 @@ class Critic:
             ret, old, m = mb.values["ret"].to(dev), mb.values["old"].to(dev), mb.mask.to(dev)
             loss, metrics = clipped_value_loss(v, old, ret, m, self.algo.value_clip, self.algo.loss_agg, norm,
                                                self.max_new_tokens)
-            loss.backward()
+            loss.backward()  # also when not finite: D ranks join every backward; the update is then skipped
             n = metrics["critic/tokens"]
-            for k in sums:
+            for k in keys:
                 sums[k] += metrics[k] * n
-            tokens, loss_total = tokens + n, loss_total + float(loss.detach())
+            sums["tokens"] += n
+            sums["loss"] += float(loss.detach())
+            sums["nonfinite"] += 0.0 if math.isfinite(float(loss.detach())) else 1.0
             if explain:
                 seen[0].append(v.detach()[m])
                 seen[1].append(ret[m])
-        out = {k: s / max(tokens, 1.0) for k, s in sums.items()}
-        out["critic/loss"] = loss_total
+        for _ in range(empty):  # D ranks run as many forward/backward passes
+            (self.model.values(self._dummy_micro_batch(), self.precision).sum() * 0.0).backward()
+        sums = self._reduce_sums(sums)  # summed over the ranks
+        out = {k: sums[k] / max(sums["tokens"], 1.0) for k in keys}
+        out["critic/loss"] = sums["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         if explain:
-            vals, rets = torch.cat(seen[0]), torch.cat(seen[1])
-            out["critic/explained_var"] = explained_variance(vals[None], rets[None], torch.ones_like(vals[None]))
+            vals, rets = (torch.cat(x) if x else torch.zeros(0) for x in seen)
+            out["critic/explained_var"] = explained_variance_over(vals, rets, self._all_sum)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         out["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
         out["critic/lr"] = self.scheduler.get_last_lr()[0]
-        reason, _ = finite.guarded_step(self.optimizer, math.isfinite(loss_total), out["critic/grad_norm"], max_norm)
+        reason, _ = finite.guarded_step(self.optimizer, sums["nonfinite"] == 0, out["critic/grad_norm"], max_norm,
+                                        self._all_max)
         if reason is None:
             self.scheduler.step()
             self.step += 1
         else:
             self.optimizer.zero_grad(set_to_none=True)
-            print(f"critic: update skipped at optimizer step {self.step}: non-finite {reason}", flush=True)
+            if self.rank == 0:
+                print(f"critic: update skipped at optimizer step {self.step}: non-finite {reason}", flush=True)
         out["critic/skipped_updates"] = float(reason is not None)
         return out
+
+    # ---- data-parallel hooks: identities for one process; ShardedCritic (actors/critic_sharded.py) overrides them --
+    rank, dp_size = 0, 1
+
+    def _prepare_model(self, model: ValueModel) -> ValueModel:
+        return model
+
+    def _mine(self, indices) -> list[int]:
+        """This rank's sample indices of a batch (all of them with one process)."""
+        return list(indices)
+
+    def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def _all_sum(self, values: list[float]) -> list[float]:
+        return values
+
+    def _all_max(self, values: list[float]) -> list[float]:
+        return values
+
+    def _empty_micro_batches(self, count: int) -> int:
+        """How many empty micro-batches to run after this rank's `count` real ones; 0 with one process."""
+        return 0
+
+    def _dummy_micro_batch(self) -> MicroBatch:
+        """One [1, 2] row of pad ids (the empty micro-batch of a rank with a shorter share)."""
+        return collate([[self.pad_id]], [[self.pad_id]], pad_id=self.pad_id)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def save(self, folder: str) -> str:
@@ -207,14 +268,21 @@ class Critic:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder / name}: missing (the checkpoint holds no critic; "
                                         "algo.estimator=gae resumes only from a checkpoint of a gae run)")
-        device = self.head_device()
-        self.model.load_state_dict({k: v.to(device) for k, v in load_file(str(folder / WEIGHTS_FILE)).items()})
         state = load_trainer_state(folder / STATE_FILE)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if (folder / SHARDED_DIR).is_dir():  # a sharded critic's (any D): DCP reshards into this process
+            load_sharded(self.model, self.optimizer, folder / SHARDED_DIR)
+        else:
+            self._load_full(load_file(str(folder / WEIGHTS_FILE)), state["optimizer"])
         keep_fused(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         return self.step
+
+    def _load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
+        """Full weights and a single process's optimizer state dict (an unsharded checkpoint) into the model."""
+        device = self.head_device()
+        self.model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+        self.optimizer.load_state_dict(optimizer_state)
 
     def head_device(self) -> torch.device:
         return self.model.head.weight.device
@@ -227,6 +295,19 @@ class Critic:
         return float(sum(p.detach().double().sum() for p in self.model.parameters()))
 
 
+def merge_values(n: int, parts: list[dict[int, list[float]]]) -> list[list[float]]:
+    """The ranks' `local_values` ({index: values}) as one list [n][len_i] in sample order. Raises ValueError
+    when a sample is missing."""
+    out: list = [None] * n
+    for part in parts:
+        for i, v in part.items():
+            out[i] = v
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise ValueError(f"critic values: samples {missing[:8]} of {n} came from no rank")
+    return out
+
+
 @ray.remote
 class CriticActor(Critic):
-    """Ray actor over `Critic` (one per job, in its own placement bundle: orchestrator/placement/plan.py)."""
+    """Ray actor over `Critic` (critic.num_workers=1: one per job, in its own placement bundle: orchestrator/placement/plan.py)."""

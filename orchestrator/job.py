@@ -81,7 +81,8 @@ class Actors:
     trainer_ranks: list = field(default_factory=list)  # all D trainer ranks, rank 0 first
     pgs: list = field(default_factory=list)
     plan: Any = None  # the JobPlan (orchestrator/placement/plan.py)
-    critic: Optional[Any] = None  # PPO's value model (actors/critic.py), when algo.estimator=gae
+    critic: Optional[Any] = None  # PPO's value model (actors/critic.py), when algo.estimator=gae: rank 0 (the leader)
+    critic_ranks: list = field(default_factory=list)  # all C = critic.num_workers critic ranks, rank 0 first
 
     def shutdown(self) -> None:
         try:
@@ -305,13 +306,14 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec, memory_limit_mb=cfg.reward.memory_limit_mb)
-    critic = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else None
-    everyone = [*ranks, *rollout, reward] + ([reference] if reference else []) + ([critic] if critic else [])
+    critics = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else []
+    everyone = [*ranks, *rollout, reward] + ([reference] if reference else []) + critics
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,
-                    critic=critic)
+                    critic=critics[0] if critics else None, critic_ranks=critics)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
-    if len(ranks) > 1:  # the leader fans every call out to ranks 1..D-1
-        ray.get(trainer.set_peers.remote(ranks[1:]))
+    for group in (ranks, critics):  # a leader fans every call out to its ranks 1..D-1
+        if len(group) > 1:
+            ray.get(group[0].set_peers.remote(group[1:]))
     return actors
 
 
@@ -362,10 +364,19 @@ def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
         *args, rank=r, world_size=d, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(d)]
 
 
-def _start_critic(cfg, opts, model_path: str, pad_id: int):
-    """PPO's value model (actors/critic.py) in its own slot: the policy's base model with a value head."""
-    from actors.critic import CriticActor
+def _start_critic(cfg, opts, model_path: str, pad_id: int) -> list:
+    """PPO's value model (the policy's base model with a value head) in its own slot: one CriticActor
+    (actors/critic.py), or C = critic.num_workers ShardedCriticActor ranks (FSDP2, actors/critic_sharded.py), each
+    in its own slot, forming their own torch.distributed group while they start; rank 0 first."""
+    args = (model_path, cfg.critic, cfg.algo, cfg.trainer.precision, cfg.rollout.max_new_tokens, pad_id,
+            cfg.trainer.num_threads, cfg.trainer.seed)
+    c = cfg.critic.num_workers
+    if c == 1:
+        from actors.critic import CriticActor
 
-    return CriticActor.options(**opts("critic")).remote(
-        model_path, cfg.critic, cfg.algo, cfg.trainer.precision, cfg.rollout.max_new_tokens, pad_id,
-        cfg.trainer.num_threads, cfg.trainer.seed)
+        return [CriticActor.options(**opts("critic")).remote(*args)]
+    from actors.critic_sharded import ShardedCriticActor
+
+    group = f"critic-{uuid.uuid4().hex[:12]}"
+    return [ShardedCriticActor.options(**opts("critic", r)).remote(
+        *args, rank=r, world_size=c, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(c)]

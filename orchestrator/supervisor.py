@@ -85,8 +85,10 @@ def probe(actors) -> list[Failure]:
     named += [("reward", "reward actor", actors.reward)]
     if actors.reference is not None:
         named.append(("reference", "reference actor", actors.reference))
-    if getattr(actors, "critic", None) is not None:  # PPO's value model (algo.estimator=gae)
-        named.append(("critic", "critic actor", actors.critic))
+    if getattr(actors, "critic", None) is not None:  # PPO's value model (algo.estimator=gae), every rank
+        critics = getattr(actors, "critic_ranks", None) or [actors.critic]
+        named += [("critic", f"critic rank {r}" if len(critics) > 1 else "critic actor", a)
+                  for r, a in enumerate(critics)]
     refs = [a.ready.remote() for _, _, a in named]
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     done = set(done)

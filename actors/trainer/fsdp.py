@@ -63,6 +63,21 @@ def init_group(rank: int, world_size: int, group_name: str, timeout_s: float) ->
     return backend
 
 
+def join_group(rank: int, world_size: int, group_name: str, timeout_s: float) -> str:
+    """`init_group`, then rank 0 deletes the rendezvous key (every rank has joined). A process already in a
+    default group (torchrun, a test's `torch.multiprocessing.spawn`) keeps it. Returns the backend. Raises as
+    `init_group`, and RuntimeError when the existing group's rank or size differs from `rank` / `world_size`."""
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise RuntimeError(f"rank {rank} of {world_size}: this process is already rank {dist.get_rank()} of "
+                               f"a group of {dist.get_world_size()}")
+        return dist.get_backend()
+    backend = init_group(rank, world_size, group_name, timeout_s)
+    if rank == 0:
+        internal_kv._internal_kv_del(f"rl_orch_fsdp_{group_name}")
+    return backend
+
+
 def shard_model(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
     """`fully_shard` every decoder layer (classes named in the HF model's `_no_split_modules`), then the
     root, over a 1-D mesh of `world_size` ranks on the model's device type. Modifies `model` in place
@@ -111,8 +126,15 @@ def load_unsharded(model, optimizer, folder: Path, peft_model=None) -> None:
     else:
         lora.check_no_adapter(folder)
         src = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32).state_dict()
-    set_model_state_dict(model, src, options=StateDictOptions(full_state_dict=True, strict=False))
     plain = load_trainer_state(folder / "trainer_state.pt")["optimizer"]  # weights_only=True
+    load_full_state(model, optimizer, src, plain)
+
+
+def load_full_state(model, optimizer, weights: dict[str, torch.Tensor], plain: dict) -> None:
+    """Collective: full weights (state-dict names; missing keys keep their values) and a single process's
+    optimizer state dict (`optimizer.state_dict()`, keyed by parameter index) into the sharded model and
+    optimizer. The PPO critic's unsharded checkpoints load through it too (actors/critic_sharded.py)."""
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's parameter order
     by_name = {"state": {names[i]: s for i, s in plain["state"].items()},
                "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in plain["param_groups"]]}

@@ -57,26 +57,24 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from pathlib import Path
 
 import ray
-import ray.experimental.internal_kv as internal_kv
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from actors.trainer import lora
+from actors.trainer import collectives, lora
 from actors.trainer.context_parallel import context_parallel_group, cp_forward_logprobs
 from actors.trainer.forward import batch_logprobs, collate, forward_logprobs
-from actors.trainer.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, init_group, load_sharded, load_unsharded,
+from actors.trainer.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, join_group, load_sharded, load_unsharded,
                                  save_sharded, shard_model)
+from actors.trainer.leader import RankLeader
 from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch
 from orchestrator.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 
-class ShardedTrainer(Trainer):
+class ShardedTrainer(RankLeader, Trainer):
     """One rank of a D-rank FSDP2 trainer; rank 0 (the leader) fans calls out to its peers.
 
     Extra constructor arguments: `rank`, `world_size` (D >= 2), `group_name` (unique per job: the
@@ -99,9 +97,7 @@ class ShardedTrainer(Trainer):
     def _prepare_model(self, model):
         if self.peft is not None:  # the merge of gathered full tensors knows Linear LoRA layers only
             lora.check_linear_only(model)
-        init_group(self.rank, self.dp_size, self._group_name, self.timeout_s)
-        if self.rank == 0:  # every rank has joined: the rendezvous key is no longer needed
-            internal_kv._internal_kv_del(f"rl_orch_fsdp_{self._group_name}")
+        join_group(self.rank, self.dp_size, self._group_name, self.timeout_s)
         if self.cp_size > 1:  # the (dp, cp) mesh; the ring forward replaces the shared-prompt one
             self.cp_group = context_parallel_group(self.dp_size, self.cp_size, next(model.parameters()).device.type)
             self.shared_prefix_on = False
@@ -129,31 +125,23 @@ class ShardedTrainer(Trainer):
         return [idx[j] for j in keep], ([old_lp[j] for j in keep] if old_lp is not None else None)
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
-        keys = sorted(sums)
-        device = next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
-        t = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
         # the c ranks of a context-parallel group compute the same loss and metrics (of the whole micro-batch)
-        out = {k: v / self.cp_size for k, v in zip(keys, t.tolist())}
+        out = {k: v / self.cp_size for k, v in collectives.all_sum_dict(sums, self._device()).items()}
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
 
     def _all_max(self, values: list[float]) -> list[float]:
         """Collective: the element-wise max of `values` over the ranks (NaN wins), so that the update
         guard (actors/trainer/finite.py) decides the same on every rank."""
-        t = torch.tensor(values, dtype=torch.float64, device=next(self.model.parameters()).device)
-        nan = torch.isnan(t).to(torch.float64)
-        both = torch.cat([torch.nan_to_num(t, nan=0.0, posinf=math.inf), nan])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        out, seen = both[: len(values)], both[len(values):]
-        return [math.nan if s > 0 else float(v) for v, s in zip(out.tolist(), seen.tolist())]
+        return collectives.all_max(values, self._device())
 
     def _empty_micro_batches(self, count: int) -> int:
         """Collective (before any micro-batch of a mini-batch): the ranks' largest micro-batch count
         (all-reduce max) minus this rank's `count`; packed shards pack into different row counts."""
-        most = torch.tensor([count], dtype=torch.int64, device=next(self.model.parameters()).device)
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        return int(most) - count
+        return collectives.most(count, self._device()) - count
 
     def _empty_micro_batch(self) -> None:
         """One [1, 2] dummy row (pad ids) through the same forward, loss 0 * sum(logprobs), backward:
@@ -171,27 +159,7 @@ class ShardedTrainer(Trainer):
         full = full_state_dict(self.model)
         return full if self.peft is None else lora.merged_state_dict(self.model, state=full)
 
-    # ---- the leader's entry points (rank 0; the controller and the senders call these) ----------
-    def set_peers(self, peers: list) -> None:
-        """Rank 0 only: the actor handles of ranks 1..D-1, in rank order."""
-        if self.rank != 0 or len(peers) != self.dp_size - 1:
-            raise ValueError(f"set_peers: rank {self.rank} got {len(peers)} peers; "
-                             f"rank 0 takes D-1 = {self.dp_size - 1}")
-        self.peers = list(peers)
-
-    def _fan_out(self, method: str, *args) -> list:
-        if self.rank != 0:
-            raise RuntimeError(f"trainer rank {self.rank}: only rank 0 takes calls from the controller")
-        if len(self.peers) != self.dp_size - 1:
-            raise RuntimeError("ShardedTrainer: rank 0 has no peers yet (orchestrator.job calls set_peers)")
-        return [getattr(p, method).remote(*args) for p in self.peers]
-
-    def _collect(self, refs: list) -> list:
-        try:
-            return ray.get(refs, timeout=self.timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"a trainer rank did not finish within {self.timeout_s:g}s") from None
-
+    # ---- the leader's entry points (rank 0; the controller and the senders call these; RankLeader fans out) --
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """`Trainer.train_step` on all D ranks, each on its shard; returns the global metrics (rank 0's
         copy of the all-reduced sums, plus rank 0's `timing/train_s`)."""

@@ -12,7 +12,7 @@ of the whole global batch, so micro-batches add up to the batch's loss).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -73,3 +73,19 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     if float(var_r) == 0.0:
         return 0.0
     return float(1.0 - (r - v).var(unbiased=False) / var_r)
+
+
+def explained_variance_over(values: Tensor, returns: Tensor, all_sum: Callable[[list], list]) -> float:
+    """`explained_variance` of 1-D `values` and `returns` (the masked tokens) split over data-parallel ranks:
+    `all_sum` adds a list of floats over the ranks (collective; the identity with one process). Two passes
+    (the global means, then the squared deviations from them), float64. 0.0 when fewer than 2 tokens or
+    Var(R) = 0 in all."""
+    r = returns.to(torch.float64)
+    d = r - values.to(torch.float64)
+    n, sum_r, sum_d = all_sum([float(r.numel()), float(r.sum()), float(d.sum())])
+    if n < 2:
+        return 0.0
+    var_r, var_d = all_sum([float(((r - sum_r / n) ** 2).sum()), float(((d - sum_d / n) ** 2).sum())])
+    if var_r == 0.0:
+        return 0.0
+    return 1.0 - var_d / var_r

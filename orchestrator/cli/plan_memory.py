@@ -46,6 +46,8 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=("bf16-autocast", "fp32", "fp8"), default="bf16-autocast",
                    help="trainer precision; fp8: FP8 linear layers (planned only: the trainer lacks it yet)")
     p.add_argument("--trainer-gpus", type=int, default=1, help="D trainer ranks, FSDP / ZeRO-3 shards")
+    p.add_argument("--critic-gpus", type=int, default=0, help="--algorithm ppo: C critic ranks, FSDP shards "
+                   "(critic.num_workers; full fine-tuning); 0 = a critic shaped like the trainer")
     p.add_argument("--context-parallel", type=int, default=1,
                    help="c: ranks each sequence is split over (ring attention; divides --trainer-gpus; planned "
                         "only: the trainer lacks it yet)")
@@ -132,7 +134,7 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
         reward_model=reward, engines=args.engines, engine_tp=args.tp, engine_bytes=DTYPE_BYTES[args.engine_dtype],
         engine_fp8=args.quantization == "fp8", kv_cache_bytes=1 if args.kv_cache_dtype == "fp8" else 0,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_gib=args.kv_cache_gib,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len, critic_ranks=max(0, args.critic_gpus),
         colocated=("rollout", "reference", "critic") if args.colocate else ())
 
 

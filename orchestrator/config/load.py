@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
+from orchestrator.config.critic import check_critic
 from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
 from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
@@ -295,7 +296,9 @@ def _check_lora_targets(cfg) -> None:
 def _check_data_parallel(cfg, mini_batch: int) -> None:
     """trainer.num_workers (D, FSDP2 ranks) >= 1; with D > 1 every mini-batch splits evenly over the ranks
     (each rank takes an equal share; with packing, ranks whose shards pack into fewer rows run empty
-    micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py)."""
+    micro-batches so that FSDP's collectives line up, actors/trainer/sharded.py). The same for the PPO critic's
+    ranks, critic.num_workers, over the whole batch (orchestrator/config/critic.py)."""
+    _run(check_critic, cfg)
     d = cfg.trainer.num_workers
     if d == 1:
         return

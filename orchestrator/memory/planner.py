@@ -208,6 +208,9 @@ def _candidates(run: RunShape) -> list:
         return out + [("engines", f"rollout.num_workers={e}", dict(engines=e)) for e in _halvings(run.engines, 1)]
     out += [("shards", f"trainer.num_workers={run.trainer_ranks * k} (FSDP shards)",
              dict(trainer_ranks=run.trainer_ranks * k)) for k in (2, 4, 8, 16, 32, 64)]
+    if run.algorithm == "ppo" and run.critic_ranks:  # PPO's critic shards like the trainer (actors/critic_sharded.py)
+        out += [("critic-shards", f"critic.num_workers={run.critic_ranks * k} (FSDP shards of the critic)",
+                 dict(critic_ranks=run.critic_ranks * k)) for k in (2, 4, 8, 16)]
     if not run.offload:
         out.append(("offload", "offload weights, grads and optimizer states to host (FSDP2 CPUOffloadPolicy)",
                     dict(offload=True)))

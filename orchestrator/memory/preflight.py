@@ -102,7 +102,7 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
         engine_bytes=DTYPE_BYTES[r.dtype], gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_gib=r.kv_cache_space_gib, max_model_len=r.max_model_len, colocated=_colocated(cfg),
         block_size=int(getattr(r, "block_size", 0) or (16 if _on_gpu(cfg) else 128)),  # 0: vLLM's default
-        critic_ranks=1 if cfg.algo.estimator == "gae" else 0, critic_micro_batch_size=cfg.critic.micro_batch_size)
+        critic_ranks=cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0, critic_micro_batch_size=cfg.critic.micro_batch_size)
 
 
 def plan_for_config(cfg, model_path: str | Path, prompt_len: Optional[int] = None) -> MemoryPlan:

@@ -3,10 +3,10 @@
 Modes (`placement.mode`):
 - disaggregated (and disaggregated_async, which places the same way): one bundle per actor in the job
   group: trainer x D (`trainer_per_worker` each), rollout x R (`rollout_per_worker`), the reference
-  (`reference_per_worker`, when algo.kl_coef > 0), the critic (`critic.per_worker`, when algo.estimator=gae)
-  and the reward actor (`reward_cpus` CPU).
-- colocated: one bundle per device, {resource: 1.0}, max(D, R*t) of them; device d holds trainer rank d,
-  the rollout engine (rank) on it and, on device 0, the reference and the critic; the actors sharing a device each ask
+  (`reference_per_worker`, when algo.kl_coef > 0), the critic x C (`critic.per_worker` each, C =
+  `critic.num_workers`, when algo.estimator=gae) and the reward actor (`reward_cpus` CPU).
+- colocated: one bundle per device, {resource: 1.0}, max(D, R*t, C) of them; device d holds trainer rank d,
+  the rollout engine (rank) on it, critic rank d and, on device 0, the reference; the actors sharing a device each ask
   for an equal fraction of it (1/k, rounded down to Ray's 1e-4 resource grain) and take turns
   (time-slicing: vLLM sleeps while the trainer trains, see orchestrator/placement/modes.py).
 
@@ -126,7 +126,7 @@ def _plan_disaggregated(cfg) -> JobPlan:
                                                          p.rollout_per_worker))
     if cfg.algo.kl_coef > 0:
         add("reference", {p.resource: p.reference_per_worker})
-    if cfg.algo.estimator == "gae":  # PPO's value model (actors/critic.py)
+    for _ in range(cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0):  # PPO's value model, C ranks
         add("critic", {p.resource: cfg.critic.per_worker})
     add("reward", {"CPU": p.reward_cpus})
     _add_env_slots(cfg, job, slots)
@@ -136,9 +136,9 @@ def _plan_disaggregated(cfg) -> JobPlan:
 def _plan_colocated(cfg) -> JobPlan:
     p, t = cfg.placement, cfg.rollout.tensor_parallel_size
     d, r, kl = cfg.trainer.num_workers, cfg.rollout.num_workers, cfg.algo.kl_coef > 0
-    critic = cfg.algo.estimator == "gae"  # PPO's value model shares device 0 (actors/critic.py)
-    n_dev = max(d, r * t)
-    users = [int(i < d) + int(i < r * t) + int(kl and i == 0) + int(critic and i == 0) for i in range(n_dev)]
+    c = cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0  # PPO's critic ranks: rank k on device k
+    n_dev = max(d, r * t, c)
+    users = [int(i < d) + int(i < r * t) + int(kl and i == 0) + int(i < c) for i in range(n_dev)]
     share = [_share(u) for u in users]
     job = GroupPlan("rl-orch-job", [{p.resource: 1.0} for _ in range(n_dev)] + [_clean({"CPU": p.reward_cpus})],
                     p.strategy)
@@ -151,8 +151,8 @@ def _plan_colocated(cfg) -> JobPlan:
                                       min(share[e * t : e * t + t])) for e in range(r)]
     if kl:
         slots["reference"] = [ActorSlot("reference", 0, 0, {p.resource: share[0]})]
-    if critic:
-        slots["critic"] = [ActorSlot("critic", 0, 0, {p.resource: share[0]})]
+    if c:
+        slots["critic"] = [ActorSlot("critic", 0, k, {p.resource: share[k]}) for k in range(c)]
     slots["reward"] = [ActorSlot("reward", 0, n_dev, dict(job.bundles[n_dev]))]
     _add_env_slots(cfg, job, slots)
     return JobPlan(p.mode, [job], slots)

@@ -1,6 +1,8 @@
 """PPO with a value model (algo.estimator=gae) on Ray (local, CPU) with the tiny model and vLLM: two steps train
 the critic beside the policy (its values move off the zero-initialised head), every checkpoint holds its
-`critic/` folder under the manifest, and a resume restores its weights, optimizer and step."""
+`critic/` folder under the manifest, and a resume restores its weights, optimizer and step. The resume runs the
+critic sharded over two ranks (critic.num_workers=2, actors/critic_sharded.py): the single critic's checkpoint
+loads into them, they train a step through rank 0's fan-out and write a sharded `critic/` folder."""
 from __future__ import annotations
 
 import json
@@ -49,8 +51,9 @@ def test_ppo_with_a_critic_trains_checkpoints_and_resumes(ray_local, tiny_model,
     saved = sum(float(t.double().sum()) for t in load_file(ckpt / "critic" / "value_model.safetensors").values())
     assert saved == pytest.approx(trained, rel=1e-9)
 
-    # the same command again: resumes at step 2 (the last step), restores the critic, adds a step
-    second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3"))
+    # the same command again with 2 critic ranks: resumes at step 2 (the last step), restores the critic, adds a step
+    second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "critic.num_workers=2",
+                                 "critic.per_worker=0.25"))
     assert second.resume_from == ckpt
     try:
         second.job.start(second.resume_from)
@@ -61,6 +64,12 @@ def test_ppo_with_a_critic_trains_checkpoints_and_resumes(ray_local, tiny_model,
         second.start_rollouts()
         row, _ = second.step(3)
         assert ray.get(critic.get_step.remote()) == 3 and row["critic/values_mean"] != 0.0
+        assert len(second.actors.critic_ranks) == 2
+        sharded = tmp_path / "sharded_ckpt"
+        second.job.checkpoint(sharded, {"step": 3})
+        assert (sharded / "critic" / "sharded").is_dir() and verify_manifest(sharded) == []
+        saved = sum(float(t.double().sum()) for t in load_file(sharded / "critic" / "value_model.safetensors").values())
+        assert saved == pytest.approx(ray.get(critic.weights_checksum.remote()), rel=1e-9) and saved != trained
     finally:
         second.shutdown()
     assert torch.isfinite(torch.tensor(row["critic/value_loss"]))
