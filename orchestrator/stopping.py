@@ -43,8 +43,13 @@ class RunStopped(Exception):
         return exit_code(self.signum)
 
 
-class StepAbandoned(BaseException):
-    """The step in progress was abandoned (run.stop_grace_s passed after the signal, or a second signal)."""
+class StepAbandoned(KeyboardInterrupt):
+    """The step in progress was abandoned (run.stop_grace_s passed after the signal, or a second signal).
+
+    A KeyboardInterrupt because that is the only exception a signal handler may raise while the main thread waits
+    in `ray.get`: Ray's signal check turns it into an interrupt of the wait (re-raised as a plain
+    KeyboardInterrupt, which `StopOnSignal.__exit__` turns back into this), and drops any other exception, so the
+    grace period and a second signal would not stop a run blocked on a long actor call."""
 
     def __init__(self, signum: int, why: str):
         self.signum = signum
@@ -63,6 +68,7 @@ class StopOnSignal:
     def __init__(self, grace_s: float):
         self.grace_s = grace_s
         self.requested: Optional[int] = None
+        self.abandoned: Optional[StepAbandoned] = None  # set when the step in progress was abandoned
         self._since = 0.0  # monotonic time of the first signal
         self._old: dict = {}
 
@@ -72,17 +78,19 @@ class StopOnSignal:
             self._old[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, _tb) -> None:
         if self._old:
             signal.setitimer(signal.ITIMER_REAL, 0)
         for s, handler in self._old.items():
             signal.signal(s, handler)
         self._old = {}
+        if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, StepAbandoned) and self.abandoned is not None:
+            raise self.abandoned from exc  # ray.get re-raised our abandonment as a plain KeyboardInterrupt
 
     def _on_signal(self, signum, _frame) -> None:
         if self.requested is not None:
             if time.monotonic() - self._since > DUPLICATE_S:
-                raise StepAbandoned(signum, "a second signal")
+                raise self._abandon(signum, "a second signal")
             return
         self.requested, self._since = signum, time.monotonic()
         print(f"{signal.Signals(signum).name}: finishing the current step (at most run.stop_grace_s="
@@ -90,7 +98,11 @@ class StopOnSignal:
         signal.setitimer(signal.ITIMER_REAL, self.grace_s)
 
     def _on_alarm(self, _signum, _frame) -> None:
-        raise StepAbandoned(self.requested or signal.SIGTERM, f"run.stop_grace_s={self.grace_s:g}s passed")
+        raise self._abandon(self.requested or signal.SIGTERM, f"run.stop_grace_s={self.grace_s:g}s passed")
+
+    def _abandon(self, signum: int, why: str) -> StepAbandoned:
+        self.abandoned = StepAbandoned(signum, why)
+        return self.abandoned
 
     def check(self, step: int, checkpoint: Optional[str], save: Optional[Callable[[int], str]]) -> None:
         """After step `step` (which wrote `checkpoint`, or None): when a signal arrived, write a checkpoint with

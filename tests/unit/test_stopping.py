@@ -53,6 +53,39 @@ def test_a_step_past_the_grace_or_a_second_signal_is_abandoned():
         time.sleep(5)
 
 
+def _ray_like_get(seconds: float) -> None:
+    """What ray.get does with a signal handler's exception while it waits (Ray's check_signals in _raylet.pyx):
+    a KeyboardInterrupt interrupts the wait and is raised again as a new, plain KeyboardInterrupt; any other
+    exception is dropped and the wait goes on."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)  # the handlers run here, as in Ray's periodic PyErr_CheckSignals
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None
+        except BaseException:  # noqa: BLE001 - dropped, as Ray's cdef check does
+            pass
+
+
+def test_the_grace_and_a_second_signal_stop_a_run_blocked_in_ray_get():
+    # the step's actor call outlives the grace: the abandonment must get out of ray.get (a KeyboardInterrupt)
+    # and reach the controller as StepAbandoned with SIGTERM's exit code
+    with pytest.raises(StepAbandoned, match="run.stop_grace_s=0.2s passed") as info, StopOnSignal(0.2):
+        os.kill(os.getpid(), signal.SIGTERM)
+        _ray_like_get(10)
+    assert isinstance(info.value, KeyboardInterrupt) and info.value.exit_code == 143
+    t0 = time.monotonic()
+    with pytest.raises(StepAbandoned, match="a second signal") as info, StopOnSignal(30.0):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(DUPLICATE_S + 0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        _ray_like_get(10)
+    assert info.value.exit_code == 143 and time.monotonic() - t0 < 8
+    with pytest.raises(KeyboardInterrupt) as info, StopOnSignal(30.0):  # a KeyboardInterrupt of our own stays one
+        raise KeyboardInterrupt()
+    assert not isinstance(info.value, StepAbandoned)
+
+
 CHILD = """
 import os, subprocess, sys, time
 g = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
