@@ -261,7 +261,11 @@ def _check_env(cfg) -> None:
         # may be heavy)
         if cfg.env.name in BUILTIN_ENVS or cfg.env.name.startswith(GYM_PREFIX):
             try:
-                make_env(cfg.env.name, OmegaConf.to_container(cfg.env.kwargs, resolve=True), "env.name")
+                env = make_env(cfg.env.name, OmegaConf.to_container(cfg.env.kwargs, resolve=True), "env.name")
+                need = getattr(env, "min_step_timeout_s", 0.0)  # e.g. the python tool's sandbox wall_s
+                if cfg.env.step_timeout_s <= need:
+                    raise ValueError(f"env.step_timeout_s={cfg.env.step_timeout_s:g} must exceed {need:g}s, what one "
+                                     f"call of env.name={cfg.env.name!r} may take under its env.kwargs limits")
             except (ValueError, TypeError, KeyError) as e:
                 raise ValueError(str(e) if str(e).startswith("env.") else f"env.kwargs (env.name={cfg.env.name!r}): {e}") from None
         elif cfg.env.name:

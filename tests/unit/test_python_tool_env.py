@@ -74,3 +74,15 @@ def test_python_tool_through_the_agent_loop_and_chat_template():
     assert t.stop_reason == "done" and t.num_turns == 2 and t.turn_rewards == [0.0, 1.0]
     observation = [tid for tid, mask in zip(t.response_ids, t.loss_mask) if not mask]
     assert tok.decode(observation) == "\n<|im_start|>tool\n2\n[exit code 0]<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_config_checks_of_the_python_tool_and_gymnasium_kwargs():
+    from orchestrator.config import load_config
+    from orchestrator.config.load import ConfigError
+
+    with pytest.raises(ConfigError, match=r"env.step_timeout_s=10 must exceed 30s, what one call of env.name='python'"):
+        load_config("configs/grpo_code_cpu.yaml", ["env.name=python", "env.kwargs.wall_s=30", "env.step_timeout_s=10"])
+    with pytest.raises(ConfigError, match=r"env.kwargs.max_output_chars=10: need >= 80"):
+        load_config("configs/grpo_code_cpu.yaml", ["env.name=python", "env.kwargs.max_output_chars=10"])
+    with pytest.raises(ConfigError, match=r"env.kwargs.invalid_reward='nan': must be a finite number"):
+        load_config("configs/grpo_frozenlake_cpu.yaml", ["env.kwargs.invalid_reward=nan"])

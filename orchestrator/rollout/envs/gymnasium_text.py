@@ -19,6 +19,7 @@ a non-discrete action space or `actions` of the wrong length. The config load bu
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional
 
@@ -78,6 +79,8 @@ class GymnasiumTextEnv:
         self.n, self.actions = int(space.n), [str(a) for a in (actions or [])]
         if self.actions and len(self.actions) != self.n:
             raise ValueError(f"env.kwargs.actions={self.actions}: {self.env_id} has {self.n} actions")
+        if not math.isfinite(float(invalid_reward)):
+            raise ValueError(f"env.kwargs.invalid_reward={invalid_reward!r}: must be a finite number")
         self.intro, self.invalid_reward = intro, float(invalid_reward)
 
     def _text(self, observation) -> str:

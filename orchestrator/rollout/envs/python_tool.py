@@ -70,14 +70,16 @@ class PythonToolEnv(ToolEnv):
     def __init__(self, reward_fn: str = "code_tests", max_tool_calls: int = 3, max_output_chars: int = 2000,
                  cpu_s: float = 2.0, wall_s: float = 5.0, memory_mb: int = 512,
                  system_prompt: str = "Solve the task. You may run Python code first.", tool_format: str = "hermes"):
-        if max_tool_calls < 0 or max_output_chars < 80:
-            raise ValueError(f"env.kwargs: max_tool_calls={max_tool_calls} (need >= 0), "
-                             f"max_output_chars={max_output_chars} (need >= 80)")
+        if max_tool_calls < 0:
+            raise ValueError(f"env.kwargs.max_tool_calls={max_tool_calls}: need >= 0")
+        if max_output_chars < 80:
+            raise ValueError(f"env.kwargs.max_output_chars={max_output_chars}: need >= 80")
         self.reward = resolve_reward_fn(reward_fn)
         self.limits = SandboxLimits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
                                     output_bytes=max(4 * max_output_chars, 4096))
         super().__init__(PYTHON_TOOL, max_tool_calls, system_prompt, tool_format)
         self.max_output_chars = max_output_chars
+        self.min_step_timeout_s = float(wall_s)  # one call's wall limit: env.step_timeout_s must exceed it (load.py)
 
     def score(self, action: str) -> float:
         return float(self.reward([action], [self.answer])[0])
