@@ -54,11 +54,13 @@ class MultiTurnRollout:
     Args:
         engine: a `VLLMEngine` (in this process).
         tokenizer: the policy's transformers tokenizer (with a chat template).
+        end_ids: the ids that end an assistant turn (orchestrator/rollout/chat_render.py end_of_turn_ids).
         env_actors: `.options(...)` of this worker's env actors (env.placement=actor), see actors/env_actor.py.
     """
 
-    def __init__(self, engine, tokenizer, env_actors: list | None = None):
+    def __init__(self, engine, tokenizer, env_actors: list | None = None, end_ids: list | None = None):
         self.engine, self.tokenizer, self.env_actors = engine, tokenizer, list(env_actors or [])
+        self.end_ids = end_ids  # the ids that end a turn (chat_render.end_of_turn_ids); None = the tokenizer's eos
         self.batcher = ContinuousBatcher(engine)
         self._env_key: tuple | None = None
         self.runner: EnvRunner | None = None  # or an ActorEnvRunner (env.placement=actor)
@@ -71,7 +73,7 @@ class MultiTurnRollout:
             return
         if hasattr(self.runner, "shutdown"):  # the env actors of the previous settings
             self.runner.shutdown()
-        self.renderer = ChatRenderer(self.tokenizer, env_cfg.get("render_mode", "strict"),
+        self.renderer = ChatRenderer(self.tokenizer, env_cfg.get("render_mode", "strict"), end_of_turn_ids=self.end_ids,
                                      tool_format=env_cfg.get("tool_format", "auto"))
         kwargs = with_tool_format(resolve_env_factory(env_cfg["name"]), dict(env_cfg.get("kwargs") or {}),
                                   self.renderer.tool_format.name)

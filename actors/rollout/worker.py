@@ -59,9 +59,11 @@ class RolloutWorker:
             from transformers import AutoTokenizer
 
             from actors.rollout.multiturn_rollout import MultiTurnRollout
+            from orchestrator.rollout.chat_render import end_of_turn_ids
 
-            self._multiturn = MultiTurnRollout(self.engine, AutoTokenizer.from_pretrained(self.model_path),
-                                               env_actors=self.env_actors)
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            self._multiturn = MultiTurnRollout(self.engine, tokenizer, env_actors=self.env_actors,
+                                               end_ids=end_of_turn_ids(tokenizer, self.model_path))
         return self._multiturn.run(groups, env_cfg, self.max_new_tokens, self.version, worker_id)
 
     def checksums(self) -> dict:

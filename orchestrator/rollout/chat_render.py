@@ -77,6 +77,7 @@ class ChatRenderer:
         self.tool_format: ToolFormat = get_tool_format(tool_format, tokenizer.chat_template)
         eos = tokenizer.eos_token_id if end_of_turn_ids is None else end_of_turn_ids
         self.end_of_turn_ids = set(eos if isinstance(eos, (list, tuple, set)) else [eos]) - {None}
+        self._end_texts = sorted({tokenizer.decode([i], skip_special_tokens=False) for i in self.end_of_turn_ids} - {""})
         special = set(getattr(tokenizer, "all_special_tokens", []) or [])
         self._hidden_tokens = sorted(special - set(self.tool_format.markers), key=len, reverse=True)
         self.template_has_tools = self._template_renders_tools()
@@ -125,9 +126,14 @@ class ChatRenderer:
         generation prompt. Raises ChatTemplatePrefixError when a token boundary merges."""
         full = self.render([_DUMMY_USER, _DUMMY_ASSISTANT] + list(new_messages), add_generation_prompt=True)
         cut = full.find(_MARKER) + len(_MARKER)
-        at = full.find(end_text, cut) if end_text else -1
-        if at >= 0 and not full[cut:at].strip():
-            cut = at + len(end_text)  # the sampled end id is kept; whitespace before it was never sampled
+        # the sampled end id is kept and stands for the template's end token, the same one or another end-of-turn
+        # token (Llama-3.1: a turn the model ended with <|eom_id|> where the template closes with <|eot_id|>);
+        # whitespace before it was never sampled
+        for text in ([end_text] + [t for t in self._end_texts if t != end_text]) if end_text else []:
+            at = full.find(text, cut)
+            if at >= 0 and not full[cut:at].strip():
+                cut = at + len(text)
+                break
         return self.token_delta(full[:cut], full, turn)
 
     def token_delta(self, prefix_text: str, full_text: str, turn: int) -> list:
@@ -221,3 +227,19 @@ def check_template_keeps_history(renderer: ChatRenderer) -> None:
     sampled = renderer.render([user], add_generation_prompt=True) + answer + (renderer.tokenizer.eos_token or "")
     renderer.token_delta(sampled, renderer.render([user, {"role": "assistant", "content": answer},
                                                    {"role": "user", "content": "Q2"}], add_generation_prompt=True), 1)
+
+
+def end_of_turn_ids(tokenizer, model_path=None) -> list:
+    """The ids that end an assistant turn as the engine stops on them: the tokenizer's eos and the model folder's
+    generation_config.json `eos_token_id` (an id or a list; Llama-3.1 lists <|end_of_text|>, <|eom_id|>,
+    <|eot_id|>), which vLLM stops on too. A folder without a generation config gives the tokenizer's eos only."""
+    ids = {tokenizer.eos_token_id} - {None}
+    if model_path is not None:
+        from transformers import GenerationConfig
+
+        try:
+            eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        except (OSError, ValueError):
+            eos = None
+        ids |= set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+    return sorted(ids)

@@ -128,3 +128,25 @@ def test_the_start_up_probe_refuses_strict_exactly_for_the_templates_that_rewrit
         return
     with pytest.raises(ChatTemplatePrefixError, match=r"turn 1: .*Qwen3.*set env.render_mode=incremental"):
         check_template_keeps_history(renderer)
+
+
+def test_a_llama_turn_ended_with_eom_keeps_it_in_place_of_the_templates_eot(tmp_path):
+    # Llama-3.1's generation_config lists <|eom_id|> and <|eot_id|> as ends (vLLM stops on both); a turn the model
+    # ended with <|eom_id|> keeps it, and the template's <|eot_id|> closing that turn is not appended after it
+    from transformers import GenerationConfig
+
+    from orchestrator.rollout.chat_render import end_of_turn_ids
+
+    tok = template_tokenizer("llama3_1")
+    eom, eot = tok.convert_tokens_to_ids("<|eom_id|>"), tok.convert_tokens_to_ids("<|eot_id|>")
+    GenerationConfig(eos_token_id=[eom, eot]).save_pretrained(tmp_path)
+    assert end_of_turn_ids(tok, tmp_path) == sorted({eom, eot}) and end_of_turn_ids(tok, None) == [eot]
+    assert end_of_turn_ids(tok, tmp_path / "no_such_folder") == [eot]
+    reply = [{"role": "user", "content": "Go on."}]
+    sampled = tok("<|python_tag|>x = 1", add_special_tokens=False)["input_ids"] + [eom]
+    for ids, cut_off in ((end_of_turn_ids(tok, tmp_path), False), (None, True)):
+        session = ChatRenderer(tok, "incremental", end_of_turn_ids=ids).start([{"role": "user", "content": "Hi"}])
+        obs = tok.decode(session.observation_ids(session.prompt_ids + sampled, sampled, reply))
+        assert obs.startswith("<|eot_id|>") == cut_off  # eom not an end id: the turn counts as cut off
+        assert obs.endswith("<|start_header_id|>user<|end_header_id|>\n\nGo on.<|eot_id|>"
+                            "<|start_header_id|>assistant<|end_header_id|>\n\n")
