@@ -7,16 +7,13 @@ Marked `gpu`: skipped without CUDA; needs 2 GPUs (NCCL runs one rank per device)
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import ray
 import torch
 
-from actors.trainer.sharded import ShardedTrainerActor
 from actors.trainer.trainer import Trainer
 from tests.integration.conftest import ray_local, tiny_model  # noqa: F401 (fixtures)
-from tests.integration.test_fsdp import _batch, _cfgs
+from tests.integration.test_fsdp import _batch, _cfgs, _ranks, assert_same_sync_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -27,13 +24,8 @@ def test_two_context_parallel_nccl_ranks_give_the_same_update_as_one(ray_local, 
     tc, algo = _cfgs(**over)
     single = Trainer(str(tiny_model), tc, algo, temperature=1.0, max_new_tokens=8)
     tc_cp, _ = _cfgs(**over, context_parallel_size=2)
-    group = f"gpu-cp-{random.getrandbits(40):x}"
-    ranks = [ShardedTrainerActor.options(num_cpus=0.5, num_gpus=1).remote(
-        str(tiny_model), tc_cp, algo, 1.0, 8, 0, rank=r, world_size=2, group_name=group, timeout_s=120.0)
-        for r in range(2)]
+    ranks = _ranks(tiny_model, tc_cp, algo, num_gpus=1)
     try:
-        ray.get([r.ready.remote() for r in ranks])
-        ray.get(ranks[0].set_peers.remote(ranks[1:]))
         batch = _batch()
         want_lp = single.logprobs(batch.prompt_ids, batch.response_ids)
         got_lp = ray.get(ranks[0].logprobs.remote(batch.prompt_ids, batch.response_ids))
@@ -42,10 +34,7 @@ def test_two_context_parallel_nccl_ranks_give_the_same_update_as_one(ray_local, 
         got = ray.get(ranks[0].train_step.remote(batch))
         assert got["actor/loss"] == pytest.approx(want["actor/loss"], rel=1e-4, abs=1e-6)
         assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
-        named, _ = ray.get(ranks[0].weights_for_sync.options(num_returns=2).remote("float32"))
-        ours, _ = single.weights_for_sync("float32")
-        for (name, a), (_, b) in zip(named, ours):
-            torch.testing.assert_close(a, b.cpu(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        assert_same_sync_weights(ranks[0], single, rtol=1e-4, atol=1e-5)
     finally:
         for r in ranks:
             ray.kill(r)

@@ -5,16 +5,13 @@ with `pytest -m gpu tests/gpu/test_fsdp_gpu.py`.
 """
 from __future__ import annotations
 
-import random
-
 import pytest
 import ray
 import torch
 
-from actors.trainer.sharded import ShardedTrainerActor
 from actors.trainer.trainer import Trainer
 from tests.integration.conftest import ray_local, tiny_model  # noqa: F401 (fixtures)
-from tests.integration.test_fsdp import _batch, _cfgs
+from tests.integration.test_fsdp import _batch, _cfgs, _ranks, assert_same_sync_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -23,22 +20,13 @@ pytestmark = pytest.mark.gpu
 def test_two_nccl_ranks_give_the_same_update_as_one(ray_local, tiny_model):  # noqa: F811
     tc, algo = _cfgs(mini_batches=2)
     single = Trainer(str(tiny_model), tc, algo, temperature=1.0, max_new_tokens=8)
-    group = f"gpu-test-{random.getrandbits(40):x}"
-    ranks = [ShardedTrainerActor.options(num_cpus=0.5, num_gpus=1).remote(
-        str(tiny_model), tc, algo, 1.0, 8, 0, rank=r, world_size=2, group_name=group, timeout_s=120.0)
-        for r in range(2)]
+    ranks = _ranks(tiny_model, tc, algo, num_gpus=1)
     try:
-        ray.get([r.ready.remote() for r in ranks])
-        ray.get(ranks[0].set_peers.remote(ranks[1:]))
         want = single.train_step(_batch())
         got = ray.get(ranks[0].train_step.remote(_batch()))
         assert got["actor/loss"] == pytest.approx(want["actor/loss"], rel=1e-4, abs=1e-6)
         assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
-        named, _ = ray.get(ranks[0].weights_for_sync.options(num_returns=2).remote("float32"))
-        ours, _ = single.weights_for_sync("float32")
-        assert [n for n, _ in named] == [n for n, _ in ours]
-        for (name, a), (_, b) in zip(named, ours):
-            torch.testing.assert_close(a, b.cpu(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        assert_same_sync_weights(ranks[0], single, rtol=1e-4, atol=1e-5)
     finally:
         for r in ranks:
             ray.kill(r)

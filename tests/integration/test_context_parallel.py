@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pytest
 import ray
-import torch
 
 from actors.trainer.trainer import Trainer
 from orchestrator.controller import GRPOController
-from tests.integration.test_fsdp import _batch, _cfgs, _grpo_cfg, _ranks
+from tests.integration.test_fsdp import _batch, _cfgs, _grpo_cfg, _ranks, assert_same_sync_weights
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +38,10 @@ def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_mode
         for key in ("actor/loss", "actor/grad_norm", "actor/ratio_mean", "actor/clip_frac", "rollout/mismatch_kl_k1",
                     "rollout/mismatch_ratio_max"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
-        named, _ = ray.get(ranks[0].weights_for_sync.options(num_returns=2).remote("float32"))
-        ours, _ = single.weights_for_sync("float32")
-        assert [n for n, _ in named] == [n for n, _ in ours]
-        for (name, a), (_, b) in zip(named, ours):
-            # atol 1e-5: AdamW's first step lr * m / (sqrt(v) + eps) amplifies float-order noise where |g| ~ eps
-            # (test_fsdp; measured here: 1 of 6.3M weights, an embedding row, 2.0e-6 apart); a wrong update
-            # would be off by ~lr = 1e-3
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        # atol 1e-5: AdamW's first step lr * m / (sqrt(v) + eps) amplifies float-order noise where |g| ~ eps
+        # (test_fsdp; measured here: 1 of 6.3M weights, an embedding row, 2.0e-6 apart); a wrong update
+        # would be off by ~lr = 1e-3
+        assert_same_sync_weights(ranks[0], single, rtol=1e-5, atol=1e-5)
         assert ray.get(ranks[1].get_step.remote()) == 2 == single.step
     finally:
         for r in ranks:

@@ -49,13 +49,22 @@ def _cfgs(**over):
     return tc, OmegaConf.structured(AlgoConfig)
 
 
-def _ranks(model, tc, algo, d: int = 2) -> list:
+def _ranks(model, tc, algo, d: int = 2, num_gpus: int = 0) -> list:
     group = f"test-{random.getrandbits(40):x}"
-    ranks = [ShardedTrainerActor.options(num_cpus=0.5).remote(str(model), tc, algo, 1.0, 8, 0, rank=r, world_size=d,
-                                                              group_name=group, timeout_s=120.0) for r in range(d)]
+    ranks = [ShardedTrainerActor.options(num_cpus=0.5, num_gpus=num_gpus).remote(
+        str(model), tc, algo, 1.0, 8, 0, rank=r, world_size=d, group_name=group, timeout_s=120.0) for r in range(d)]
     ray.get([r.ready.remote() for r in ranks])
     ray.get(ranks[0].set_peers.remote(ranks[1:]))
     return ranks
+
+
+def assert_same_sync_weights(rank, single: Trainer, rtol: float, atol: float) -> None:
+    """Rank 0's full weights for the sync equal `single`'s, name by name, within rtol / atol."""
+    named, _ = ray.get(rank.weights_for_sync.options(num_returns=2).remote("float32"))
+    ours, _ = single.weights_for_sync("float32")
+    assert [n for n, _ in named] == [n for n, _ in ours]
+    for (name, a), (_, b) in zip(named, ours):
+        torch.testing.assert_close(a, b.cpu(), rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def _plain_optimizer_state(trainer: Trainer) -> dict:
