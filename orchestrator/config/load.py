@@ -30,7 +30,7 @@ from orchestrator.config.source_reward import check_source_rewards
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
 from orchestrator.metrics.hparams import env_sourced_keys
-from orchestrator.config.unbuilt import check_context_parallel  # noqa: I001 (own line: merges)
+from orchestrator.config.context_parallel import check_context_parallel  # noqa: I001 (own line: merges)
 
 
 class ConfigError(ValueError):
@@ -39,7 +39,8 @@ class ConfigError(ValueError):
 
 def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = (), plan_only: bool = False) -> Config:
     """Merge defaults, the YAML file at `path` (optional) and `overrides` ("a.b=value" strings). plan_only: the
-    config is only planned (`rl-orch plan memory`), so keys a run cannot use yet are allowed (unbuilt.py).
+    config is only planned (`rl-orch plan memory`), so the checks of what this machine can run (FP8 on its devices,
+    torchao installed: config/precision.py) are skipped.
 
     Returns a resolved, read-only `Config` object (attribute access, typed).
     Raises ConfigError for a missing file, an unknown key, a wrong type or an invalid value.

@@ -134,7 +134,7 @@ def test_allowed_values_are_the_documented_ones() -> None:
     assert CHOICES["algo.estimator"] == ("grpo", "rloo", "dr_grpo", "gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
     assert CHOICES["algo.loss_agg"] == ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     assert CHOICES["trainer.precision"] == ("fp32", "bf16-autocast", "fp8")
-    # every allowed value is accepted (by the planner: a run refuses what is not built yet, config/unbuilt.py)
+    # every allowed value is accepted (by the planner: a run also checks this machine can run it, config/precision.py)
     for key, allowed in CHOICES.items():
         for value in allowed:
             assert str(_get(load_config(CPU_YAML, [f"{key}={value}"], plan_only=True), key)) == value
@@ -265,7 +265,7 @@ def test_a_value_in_place_of_a_section_names_the_section_and_its_keys(override, 
 
 @pytest.mark.parametrize("kwargs, message", [
     ("{wall_s: 0}", r"env.kwargs \(env.name='python'\): SandboxLimits.wall_s=0"),
-    ("{max_tool_calls: -1}", r"env.kwargs: max_tool_calls=-1"),
+    ("{max_tool_calls: -1}", r"env.kwargs.max_tool_calls=-1: need >= 0"),
     ("{reward_fn: nope}", r"unknown reward function 'nope'"),
     ("{no_such_kwarg: 1}", r"env.name='python': cannot build it with env.kwargs"),
 ])

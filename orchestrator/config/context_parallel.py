@@ -1,7 +1,6 @@
-"""Load-time checks of the long-sequence keys (issue 22). Every key `rl-orch plan memory` plans now runs: context
-parallelism (actors/trainer/context_parallel.py), FP8 training (actors/trainer/fp8.py, checked by
-orchestrator/config/precision.py) and FP8 rollouts on CUDA engines (orchestrator/config/fp8_rollout.py), so nothing
-is refused as "not built" any more; what remains here is the context-parallel check.
+"""The load-time check of context parallelism (`trainer.context_parallel_size`, actors/trainer/context_parallel.py).
+The other long-sequence keys are checked by orchestrator/config/precision.py (FP8 training) and
+orchestrator/config/fp8_rollout.py (FP8 rollouts).
 
     check_context_parallel(cfg)      # ValueError: trainer.context_parallel_size must divide trainer.num_workers
 """
