@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from actors.trainer.forward import collate_packed, forward_logprobs  # noqa: E402
 
 
-def _model(layers: int, impl=None):
+def build_model(layers: int, impl=None):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
                       num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
@@ -36,7 +36,7 @@ def _model(layers: int, impl=None):
     return LlamaForCausalLM(cfg)
 
 
-def _row(seq_len: int):
+def packed_row(seq_len: int):
     g = torch.Generator().manual_seed(1)
     half = seq_len // 2  # two sequences of L/2: prompt 64 tokens, response the rest
     ids = [torch.randint(3, 49152, (half,), generator=g).tolist() for _ in range(2)]
@@ -63,8 +63,8 @@ def _measure(fn) -> dict:
 
 
 def _single(args) -> dict:
-    model = _model(args.layers)
-    mb = _row(args.seq_len)
+    model = build_model(args.layers)
+    mb = packed_row(args.seq_len)
 
     def fn(params):
         params.update(p.data_ptr() for p in model.parameters())
@@ -78,8 +78,8 @@ def _rank(rank: int, init: str, args, out: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    model = _model(args.layers, RING_ATTENTION)
-    mb = _row(args.seq_len)
+    model = build_model(args.layers, RING_ATTENTION)
+    mb = packed_row(args.seq_len)
 
     def fn(params):
         params.update(p.data_ptr() for p in model.parameters())
