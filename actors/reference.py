@@ -28,9 +28,7 @@ class Reference:
                  shared_prefix: bool = True, attn_implementation: str = "auto"):
         torch.set_num_threads(num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        impl = attention.resolve_attn_implementation(
-            attn_implementation, on_cuda=torch.cuda.is_available(), packing=micro_batch_tokens is not None,
-            precision=precision, flash_available=attention.flash_attn_available())
+        impl = self._attn_implementation(attn_implementation, micro_batch_tokens is not None, precision)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                           **attention.load_kwargs(impl)).to(device).eval()
         for p in self.model.parameters():
@@ -40,6 +38,12 @@ class Reference:
         self.micro_batch_tokens = micro_batch_tokens
         self.shared_prefix = (shared_prefix and micro_batch_tokens is None and impl != "flash_attention_2"
                               and prefix_share.model_fallback_reason(self.model) is None)
+
+    def _attn_implementation(self, requested: str, packing: bool, precision: str):
+        """The transformers attention to load (actors/trainer/attention.py; the context-parallel reference
+        overrides it with the ring's)."""
+        return attention.resolve_attn_implementation(requested, on_cuda=torch.cuda.is_available(), packing=packing,
+                                                     precision=precision, flash_available=attention.flash_attn_available())
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         if self.shared_prefix:

@@ -83,6 +83,7 @@ class Actors:
     plan: Any = None  # the JobPlan (orchestrator/placement/plan.py)
     critic: Optional[Any] = None  # PPO's value model (actors/critic.py), when algo.estimator=gae: rank 0 (the leader)
     critic_ranks: list = field(default_factory=list)  # all C = critic.num_workers critic ranks, rank 0 first
+    reference_ranks: list = field(default_factory=list)  # the c reference ranks (context parallelism), rank 0 first
 
     def shutdown(self) -> None:
         try:
@@ -285,33 +286,27 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
 
 
 def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
-    from actors.reference import ReferenceActor
     from actors.reward import RewardActor
 
     def opts(role: str, k: int = 0) -> dict:
         return actor_options(plan, pgs, role, k)
 
-    temp = cfg.rollout.temperature
     ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
     trainer = ranks[0]
     rollout = [start_rollout_worker(cfg, plan, pgs, k, model_path, resume_from) for k in range(cfg.rollout.num_workers)]
-    reference = None
-    if cfg.algo.kl_coef > 0:
-        reference = ReferenceActor.options(**opts("reference")).remote(
-            str(model_path), temp, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id, cfg.trainer.num_threads,
-            micro_batch_tokens=cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None,
-            shared_prefix=cfg.trainer.shared_prefix, attn_implementation=cfg.trainer.attn_implementation)
+    references = _start_reference(cfg, opts, str(model_path), pad_id) if cfg.algo.kl_coef > 0 else []
+    reference = references[0] if references else None
     functions = [(f.name, f.weight) for f in cfg.reward.functions]
     rm = cfg.reward.model_path
     rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
     reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
                                                           reward_model=rm_spec, memory_limit_mb=cfg.reward.memory_limit_mb)
     critics = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else []
-    everyone = [*ranks, *rollout, reward] + ([reference] if reference else []) + critics
+    everyone = [*ranks, *rollout, reward, *references, *critics]
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,
-                    critic=critics[0] if critics else None, critic_ranks=critics)
+                    critic=critics[0] if critics else None, critic_ranks=critics, reference_ranks=references)
     ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
-    for group in (ranks, critics):  # a leader fans every call out to its ranks 1..D-1
+    for group in (ranks, critics, references):  # a leader fans every call out to its ranks 1..D-1
         if len(group) > 1:
             ray.get(group[0].set_peers.remote(group[1:]))
     return actors
@@ -380,3 +375,25 @@ def _start_critic(cfg, opts, model_path: str, pad_id: int) -> list:
     group = f"critic-{uuid.uuid4().hex[:12]}"
     return [ShardedCriticActor.options(**opts("critic", r)).remote(
         *args, rank=r, world_size=c, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(c)]
+
+
+def _start_reference(cfg, opts, model_path: str, pad_id: int) -> list:
+    """The reference model (algo.kl_coef > 0) in its slot: one ReferenceActor (actors/reference.py), or with
+    trainer.context_parallel_size = c > 1 c ContextParallelReferenceActor ranks (actors/reference_cp.py) splitting
+    every row as the trainer does, forming their own torch.distributed group while they start; rank 0 first."""
+    packed = cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None
+    args = (model_path, cfg.rollout.temperature, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id,
+            cfg.trainer.num_threads)
+    c = cfg.trainer.context_parallel_size
+    if c == 1:
+        from actors.reference import ReferenceActor
+
+        return [ReferenceActor.options(**opts("reference")).remote(
+            *args, micro_batch_tokens=packed, shared_prefix=cfg.trainer.shared_prefix,
+            attn_implementation=cfg.trainer.attn_implementation)]
+    from actors.reference_cp import ContextParallelReferenceActor
+
+    group = f"reference-{uuid.uuid4().hex[:12]}"
+    return [ContextParallelReferenceActor.options(**opts("reference", r)).remote(
+        *args, micro_batch_tokens=packed, rank=r, world_size=c, group_name=group, timeout_s=cfg.run.phase_timeout_s)
+        for r in range(c)]

@@ -83,8 +83,10 @@ def probe(actors) -> list[Failure]:
     named = [("trainer", f"trainer rank {r}", a) for r, a in enumerate(actors.trainer_ranks or [actors.trainer])]
     named += [("rollout", f"rollout worker {k}", a) for k, a in enumerate(actors.rollout)]
     named += [("reward", "reward actor", actors.reward)]
-    if actors.reference is not None:
-        named.append(("reference", "reference actor", actors.reference))
+    if actors.reference is not None:  # every rank of a context-parallel reference (actors/reference_cp.py)
+        refs = getattr(actors, "reference_ranks", None) or [actors.reference]
+        named += [("reference", f"reference rank {r}" if len(refs) > 1 else "reference actor", a)
+                  for r, a in enumerate(refs)]
     if getattr(actors, "critic", None) is not None:  # PPO's value model (algo.estimator=gae), every rank
         critics = getattr(actors, "critic_ranks", None) or [actors.critic]
         named += [("critic", f"critic rank {r}" if len(critics) > 1 else "critic actor", a)

@@ -210,12 +210,13 @@ def critic_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
     return out
 
 
-def frozen_forward_bytes(model: ModelShape, run: RunShape) -> dict[str, int]:
+def frozen_forward_bytes(model: ModelShape, run: RunShape, split: bool = False) -> dict[str, int]:
     """A frozen copy scoring micro-batches without gradients (reference model, reward model): weights at
     frozen_bytes, the largest transient of a no-grad forward (a few [tokens, intermediate] buffers)
-    and the logits / logsumexp buffers (2 fp32 [N, V]). Whole micro-batches under context parallelism too: the
-    reference (actors/reference.py) and the reward model are one un-split process each."""
-    tokens, scored = micro_batch_tokens(run), scored_tokens(run)
+    and the logits / logsumexp buffers (2 fp32 [N, V]). split: one of c context-parallel ranks (the GRPO
+    reference under trainer.context_parallel_size, actors/reference_cp.py: tokens divide by c, every rank holds
+    all the weights); otherwise whole micro-batches (a reward model, the DPO reference)."""
+    tokens, scored = rank_tokens(run) if split else (micro_batch_tokens(run), scored_tokens(run))
     width = max(model.intermediate, model.moe_intermediate * max(1, model.experts_per_token))
     transient = tokens * (2 * model.hidden + 3 * width) * 4
     return {"weights": model.num_params * run.frozen_bytes, "grads": 0, "optimizer": 0, "activations": transient,

@@ -2,11 +2,11 @@
 
 Modes (`placement.mode`):
 - disaggregated (and disaggregated_async, which places the same way): one bundle per actor in the job
-  group: trainer x D (`trainer_per_worker` each), rollout x R (`rollout_per_worker`), the reference
-  (`reference_per_worker`, when algo.kl_coef > 0), the critic x C (`critic.per_worker` each, C =
+  group: trainer x D (`trainer_per_worker` each), rollout x R (`rollout_per_worker`), the reference x c
+  (`reference_per_worker` each, when algo.kl_coef > 0; c = trainer.context_parallel_size), the critic x C (`critic.per_worker` each, C =
   `critic.num_workers`, when algo.estimator=gae) and the reward actor (`reward_cpus` CPU).
 - colocated: one bundle per device, {resource: 1.0}, max(D, R*t, C) of them; device d holds trainer rank d,
-  the rollout engine (rank) on it, critic rank d and, on device 0, the reference; the actors sharing a device each ask
+  the rollout engine (rank) on it, critic rank d and reference rank d (c of them, usually one); the actors sharing a device each ask
   for an equal fraction of it (1/k, rounded down to Ray's 1e-4 resource grain) and take turns
   (time-slicing: vLLM sleeps while the trainer trains, see orchestrator/placement/modes.py).
 
@@ -124,7 +124,7 @@ def _plan_disaggregated(cfg) -> JobPlan:
                                 "STRICT_PACK"))
         slots.setdefault("rollout", []).append(ActorSlot("rollout", len(groups) - 1, 0, {}, list(range(t)),
                                                          p.rollout_per_worker))
-    if cfg.algo.kl_coef > 0:
+    for _ in range(reference_ranks(cfg)):
         add("reference", {p.resource: p.reference_per_worker})
     for _ in range(cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0):  # PPO's value model, C ranks
         add("critic", {p.resource: cfg.critic.per_worker})
@@ -135,10 +135,10 @@ def _plan_disaggregated(cfg) -> JobPlan:
 
 def _plan_colocated(cfg) -> JobPlan:
     p, t = cfg.placement, cfg.rollout.tensor_parallel_size
-    d, r, kl = cfg.trainer.num_workers, cfg.rollout.num_workers, cfg.algo.kl_coef > 0
+    d, r, kl = cfg.trainer.num_workers, cfg.rollout.num_workers, reference_ranks(cfg)  # reference rank k on device k
     c = cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0  # PPO's critic ranks: rank k on device k
     n_dev = max(d, r * t, c)
-    users = [int(i < d) + int(i < r * t) + int(kl and i == 0) + int(i < c) for i in range(n_dev)]
+    users = [int(i < d) + int(i < r * t) + int(i < kl) + int(i < c) for i in range(n_dev)]
     share = [_share(u) for u in users]
     job = GroupPlan("rl-orch-job", [{p.resource: 1.0} for _ in range(n_dev)] + [_clean({"CPU": p.reward_cpus})],
                     p.strategy)
@@ -150,12 +150,18 @@ def _plan_colocated(cfg) -> JobPlan:
         slots["rollout"] = [ActorSlot("rollout", 0, e * t, {}, list(range(e * t, e * t + t)),
                                       min(share[e * t : e * t + t])) for e in range(r)]
     if kl:
-        slots["reference"] = [ActorSlot("reference", 0, 0, {p.resource: share[0]})]
+        slots["reference"] = [ActorSlot("reference", 0, k, {p.resource: share[k]}) for k in range(kl)]
     if c:
         slots["critic"] = [ActorSlot("critic", 0, k, {p.resource: share[k]}) for k in range(c)]
     slots["reward"] = [ActorSlot("reward", 0, n_dev, dict(job.bundles[n_dev]))]
     _add_env_slots(cfg, job, slots)
     return JobPlan(p.mode, [job], slots)
+
+
+def reference_ranks(cfg) -> int:
+    """Reference actors the job starts: 0 without KL (algo.kl_coef = 0), else trainer.context_parallel_size (one,
+    or c ranks splitting every row as the trainer does: actors/reference_cp.py)."""
+    return cfg.trainer.context_parallel_size if cfg.algo.kl_coef > 0 else 0
 
 
 def _add_env_slots(cfg, job: GroupPlan, slots: dict) -> None:

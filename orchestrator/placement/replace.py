@@ -13,8 +13,8 @@ holds (`role_gpus`), and sized for `sizing.total_gpus` devices, or the devices t
 first; the first one this config can express becomes the overrides: rollout.num_workers (engines =
 rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, placement.mode and, on device resources
 (`placement.resource` other than CPU), the per-worker amounts (`device_amounts`). Not expressible: a
-reference on more than one device or on the trainer's (the run has one ReferenceActor with its own
-bundle), a config that `validate` refuses (e.g. trainer ranks that do not divide the mini-batch).
+reference on other than its c devices or on the trainer's (the run has c = trainer.context_parallel_size
+reference ranks, each with its own bundle), a config that `validate` refuses (e.g. trainer ranks that do not divide the mini-batch).
 Modes searched (`default_modes`): disaggregated; colocated when the run is colocated or its rows measured the
 wake/sleep switch; disaggregated_async only when the run already is (it changes which weights sample).
 None (nothing to do) when the measurement is insufficient (fewer than 2 timed rows: the first is warm-up),
@@ -38,6 +38,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from orchestrator.config.load import ConfigError, validate
+from orchestrator.placement.plan import reference_ranks
 from orchestrator.sizing.measurements import MeasurementError, measure_rows, role_gpus, timed_rows
 from orchestrator.sizing.workload import Split, evaluate
 
@@ -113,10 +114,11 @@ def to_overrides(cfg, split: Split) -> tuple[Optional[dict[str, Any]], str]:
     tp = cfg.rollout.tensor_parallel_size
     if split.rollout % tp:
         return None, f"{split.rollout} rollout GPUs are not a multiple of rollout.tensor_parallel_size={tp}"
-    kl = cfg.algo.kl_coef > 0
-    if split.mode != "colocated" and kl and split.reference != 1:
+    refs = reference_ranks(cfg)  # 1, or c context-parallel ranks (trainer.context_parallel_size), each its bundle
+    if split.mode != "colocated" and refs and split.reference != refs:
         where = "on the trainer's devices" if split.reference == 0 else f"on {split.reference} devices"
-        return None, f"the reference {where}: the run has one ReferenceActor with a bundle of its own"
+        return None, (f"the reference {where}: the run has {refs} reference rank(s) "
+                      f"(trainer.context_parallel_size), each with a bundle of its own")
     out = {"placement.mode": CONFIG_MODE[split.mode], "rollout.num_workers": split.rollout // tp,
            "trainer.num_workers": split.trainer, **device_amounts(cfg, split.mode)}
     try:

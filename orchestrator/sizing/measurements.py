@@ -111,8 +111,8 @@ def config_gpus(run_dir: Path) -> Optional[tuple[dict[str, int], dict, str]]:
     """(GPUs per role, {'rollout_unit', 'staleness'} found, file name) from a config beside the metrics.
 
     rollout = rollout.num_workers * rollout.tensor_parallel_size (1 when absent); trainer =
-    trainer.num_workers; reference = reference.num_workers if present, else 1 when algo.kl_coef > 0
-    (one ReferenceActor, orchestrator/job.py) else 0. None when no config file is there."""
+    trainer.num_workers; reference = trainer.context_parallel_size (1 when absent) when algo.kl_coef > 0 (one
+    ReferenceActor, or c context-parallel ranks: orchestrator/job.py) else 0. None when no config file is there."""
     from omegaconf import OmegaConf
 
     for name in CONFIG_NAMES:
@@ -137,7 +137,7 @@ def role_gpus(cfg) -> tuple[dict[str, int], dict]:
     tp = int(get("rollout.tensor_parallel_size", 1))
     kl = float(get("algo.kl_coef", 0.0))
     gpus = {"rollout": int(get("rollout.num_workers", 1)) * tp, "trainer": int(get("trainer.num_workers", 1)),
-            "reference": int(get("reference.num_workers", 1 if kl > 0 else 0))}
+            "reference": int(get("trainer.context_parallel_size", 1)) if kl > 0 else 0}  # c ranks (reference_cp.py)
     extra = {"rollout_unit": tp, "staleness": get("algo.max_staleness", None)}
     return gpus, {k: v for k, v in extra.items() if v is not None}
 

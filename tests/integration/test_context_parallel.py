@@ -6,10 +6,13 @@ both).
   24 tokens (sequences straddle the zig-zag chunk cuts), two mini-batches (the old-logprob pass split too), every
   parameter after the AdamW step, and the loss / ratio / mismatch metrics; the ranks' `logprobs` equal the single
   trainer's.
-- A GRPO run with trainer.num_workers=2, trainer.context_parallel_size=2 (`rl-orch run`'s config path: no longer
-  refused) trains and syncs the engines (verified checksums).
+- The reference split over 2 ranks (actors/reference_cp.py) gives one reference's logprobs, padded and packed.
+- A GRPO run with trainer.num_workers=2, trainer.context_parallel_size=2 and KL on (`rl-orch run`'s config path:
+  2 trainer ranks, 2 reference ranks) trains and syncs the engines (verified checksums); its step-1 KL is 0.
 """
 from __future__ import annotations
+
+import random
 
 import pytest
 import ray
@@ -48,11 +51,37 @@ def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_mode
             ray.kill(r)
 
 
+@pytest.mark.parametrize("micro_batch_tokens", [None, 24])  # padded micro-batches of 2; packed rows of 24 tokens
+def test_the_context_parallel_reference_equals_one_reference(ray_local, tiny_model, micro_batch_tokens):
+    from actors.reference import Reference
+    from actors.reference_cp import ContextParallelReferenceActor
+
+    group = f"test-ref-{random.getrandbits(40):x}"
+    ranks = [ContextParallelReferenceActor.options(num_cpus=0.5).remote(
+        str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens, rank=r, world_size=2, group_name=group,
+        timeout_s=120.0) for r in range(2)]
+    try:
+        ray.get([r.ready.remote() for r in ranks])
+        ray.get(ranks[0].set_peers.remote(ranks[1:]))
+        batch = _batch()
+        want = Reference(str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens,
+                         shared_prefix=False).logprobs(batch.prompt_ids, batch.response_ids)
+        got = ray.get(ranks[0].logprobs.remote(batch.prompt_ids, batch.response_ids))
+        assert [len(x) for x in got] == [len(x) for x in want] == [len(r) for r in batch.response_ids]
+        assert max(abs(a - b) for x, y in zip(want, got) for a, b in zip(x, y)) < 1e-5
+    finally:
+        for r in ranks:
+            ray.kill(r)
+
+
 def test_grpo_run_with_context_parallel_trains_and_syncs(ray_local, tiny_model, tmp_path):
+    # KL on: the reference runs as 2 context-parallel ranks too (actors/reference_cp.py)
     controller = GRPOController(_grpo_cfg(tiny_model, tmp_path, "trainer.context_parallel_size=2",
-                                          "trainer.packing=true"))
+                                          "trainer.packing=true", "algo.kl_coef=0.01",
+                                          "placement.reference_per_worker=0.25"))
     try:
         result = controller.run()
+        assert len(controller.actors.reference_ranks) == 2
         from orchestrator.weight_sync import compare_checksums
 
         trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
@@ -62,3 +91,4 @@ def test_grpo_run_with_context_parallel_trains_and_syncs(ray_local, tiny_model, 
     finally:
         controller.shutdown()
     assert [r["step"] for r in result.rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in result.rows)
+    assert abs(result.rows[0]["actor/kl"]) < 1e-6  # step 1: the policy is the reference, both split alike

@@ -53,9 +53,10 @@ def test_context_parallelism_divides_activations_and_logits():
     assert parts["weights"] == SMALL.num_params * 4 // 4 and parts["logits"] == 204800
 
 
-def test_the_reference_is_not_split():
-    """The reference (and a reward model) is one un-split process: c does not divide its tokens. Transient:
-    1024 tokens x (2h + 3I) x 4 bytes; logits: 2 fp32 [512 scored, V] buffers."""
+def test_a_frozen_forward_is_whole_unless_split():
+    """A reward model (or DPO's reference) is one un-split process: c does not divide its tokens. Transient:
+    1024 tokens x (2h + 3I) x 4 bytes; logits: 2 fp32 [512 scored, V] buffers. (The GRPO reference's c ranks:
+    tests/unit/test_reference_cp.py.)"""
     split = est.frozen_forward_bytes(SMALL, RunShape(seq_len=1024, response_len=512, context_parallel=4, trainer_ranks=4))
     assert split == est.frozen_forward_bytes(SMALL, RunShape(seq_len=1024, response_len=512))
     assert split["activations"] == 1024 * (2 * 64 + 3 * 128) * 4 and split["logits"] == 2 * 4 * 512 * 100
