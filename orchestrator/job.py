@@ -360,9 +360,8 @@ def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
 
 
 def _start_critic(cfg, opts, model_path: str, pad_id: int) -> list:
-    """PPO's value model (the policy's base model with a value head) in its own slot: one CriticActor
-    (actors/critic.py), or C = critic.num_workers ShardedCriticActor ranks (FSDP2, actors/critic_sharded.py), each
-    in its own slot, forming their own torch.distributed group while they start; rank 0 first."""
+    """PPO's value model (the policy's base model with a value head): one CriticActor (actors/critic.py), or
+    C = critic.num_workers ShardedCriticActor ranks (FSDP2, actors/critic_sharded.py; `_start_ranks`)."""
     args = (model_path, cfg.critic, cfg.algo, cfg.trainer.precision, cfg.rollout.max_new_tokens, pad_id,
             cfg.trainer.num_threads, cfg.trainer.seed)
     c = cfg.critic.num_workers
@@ -372,15 +371,19 @@ def _start_critic(cfg, opts, model_path: str, pad_id: int) -> list:
         return [CriticActor.options(**opts("critic")).remote(*args)]
     from actors.critic_sharded import ShardedCriticActor
 
-    group = f"critic-{uuid.uuid4().hex[:12]}"
-    return [ShardedCriticActor.options(**opts("critic", r)).remote(
-        *args, rank=r, world_size=c, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(c)]
+    return _start_ranks(ShardedCriticActor, opts, "critic", c, cfg.run.phase_timeout_s, *args)
+
+
+def _start_ranks(actor_cls, opts, role: str, n: int, timeout_s: float, *args, **kwargs) -> list:
+    """`n` ranks of `actor_cls` in the role's slots, forming one torch.distributed group as they start; rank 0 first."""
+    group = f"{role}-{uuid.uuid4().hex[:12]}"
+    return [actor_cls.options(**opts(role, r)).remote(*args, **kwargs, rank=r, world_size=n, group_name=group,
+                                                      timeout_s=timeout_s) for r in range(n)]
 
 
 def _start_reference(cfg, opts, model_path: str, pad_id: int) -> list:
-    """The reference model (algo.kl_coef > 0) in its slot: one ReferenceActor (actors/reference.py), or with
-    trainer.context_parallel_size = c > 1 c ContextParallelReferenceActor ranks (actors/reference_cp.py) splitting
-    every row as the trainer does, forming their own torch.distributed group while they start; rank 0 first."""
+    """The reference model (algo.kl_coef > 0): one ReferenceActor (actors/reference.py), or with
+    trainer.context_parallel_size = c > 1 c ContextParallelReferenceActor ranks (actors/reference_cp.py; `_start_ranks`)."""
     packed = cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None
     args = (model_path, cfg.rollout.temperature, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id,
             cfg.trainer.num_threads)
@@ -393,7 +396,5 @@ def _start_reference(cfg, opts, model_path: str, pad_id: int) -> list:
             attn_implementation=cfg.trainer.attn_implementation)]
     from actors.reference_cp import ContextParallelReferenceActor
 
-    group = f"reference-{uuid.uuid4().hex[:12]}"
-    return [ContextParallelReferenceActor.options(**opts("reference", r)).remote(
-        *args, micro_batch_tokens=packed, rank=r, world_size=c, group_name=group, timeout_s=cfg.run.phase_timeout_s)
-        for r in range(c)]
+    return _start_ranks(ContextParallelReferenceActor, opts, "reference", c, cfg.run.phase_timeout_s, *args,
+                        micro_batch_tokens=packed)

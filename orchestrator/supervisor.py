@@ -75,6 +75,16 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0][:300] if text else "(no message)"
 
 
+def _ranks_named(actors, role: str) -> list:
+    """(role, name, handle) of every rank of `role` ("reference" or "critic"; `<role>_ranks`, else the one actor
+    `<role>`), [] when the job has none: "<role> rank r" for several, "<role> actor" for one."""
+    leader = getattr(actors, role, None)
+    if leader is None:
+        return []
+    ranks = getattr(actors, f"{role}_ranks", None) or [leader]
+    return [(role, f"{role} rank {r}" if len(ranks) > 1 else f"{role} actor", a) for r, a in enumerate(ranks)]
+
+
 def probe(actors) -> list[Failure]:
     """Every actor of `actors` (orchestrator.job.Actors) asked `ready()`: those that raise (dead) or do not answer
     within PROBE_TIMEOUT_S (hung). [] when `actors` is None."""
@@ -83,14 +93,8 @@ def probe(actors) -> list[Failure]:
     named = [("trainer", f"trainer rank {r}", a) for r, a in enumerate(actors.trainer_ranks or [actors.trainer])]
     named += [("rollout", f"rollout worker {k}", a) for k, a in enumerate(actors.rollout)]
     named += [("reward", "reward actor", actors.reward)]
-    if actors.reference is not None:  # every rank of a context-parallel reference (actors/reference_cp.py)
-        refs = getattr(actors, "reference_ranks", None) or [actors.reference]
-        named += [("reference", f"reference rank {r}" if len(refs) > 1 else "reference actor", a)
-                  for r, a in enumerate(refs)]
-    if getattr(actors, "critic", None) is not None:  # PPO's value model (algo.estimator=gae), every rank
-        critics = getattr(actors, "critic_ranks", None) or [actors.critic]
-        named += [("critic", f"critic rank {r}" if len(critics) > 1 else "critic actor", a)
-                  for r, a in enumerate(critics)]
+    # every rank of a context-parallel reference (actors/reference_cp.py) and of PPO's critic (algo.estimator=gae)
+    named += _ranks_named(actors, "reference") + _ranks_named(actors, "critic")
     refs = [a.ready.remote() for _, _, a in named]
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     done = set(done)

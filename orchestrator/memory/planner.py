@@ -73,13 +73,13 @@ class MemoryPlan:
 def _gpu_roles(model: ModelShape, run: RunShape) -> list:
     """(role, instances, parts) for the roles that are not engines, before devices are assigned."""
     out = [("trainer", run.trainer_ranks, est.trainer_bytes(model, run))]
+    whole = dataclasses.replace(run, context_parallel=1)  # the critic does not split sequences
     if run.algorithm == "ppo" and run.critic_ranks:  # the critic as a run starts it (RunShape.critic_ranks)
-        shape = dataclasses.replace(run, trainer_ranks=run.critic_ranks, lora_rank=0, packing_tokens=0,
-                                    micro_batch_size=run.critic_micro_batch_size or run.micro_batch_size,
-                                    context_parallel=1)  # the critic does not split sequences
+        shape = dataclasses.replace(whole, trainer_ranks=run.critic_ranks, lora_rank=0, packing_tokens=0,
+                                    micro_batch_size=run.critic_micro_batch_size or run.micro_batch_size)
         out.append(("critic", run.critic_ranks, est.critic_bytes(model, shape)))
     elif run.algorithm == "ppo":
-        out.append(("critic", run.trainer_ranks, est.critic_bytes(model, dataclasses.replace(run, context_parallel=1))))
+        out.append(("critic", run.trainer_ranks, est.critic_bytes(model, whole)))
     if run.algorithm == "dpo":
         out.append(("reference", 1, est.frozen_forward_bytes(model, run)))
     elif run.reference:  # c ranks under context parallelism (actors/reference_cp.py), each a full frozen copy
