@@ -137,6 +137,8 @@ def wandb_records(path: Path):
         if left < 7 or (length == 0 and kind == 0):
             pos += left
             continue
+        if pos + 7 + length > len(data):
+            return  # the tail record is still being written by W&B's service process
         buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # FULL or LAST
             record = pb.Record()
@@ -148,9 +150,16 @@ def wandb_records(path: Path):
 def _wandb_history(out: Path, run_id: str, expect: int = 1) -> tuple[list[dict], list]:
     """The history and run records of the offline run `run_id`, waiting (up to 60 s) until at least `expect`
     history records are there: W&B's service process writes the .wandb file on its own after finish() returns."""
+    from google.protobuf.message import DecodeError
+
     deadline = time.monotonic() + 60
     while True:
-        history, runs = _read_wandb(out, run_id)
+        try:
+            history, runs = _read_wandb(out, run_id)
+        except DecodeError:  # read mid-write (CI saw it once): the file is complete by the deadline or it is corrupt
+            if time.monotonic() > deadline:
+                raise
+            history, runs = [], []
         if len(history) >= expect or time.monotonic() > deadline:
             return history, runs
         time.sleep(0.5)
