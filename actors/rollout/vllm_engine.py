@@ -128,9 +128,12 @@ class VLLMEngine:
     def update_weights(self, method: str, *args) -> dict:
         """Run a loading method of the worker extension in every worker (`weight_sync` with method "load"),
         drop the prefix cache (stale KV must never be reused) and return the engine's own checksums of its
-        resident weights (see orchestrator.weight_sync.checksum)."""
+        resident weights (see orchestrator.weight_sync.checksum). Raises RuntimeError when the prefix cache
+        cannot be dropped (a request still holds KV blocks)."""
         self.llm.collective_rpc(method, args=args)
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
+            raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because requests "
+                               "still hold KV blocks; interrupt or finish every request before a weight update")
         return self.weight_checksums()
 
     def extension_call(self, method: str, *args) -> Any:

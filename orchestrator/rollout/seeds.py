@@ -8,6 +8,7 @@ serves it, on the other requests in the batch, or on whether the run was resumed
     g = group_seed(cfg.rollout.seed, step, group_id)   # PromptRequest.seed (GRPOController.sample_prompts)
     s = sample_seed(g, i)                              # sample i of the group (actors/rollout/vllm_engine.py)
     t = turn_seed(s, turn)                             # multi-turn: turn `turn` of that sample
+    r = resume_seed(s, done)                           # a partial rollout continuing after `done` tokens
     e = eval_seed(cfg.eval.seed, prompt_index)         # held-out eval (orchestrator/eval/runner.py)
 
 The mix is SplitMix64's finaliser applied along the chain (stable across Python versions and
@@ -20,7 +21,7 @@ _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _TAGS = {"group": 0x67726F7570, "sample": 0x73616D706C65, "turn": 0x7475726E,  # b"group", b"sample", b"turn"
-         "eval": 0x6576616C}  # b"eval"
+         "eval": 0x6576616C, "resume": 0x726573756D65}  # b"eval", b"resume"
 
 
 def splitmix64(x: int) -> int:
@@ -62,3 +63,9 @@ def turn_seed(sample: int, turn: int) -> int:
 def request_seed(seed: int, step: int, group_id: int, sample_index: int) -> int:
     """`sample_seed(group_seed(seed, step, group_id), sample_index)`: the seed of one single-turn response."""
     return sample_seed(group_seed(seed, step, group_id), sample_index)
+
+
+def resume_seed(sample: int, tokens_done: int) -> int:
+    """A partial rollout (orchestrator/rollout/partial.py) continuing after `tokens_done` >= 1 sampled tokens: the vLLM
+    seed of its continuation (a fresh per-request generator, so it must differ from the first segment's)."""
+    return _chain("resume", sample, tokens_done)

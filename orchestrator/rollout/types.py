@@ -43,6 +43,8 @@ class Trajectory:
     logprobs: per response token, log_softmax(logits / temperature) of the sampled token (case C03).
     finish_reason: "stop" (EOS or stop string) or "length" (hit max_new_tokens).
     multiturn: the episode's turns, loss mask and environment rewards (None for a single-turn sample).
+    token_versions: per response token, the weight version that sampled it (partial rollouts continue across
+        weight updates: orchestrator/rollout/partial.py); empty = every token from `weight_version`.
     extra: free-form data a user's source or environment attaches (not read by the trainer).
     """
 
@@ -57,6 +59,7 @@ class Trajectory:
     weight_version: int = -1
     multiturn: Optional[MultiTurnInfo] = None
     extra: dict = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

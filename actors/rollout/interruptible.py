@@ -1,0 +1,118 @@
+"""Partial rollouts on the in-process vLLM engine: generation that a weight update interrupts and that
+continues on the new weights, keeping the tokens already sampled (orchestrator/rollout/partial.py).
+
+    gen = InterruptibleEngine(vllm_engine)
+    gen.add(samples, version=3)                 # PartialSamples: prompt + tokens so far, the budget left
+    done = gen.step()                           # one engine step: new tokens stamped with version 3
+    ...
+    paused = gen.interrupt()                    # weight update: abort every in-flight request (tokens kept)
+    vllm_engine.update_weights(...)             # loads version 4 and drops the prefix cache
+    gen.add(paused, version=4)                  # continue: prompt + tokens so far, KV recomputed by version 4
+
+Each request is added with `LLMEngine.add_request` (a `TokensPrompt` of the sample's continuation prompt,
+`SamplingParams(max_tokens=remaining, logprobs=0, output_kind=DELTA, seed=the sample's segment seed)`) and
+stepped with `LLMEngine.step()`; DELTA outputs carry each step's new ids and their logprobs, appended to
+the sample with the version the engine held when the segment was added. `interrupt` calls
+`LLMEngine.abort_request`, which frees the requests' KV blocks, so the load's prefix-cache reset succeeds
+and a continued request never reads KV computed by older weights (its whole prefix is prefilled again by
+the new weights; `VLLMEngine.update_weights` raises when the reset fails). The engine is stepped by the
+caller between updates: the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) runs the model inside
+`step()`, so every token sampled is delivered before `step()` returns and an abort between steps loses
+nothing. vLLM's AsyncLLM offers the same for a separate engine process (`pause_generation(mode="abort")`).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional
+
+from orchestrator.rollout.partial import PartialSample
+
+_IDS = itertools.count()
+
+
+class InterruptibleEngine:
+    """Segments of PartialSamples on one `VLLMEngine` (see the module docstring).
+
+    Args:
+        engine: a `VLLMEngine` (uses ``engine.llm.llm_engine``, ``engine.cfg`` temperature / top_p /
+            ignore_eos, ``engine.tokenizer``).
+    Attributes:
+        interruptions: requests aborted by `interrupt` so far; steps: engine steps run.
+    """
+
+    def __init__(self, engine):
+        self.llm_engine = engine.llm.llm_engine
+        self.cfg, self.tokenizer = engine.cfg, engine.tokenizer
+        self.active: dict[str, tuple[PartialSample, int]] = {}  # request id -> (sample, weight version)
+        self.interruptions = self.steps = 0
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
+
+    def add(self, samples: list[PartialSample], version: int) -> None:
+        """Start (or continue) each unfinished sample as one engine request on weight `version`.
+        Raises ValueError for a finished sample or one already in flight."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        keys = {s.key for s, _ in self.active.values()}
+        for s in samples:
+            if s.done or s.key in keys:
+                raise ValueError(f"sample {s.key}: {'finished' if s.done else 'already in flight'}, cannot be added")
+            override = s.request.sampling
+            params = SamplingParams(
+                n=1, temperature=override.temperature if override else self.cfg.temperature, top_p=self.cfg.top_p,
+                max_tokens=s.remaining, logprobs=0, seed=s.seed, output_kind=RequestOutputKind.DELTA,
+                ignore_eos=bool(getattr(self.cfg, "ignore_eos", False)) and override is None)
+            rid = f"partial-{next(_IDS)}"
+            self.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=s.prompt_ids), params)
+            self.active[rid] = (s, int(version))
+            keys.add(s.key)
+
+    def step(self) -> list[PartialSample]:
+        """One engine step. Returns the samples that finished in it (done: "stop" or "length")."""
+        finished = []
+        for out in self.llm_engine.step():
+            entry = self.active.get(out.request_id)
+            if entry is None:  # an aborted request's last output
+                continue
+            sample, version = entry
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            sample.extend(ids, [d[t].logprob for t, d in zip(ids, c.logprobs or [])], version)
+            if out.finished:
+                del self.active[out.request_id]
+                sample.finish(c.finish_reason if c.finish_reason in ("stop", "length") else "length")
+                if sample.done:
+                    finished.append(sample)
+                else:  # cannot happen with max_tokens = remaining; never lose a sample if it does
+                    self.add([sample], version)
+        self.steps += 1
+        return finished
+
+    def run(self, max_steps: Optional[int] = None) -> list[PartialSample]:
+        """Step until nothing is in flight (or `max_steps` steps ran); the samples that finished."""
+        done: list[PartialSample] = []
+        while self.active and (max_steps is None or max_steps > 0):
+            done += self.step()
+            max_steps = None if max_steps is None else max_steps - 1
+        return done
+
+    def interrupt(self) -> list[PartialSample]:
+        """Abort every in-flight request (a weight update is next); returns their samples, tokens so far kept,
+        each counted in `PartialSample.interruptions`."""
+        if not self.active:
+            return []
+        ids = list(self.active)
+        self.llm_engine.abort_request(ids)
+        samples = [self.active.pop(rid)[0] for rid in ids]
+        for s in samples:
+            s.interrupted()
+        self.interruptions += len(samples)
+        return samples
+
+    def text(self, sample: PartialSample) -> str:
+        """The response text of a sample (special tokens skipped, as vLLM's detokenizer does)."""
+        return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)

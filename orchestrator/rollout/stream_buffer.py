@@ -1,0 +1,152 @@
+"""The group buffer of fully asynchronous training (`algo.max_staleness: k`): rollout workers generate
+continuously, finished samples are assembled into groups, and the trainer takes a batch as soon as
+`rollout.prompts_per_step` groups are ready. Pure Python (no Ray, no torch);
+`tests/unit/test_stream_buffer.py` drives it with random delays.
+
+    buf = GroupBuffer(max_staleness=2, prompts_per_step=8)
+    for request in prompts[: buf.capacity(policy_version)]:    # how many groups may start now
+        buf.submit(request.group_id, n)                         # ... and hand the request to an engine
+    buf.add(sample)                                             # a finished PartialSample (any order)
+    batch = buf.take(8, policy_version)                         # None until 8 admissible groups are ready
+    row.update(buf.metrics(batch))
+
+Versions count policy updates as in orchestrator/rollout/async_pipeline.py: the trainer at step t trains the
+policy of version t - 1, and a sample's *staleness* is that version minus the version of its first token
+(the oldest; partial rollouts continue on newer weights, orchestrator/rollout/partial.py).
+
+Capacity (AReaL's rule, Fu et al. 2025 sec. 5.2): groups are started only while the groups started so far
+(dropped ones excepted) number at most (policy_version + k + 1) * prompts_per_step. Groups are taken in
+the order they complete; a group started at version v is then trained at a step t <= v + k + 1 unless it
+finished after groups started later, so the bound rarely bites. Admission: every group taken whose
+staleness exceeds k is dropped (counted in `async/dropped_groups` and `async/dropped_samples`, its slot
+freed) and never trained. Every sample is counted once: a second sample with the same key, a sample of a
+group never submitted or more samples than the group holds raise ValueError.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from orchestrator.rollout.partial import PartialSample
+
+
+@dataclass
+class Group:
+    """One submitted group: its expected size and its finished samples (by sample index)."""
+
+    group_id: int
+    size: int
+    samples: dict[int, PartialSample] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.samples) == self.size
+
+    def staleness(self, policy_version: int) -> int:
+        """policy_version - the oldest first-token version of its samples."""
+        return policy_version - min(s.first_version for s in self.samples.values())
+
+
+@dataclass
+class Batch:
+    """What `take` returns: the admitted groups in completion order and the staleness of each sample."""
+
+    groups: list[Group]
+    policy_version: int
+    dropped_groups: int = 0
+
+    @property
+    def samples(self) -> list[PartialSample]:
+        return [g.samples[i] for g in self.groups for i in sorted(g.samples)]
+
+
+class GroupBuffer:
+    """Finished samples -> complete groups -> admitted batches (see the module docstring).
+
+    Args:
+        max_staleness: k >= 1 (`algo.max_staleness`), the largest staleness trained.
+        prompts_per_step: groups per training batch (`rollout.prompts_per_step`), >= 1.
+    Raises:
+        ValueError: k < 1 or prompts_per_step < 1.
+    """
+
+    def __init__(self, max_staleness: int, prompts_per_step: int):
+        if not (isinstance(max_staleness, int) and max_staleness >= 1):
+            raise ValueError(f"algo.max_staleness={max_staleness!r}: fully asynchronous training needs an integer >= 1")
+        if not (isinstance(prompts_per_step, int) and prompts_per_step >= 1):
+            raise ValueError(f"rollout.prompts_per_step={prompts_per_step!r} must be an integer >= 1")
+        self.k, self.per_step = max_staleness, prompts_per_step
+        self.pending: dict[int, Group] = {}  # submitted, not complete
+        self.ready: list[Group] = []  # complete, in completion order, not taken
+        self.started = 0  # groups submitted and not dropped (the capacity rule counts them)
+        self.dropped_groups = self.dropped_samples = 0
+        self.trained_groups = 0
+
+    def capacity(self, policy_version: int) -> int:
+        """How many more groups may start now (>= 0): (policy_version + k + 1) * prompts_per_step - started."""
+        return max(0, (policy_version + self.k + 1) * self.per_step - self.started)
+
+    def submit(self, group_id: int, size: int) -> None:
+        """Group `group_id` of `size` samples was handed to an engine. Raises ValueError for a group id already
+        in the buffer or a size < 1."""
+        if group_id in self.pending or any(g.group_id == group_id for g in self.ready):
+            raise ValueError(f"group {group_id} is already in the buffer: group ids must be unique")
+        if size < 1:
+            raise ValueError(f"group {group_id}: size={size} must be >= 1")
+        self.pending[group_id] = Group(group_id, size)
+        self.started += 1
+
+    def add(self, sample: PartialSample) -> None:
+        """A finished sample. Raises ValueError when it is not finished, has no tokens, its group was never
+        submitted (or already complete) or its index is already there."""
+        gid = sample.request.group_id
+        if not sample.done or sample.first_version is None:
+            raise ValueError(f"sample {sample.key}: only finished samples with tokens enter the buffer")
+        group = self.pending.get(gid)
+        if group is None:
+            raise ValueError(f"sample {sample.key}: group {gid} is not in flight (never submitted, or complete)")
+        if sample.index in group.samples or not 0 <= sample.index < group.size:
+            raise ValueError(f"sample {sample.key}: index {sample.index} is a duplicate or outside the group's "
+                             f"{group.size} samples")
+        group.samples[sample.index] = sample
+        if group.complete:
+            self.ready.append(self.pending.pop(gid))
+
+    def take(self, count: int, policy_version: int) -> Optional[Batch]:
+        """The first `count` admissible complete groups (completion order), or None while fewer are ready.
+        Groups over the staleness bound met on the way are dropped for good (counted)."""
+        admitted, dropped, rest = [], 0, []
+        for g in self.ready:
+            if len(admitted) == count:
+                rest.append(g)
+            elif g.staleness(policy_version) > self.k:
+                dropped += 1
+                self.dropped_samples += g.size
+            else:
+                admitted.append(g)
+        self.dropped_groups += dropped
+        self.started -= dropped
+        if len(admitted) < count:
+            self.ready = admitted + rest
+            return None
+        self.ready = rest
+        self.trained_groups += count
+        return Batch(admitted, policy_version, dropped)
+
+    def metrics(self, batch: Batch) -> dict[str, float]:
+        """The `async/*` keys of a trained batch: `async/staleness_mean`, `_max`, the histogram
+        `async/staleness_<s>` (samples of staleness s, s = 0 .. k), `async/buffer_groups` (complete, waiting),
+        `async/in_flight_groups`, `async/dropped_groups`, `async/dropped_samples` (cumulative),
+        `async/multi_version_samples` and `async/multi_version_tokens` (samples of the batch generated under
+        more than one weight version, and their tokens)."""
+        stale = [batch.policy_version - s.first_version for s in batch.samples]
+        hist = Counter(stale)
+        multi = [s for s in batch.samples if s.num_versions > 1]
+        out = {f"async/staleness_{s}": float(hist.get(s, 0)) for s in range(self.k + 1)}
+        out.update({"async/staleness_mean": sum(stale) / len(stale), "async/staleness_max": float(max(stale)),
+                    "async/buffer_groups": float(len(self.ready)), "async/in_flight_groups": float(len(self.pending)),
+                    "async/dropped_groups": float(self.dropped_groups), "async/dropped_samples": float(self.dropped_samples),
+                    "async/multi_version_samples": float(len(multi)),
+                    "async/multi_version_tokens": float(sum(len(s.response_ids) for s in multi))})
+        return out
