@@ -39,6 +39,7 @@ from orchestrator.reward.failures import check_reward_failures
 from orchestrator.reward.overlong import add_overlong_penalty, overlong_filter_masks, overlong_filter_metrics
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
 from orchestrator.rollout.seeds import group_seed
@@ -106,7 +107,7 @@ class GRPOController:
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
-        self.pipeline: Optional[AsyncRollouts] = None  # placement.mode=disaggregated_async: made in run()
+        self.pipeline: Optional[AsyncRollouts | StreamRollouts] = None  # placement.mode=disaggregated_async
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
         self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
         self.reward_parts, self.scored = {}, None  # the last step's scored batch: completion samples (metrics.samples_*)
@@ -178,7 +179,7 @@ class GRPOController:
         self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait, self.job.recover_rollout)
         self.pipeline = None
         if self.cfg.placement.mode == "disaggregated_async":
-            self.pipeline = AsyncRollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)
+            self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)
             if self.async_state:  # a resume: the checkpoint's generated, untrained batch (exact resume)
                 self.pipeline.load_state_dict(self.async_state)
         self.async_state = None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Optional
 
 import ray
@@ -32,15 +33,34 @@ class RolloutWorker:
         self.version = 0
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
         self.env_actors = list(env_actors or [])
+        self.stream = None  # StreamingGenerator (rollout.partial_rollout), made on the first stream_submit
+
+    # ---- streaming generation with partial rollouts (actors/rollout/stream.py) -------------------
+    def stream_submit(self, requests: list[PromptRequest]) -> int:
+        """Queue the requests' groups on the engine's stream (started on first use). Returns samples queued."""
+        if self.stream is None:
+            from actors.rollout.stream import StreamingGenerator
+
+            self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
+        return self.stream.submit(requests)
+
+    def stream_drain(self, wait_s: float = 0.0) -> tuple[list, dict]:
+        """Finished PartialSamples since the last drain (waiting up to `wait_s` s for one) and `stream/*` metrics."""
+        return self.stream.drain(wait_s) if self.stream is not None else ([], {})
+
+    def _idle(self):
+        """The engine idle for a weight load, probe or checksum: the stream's requests paused (then continued)."""
+        return self.stream.paused() if self.stream is not None else nullcontext()
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
         self.sleep_state.ensure_awake("generate")
-        before = self.engine.cache_counters()
-        t0 = time.perf_counter()
-        trajs = self.engine.generate(requests, self.n, self.version)
-        dt = time.perf_counter() - t0
-        after = self.engine.cache_counters()
+        with self._idle():  # held-out eval during a streaming run: the stream's requests wait
+            before = self.engine.cache_counters()
+            t0 = time.perf_counter()
+            trajs = self.engine.generate(requests, self.n, self.version)
+            dt = time.perf_counter() - t0
+            after = self.engine.cache_counters()
         tokens = sum(len(t.response_ids) for t in trajs)
         requested = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
@@ -68,7 +88,8 @@ class RolloutWorker:
 
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""
-        return self.engine.weight_checksums()
+        with self._idle():
+            return self.engine.weight_checksums()
 
     # ---- weight sync (orchestrator/weight_sync/syncer.py drives it) -------------------------------
     def weight_sync(self, strategy, method: str, *args) -> Optional[dict]:
@@ -79,10 +100,12 @@ class RolloutWorker:
         worker's result."""
         if method == "load":
             self.sleep_state.ensure_weights_awake(f"weight_sync:{getattr(strategy, 'name', strategy)}")
-            checks = self.engine.update_weights("weight_sync", strategy, method, *args)
-            self.version = checks["version"]
+            with self._idle():  # partial rollouts: in-flight requests continue on the new version after the load
+                checks = self.engine.update_weights("weight_sync", strategy, method, *args)
+                self.version = checks["version"]
             return checks
-        return self.engine.extension_call("weight_sync", strategy, method, *args)
+        with self._idle():
+            return self.engine.extension_call("weight_sync", strategy, method, *args)
 
     def probe_tokens(self) -> tuple[list[int], list[int]]:
         """(prompt ids, continuation ids) of the weight-sync probe text in this engine's tokenizer."""
@@ -94,12 +117,14 @@ class RolloutWorker:
         """The engine's logprobs [len(continuation_ids)] of the continuation after the prompt, temperature 1
         (the weight-sync probe; the trainer's side is `Trainer.probe_logprobs`)."""
         self.sleep_state.ensure_awake("probe")
-        return self.engine.prompt_logprobs(list(prompt_ids) + list(continuation_ids), len(prompt_ids))
+        with self._idle():
+            return self.engine.prompt_logprobs(list(prompt_ids) + list(continuation_ids), len(prompt_ids))
 
     def extension_call(self, method: str, *args):
         """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load,
         inject_hang_next_load, corrupt_resident_weights, inject_fault_after_next_load."""
-        return self.engine.extension_call(method, *args)
+        with self._idle():
+            return self.engine.extension_call(method, *args)
 
     # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------
     def sleep_engine(self, level: int = 1) -> None:

@@ -22,6 +22,7 @@ from orchestrator.config.critic import check_critic
 from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
 from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
+from orchestrator.config.partial_rollout import check_partial_rollout
 from orchestrator.config.precision import check_precision
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.sampling import check_sampling_config
@@ -230,6 +231,7 @@ def _check_async(cfg) -> None:
     older engine weights that sampled (decoupled PPO, Hilton et al. 2022; AReaL). algo.old_logprobs=rollout
     is accepted: the ratio pi / pi_rollout is then the importance ratio to the sampling policy itself,
     clipped like any PPO ratio, so no separate correction is needed (tis_cap is unused with it)."""
+    _run(check_partial_rollout, cfg)  # rollout.partial_rollout (orchestrator/config/partial_rollout.py)
     if cfg.placement.mode != "disaggregated_async":
         return
     if cfg.algo.max_staleness > 0 and cfg.algo.old_logprobs == "trainer" and not corrects_staleness(cfg):

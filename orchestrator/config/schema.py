@@ -65,6 +65,9 @@ class RolloutConfig:
     ray_metrics: bool = True
     # Benchmarks: every response runs to max_new_tokens (vLLM ignore_eos), so each step does the same work
     ignore_eos: bool = False
+    # Fully asynchronous (placement.mode=disaggregated_async): the engines stream continuously and a weight
+    # sync interrupts their requests, which continue on the new weights (orchestrator/rollout/stream_source.py)
+    partial_rollout: bool = False
 
 
 @dataclass

@@ -35,7 +35,7 @@ class PartialSample:
     response_ids / logprobs / token_versions: per sampled token so far: its id, its behaviour logprob (float,
         nats: log_softmax(logits / T) of the version that sampled it, case C03) and that weight version.
     finish_reason: "" while generating, then "stop" (EOS or a stop id) or "length" (the budget is spent).
-    interruptions: how many times a weight update interrupted it.
+    interruptions: how many times a weight update interrupted it. text: the response text, set when finished.
     """
 
     request: PromptRequest
@@ -46,6 +46,7 @@ class PartialSample:
     token_versions: list[int] = field(default_factory=list)
     finish_reason: str = ""
     interruptions: int = 0
+    text: str = ""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.index < 0:
@@ -118,16 +119,17 @@ class PartialSample:
     def num_versions(self) -> int:
         return len(set(self.token_versions))
 
-    def to_trajectory(self, text: str = "") -> Trajectory:
-        """The finished sample as a Trajectory; `weight_version` = the first token's version (the oldest).
-        Raises ValueError when it is not finished."""
+    def to_trajectory(self, text: Optional[str] = None) -> Trajectory:
+        """The finished sample as a Trajectory (its text: `text`, default the sample's); `weight_version` = the
+        first token's version (the oldest). Raises ValueError when it is not finished."""
         if not self.done:
             raise ValueError(f"sample {self.key} is still generating ({len(self.response_ids)} of {self.max_tokens} "
                              "tokens): only finished samples become trajectories")
         r = self.request
         version = self.first_version if self.first_version is not None else -1
         return Trajectory(group_id=r.group_id, prompt_ids=list(r.prompt_ids), response_ids=list(self.response_ids),
-                          logprobs=list(self.logprobs), finish_reason=self.finish_reason, text=text, answer=r.answer,
+                          logprobs=list(self.logprobs), finish_reason=self.finish_reason,
+                          text=self.text if text is None else text, answer=r.answer,
                           prompt=r.prompt, weight_version=version, token_versions=list(self.token_versions))
 
 

@@ -20,7 +20,7 @@ import json
 import zlib
 from typing import Any
 
-from orchestrator.rollout.types import MultiTurnInfo, PromptRequest, Trajectory
+from orchestrator.rollout.types import MultiTurnInfo, PromptRequest, SamplingOverride, Trajectory
 
 
 def trajectory_to_dict(t: Trajectory) -> dict:
@@ -33,6 +33,13 @@ def trajectory_from_dict(d: dict) -> Trajectory:
     d = dict(d)
     info = d.pop("multiturn", None)
     return Trajectory(**d, multiturn=MultiTurnInfo(**info) if info is not None else None)
+
+
+def prompt_request_from_dict(d: dict) -> PromptRequest:
+    """The PromptRequest of `dataclasses.asdict(request)` (its sampling override rebuilt)."""
+    d = dict(d)
+    sampling = d.pop("sampling", None)
+    return PromptRequest(**d, sampling=SamplingOverride(**sampling) if sampling is not None else None)
 
 
 def batch_to_dict(step: int, weight_version: int, loader_state: dict, launched) -> dict:
@@ -48,7 +55,7 @@ def batch_to_dict(step: int, weight_version: int, loader_state: dict, launched) 
 
 def batch_from_dict(d: dict) -> dict:
     """`batch_to_dict`'s dict with PromptRequest and Trajectory objects again (results as (list, dict) tuples)."""
-    return {**d, "requests": [PromptRequest(**r) for r in d["requests"]],
+    return {**d, "requests": [prompt_request_from_dict(r) for r in d["requests"]],
             "results": [([trajectory_from_dict(t) for t in trajs], dict(m)) for trajs, m in d["results"]]}
 
 

@@ -99,3 +99,43 @@ def test_interrupted_generation_continues_on_new_weights_with_per_token_versions
         # and the versions differ visibly on the continued tokens (a wrong version would fail above)
         assert max(abs(a - b) for a, b in zip(s["v0"][old:], s["v1"][old:])) > 0.05
     assert "requests still hold KV blocks" in out["refused"]
+
+
+@ray.remote(num_cpus=1)
+class _Worker:
+    def run(self, model: str, folder: str) -> dict:
+        import time
+
+        from actors.rollout.worker import RolloutWorker
+        from orchestrator.config import load_config
+        from orchestrator.rollout.types import PromptRequest
+
+        cfg = load_config(None, ["rollout.kv_cache_space_gib=1", "rollout.ignore_eos=true", "rollout.n=4",
+                                 f"rollout.max_new_tokens={TOKENS * 8}"]).rollout
+        worker = RolloutWorker(model, cfg)
+        ids = worker.engine.tokenizer.encode("What is 2+3?")
+        worker.stream_submit([PromptRequest(g, ids, "", seed=g) for g in range(2)])
+        while worker.stream_drain(0.05)[1]["stream/running"] == 0:
+            pass
+        time.sleep(0.3)  # some tokens sampled by version 0
+        checks = worker.weight_sync("disk", "load", folder, 1)  # the stream is paused, loads, continues
+        probe = worker.probe_logprobs(ids[:3], ids[3:])  # the sync probe runs while the engine streams
+        samples, metrics, deadline = [], {}, time.monotonic() + 120
+        while len(samples) < 8 and time.monotonic() < deadline:
+            got, metrics = worker.stream_drain(1.0)
+            samples += got
+        worker.stream.close()
+        return {"version": checks["version"], "probe": len(probe), "metrics": metrics,
+                "samples": [(s.key, s.token_versions, s.finish_reason, bool(s.text)) for s in samples]}
+
+
+def test_a_weight_sync_interrupts_the_workers_stream_and_every_sample_continues_once(ray_local, tiny_model, tmp_path):
+    out = ray.get(_Worker.remote().run.remote(str(tiny_model), _write_version(tiny_model, tmp_path, 1, 1.5)))
+    assert out["version"] == 1 and out["probe"] > 0
+    assert out["metrics"]["stream/interruptions"] == 8 and out["metrics"]["stream/running"] == 0
+    keys = [k for k, *_ in out["samples"]]
+    assert sorted(keys) == sorted(f"{g}:{i}" for g in range(2) for i in range(4))  # each sample once
+    for _, versions, finish, has_text in out["samples"]:
+        old = versions.count(0)
+        assert finish == "length" and len(versions) == TOKENS * 8 and has_text
+        assert 1 <= old < len(versions) and versions == [0] * old + [1] * (len(versions) - old)

@@ -22,6 +22,7 @@ ALLOWED_PRIVATE = {
     "getattr(model, '_no_split_modules', None)",  # transformers: the decoder-layer classes FSDP wraps one by one
     "from vllm import _custom_ops",  # vLLM's kernels (scaled_fp8_quant) have no other name; its own layers use it
     "getattr(body, '_no_split_modules', None)",  # the same, of the PPO critic's decoder body (actors/critic.py)
+    "torch._C",  # torch._C.set_num_threads: vLLM's CPU worker replaces torch.set_num_threads by a no-op (stream.py)
 }
 
 

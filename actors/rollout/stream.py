@@ -1,0 +1,130 @@
+"""Streaming generation in a rollout worker (`rollout.partial_rollout=true`): the engine generates without
+pause on a thread of its own; groups are submitted and finished samples drained at any time; a weight update
+interrupts the requests in flight and continues them on the new weights (actors/rollout/interruptible.py).
+
+    stream = StreamingGenerator(vllm_engine, n=8, max_tokens=256, version=lambda: worker.version)
+    stream.submit(requests)                  # PromptRequests: n PartialSamples each, queued for the engine
+    samples, metrics = stream.drain(0.5)     # finished PartialSamples (waits up to 0.5 s for one)
+    with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
+        ...                                  # on exit the interrupted samples continue on version()
+
+The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; a
+caller of `paused()` raises a flag first so the thread yields the lock at the next step boundary (Python's
+locks are not fair); it runs the engine with the OpenMP pool size of the thread that made the engine.
+Engine errors stop the thread and are raised by the next `drain`. Metrics:
+`stream/busy_s` (seconds inside engine steps since the last drain), `stream/running`, `stream/queued`,
+`stream/interruptions` (cumulative requests aborted by weight updates).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+from actors.rollout.interruptible import InterruptibleEngine
+from orchestrator.rollout.partial import PartialSample, samples_of
+
+
+class StreamingGenerator:
+    """See the module docstring. version: returns the weight version the engine holds now."""
+
+    def __init__(self, engine, n: int, max_tokens: int, version: Callable[[], int]):
+        self.gen = InterruptibleEngine(engine)
+        self.n, self.max_tokens, self.version = n, max_tokens, version
+        self.cond = threading.Condition()
+        self.queue: list[PartialSample] = []
+        self.done: list[PartialSample] = []
+        self.pause_wanted = 0
+        self.busy_s = 0.0
+        self.error: Optional[BaseException] = None
+        self.closed = False
+        import torch
+
+        self.threads = torch.get_num_threads()  # the engine's OpenMP pool (vllm_engine._size_cpu_threads sized it)
+        self.thread = threading.Thread(target=self._loop, name="rollout-stream", daemon=True)
+        self.thread.start()
+
+    def submit(self, requests: list) -> int:
+        """Queue every request's group (n samples, or its sampling override's). Returns the samples queued."""
+        samples = [s for r in requests for s in samples_of(r, self.n, self.max_tokens)]
+        with self.cond:
+            self._raise_error()
+            self.queue += samples
+            self.cond.notify_all()
+        return len(samples)
+
+    def drain(self, wait_s: float = 0.0) -> tuple[list[PartialSample], dict]:
+        """The samples finished since the last drain (waiting up to `wait_s` seconds for at least one) and
+        the `stream/*` metrics. Raises the engine thread's error, if it failed."""
+        with self.cond:
+            deadline = time.monotonic() + wait_s
+            while not self.done and self.error is None and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, deadline - time.monotonic()))
+            self._raise_error()
+            out, self.done = self.done, []
+            metrics = {"stream/busy_s": self.busy_s, "stream/running": float(self.gen.running),
+                       "stream/queued": float(len(self.queue)), "stream/interruptions": float(self.gen.interruptions)}
+            self.busy_s = 0.0
+        return out, metrics
+
+    @contextmanager
+    def paused(self):
+        """Hold the engine idle: the requests in flight are aborted (tokens kept) and continue on `version()`
+        when the block exits (also when it raises)."""
+        with self.cond:
+            self.pause_wanted += 1
+        try:
+            with self.cond:
+                interrupted = self.gen.interrupt()
+                try:
+                    yield
+                finally:
+                    self.queue = interrupted + self.queue
+                    self.cond.notify_all()
+        finally:
+            with self.cond:
+                self.pause_wanted -= 1
+                self.cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the engine thread (requests in flight are aborted)."""
+        with self.cond:
+            self.closed = True
+            self.gen.interrupt()
+            self.cond.notify_all()
+        self.thread.join(timeout=30)
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the rollout stream's engine thread failed: {self.error!r}") from self.error
+
+    def _loop(self) -> None:
+        import torch
+
+        # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (1 in a fractional-CPU Ray
+        # actor), and vLLM's CPU attention refuses a pool other than the one its metadata was built for. vLLM
+        # replaces torch.set_num_threads by a no-op once its CPU worker started; torch._C's is the real one.
+        torch._C.set_num_threads(self.threads)
+        while True:
+            with self.cond:
+                while not self.closed and (self.pause_wanted or not (self.queue or self.gen.running)):
+                    self.cond.wait()
+                if self.closed:
+                    return
+                try:
+                    if self.queue:
+                        self.gen.add(self.queue, self.version())
+                        self.queue = []
+                    t0 = time.perf_counter()
+                    finished = self.gen.step()
+                    self.busy_s += time.perf_counter() - t0
+                except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
+                    self.error = e
+                    self.cond.notify_all()
+                    return
+                for s in finished:
+                    s.text = self.gen.text(s)
+                self.done += finished
+                if finished:
+                    self.cond.notify_all()

@@ -1,0 +1,169 @@
+"""Fully asynchronous rollouts (`placement.mode=disaggregated_async` with `rollout.partial_rollout=true`): the
+engines generate continuously, the trainer takes a batch as soon as `rollout.prompts_per_step` groups are
+complete, and a weight sync interrupts the requests in flight, which continue on the new weights
+(partial rollouts: actors/rollout/stream.py on the workers, orchestrator/rollout/partial.py per sample).
+The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/async_source.py):
+
+    rollouts = StreamRollouts(workers, wait, sample, loader, cfg, start_step)
+    rollouts.launch(step)                     # top the engines up to the capacity rule (k = algo.max_staleness)
+    trajs = rollouts.take(step, version, row) # waits for prompts_per_step complete admissible groups
+    ... reward, reference, advantages, train ...
+    rollouts.finish_in_flight(row)            # nothing to wait for: the sync interrupts the engines
+    ... sync_weights(step) ...; rollouts.synced(step)
+
+Prompts are drawn from the loader a batch (prompts_per_step groups) at a time while the capacity rule of
+`GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1)
+batches started, so the engines hold up to k + 1 batches of work ahead of the trainer. Groups go to the
+worker with the fewest samples outstanding. Groups are trained in the order they complete; one whose
+oldest token is more than k versions older than the policy trained is dropped (counted) and its slot
+refilled.
+
+Checkpoints: a resume regenerates every group not trained yet from its PromptRequest (`state_dict`: their
+requests, the loader after them, the counters): no group lost or trained twice; the tokens they had are
+generated again by the checkpoint's weights. Multi-turn environments do not stream yet (config/load.py
+refuses them with partial_rollout), nor is a lost rollout worker replaced in this mode (its error is raised
+and the job's supervisor restarts the run from the checkpoint).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Optional
+
+from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.partial import PartialSample
+from orchestrator.rollout.stream_buffer import GroupBuffer
+from orchestrator.rollout.types import PromptRequest, Trajectory
+
+POLL_S = 0.2  # how long one drain call waits on a worker for a finished sample
+
+
+class StreamRollouts:
+    """Controller side of fully asynchronous rollouts (see the module docstring).
+
+    workers: the job's rollout worker handles; wait: the job's bounded ray.get; sample: step -> one batch of
+    PromptRequests from `loader`; cfg: the run config (algo.max_staleness, rollout.prompts_per_step, rollout.n)."""
+
+    def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+        self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
+        self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
+        self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
+        self.version = start_step
+        self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
+        self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
+        self.owner: dict[int, int] = {}  # group id -> worker
+        self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
+        self.busy_s = 0.0
+        self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
+
+    def launch(self, step: int) -> None:
+        """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
+        while self.buffer.capacity(self.version) >= self.per_step:
+            self.batches_drawn += 1
+            self.submit(self.sample(self.batches_drawn))
+
+    def submit(self, requests: list[PromptRequest]) -> None:
+        """Hand groups to the least-loaded workers (also used by a resume for the checkpoint's groups)."""
+        plan: dict[int, list] = {}
+        for r in requests:
+            w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
+            size = r.sampling.n if r.sampling is not None else self.n
+            self.buffer.submit(r.group_id, size)
+            self.requests[r.group_id], self.owner[r.group_id] = r, w
+            self.outstanding[w] += size
+            plan.setdefault(w, []).append(r)
+        self.wait([self.workers[w].stream_submit.remote(rs) for w, rs in plan.items()])
+
+    def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
+        """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
+        groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
+        self.version = version
+        t0, dropped_before = time.perf_counter(), self.buffer.dropped_groups
+        batch = self.buffer.take(self.per_step, version)
+        while batch is None:
+            self._poll()
+            if self.buffer.dropped_groups != dropped_before:
+                self._forget_dropped()
+            self.launch(step)
+            batch = self.buffer.take(self.per_step, version)
+        samples = batch.samples
+        self._forget_dropped()  # the batch's groups and any dropped on the way
+        row.update(self.buffer.metrics(batch))
+        row.update(self._row_metrics(samples, time.perf_counter() - t0))
+        return [s.to_trajectory() for s in samples]
+
+    def finish_in_flight(self, row: dict) -> None:
+        """Nothing waits here: the weight sync pauses the engines' requests and continues them after the load."""
+        row["rollout/worker_generate_s_mean"] = self.busy_s / max(len(self.workers), 1)
+        self.busy_s = 0.0
+
+    def synced(self, version: int) -> None:
+        self.version = version
+
+    def loader_state(self) -> Optional[dict]:
+        return None  # the loader's own state: `state_dict` carries the groups drawn and not trained
+
+    def state_dict(self) -> Optional[dict]:
+        """{"requests": every group started and not trained (JSON), "dropped_groups", "dropped_samples",
+        "batches_drawn"}: a resume submits these groups again before drawing new ones."""
+        return {"requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
+                "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
+                "batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the checkpoint's untrained groups are submitted again (regenerated on the current weights)."""
+        from orchestrator.rollout.pending import prompt_request_from_dict
+
+        self.buffer.dropped_groups = int(state.get("dropped_groups", 0))
+        self.buffer.dropped_samples = int(state.get("dropped_samples", 0))
+        self.batches_drawn = int(state.get("batches_drawn", self.batches_drawn))
+        requests = [prompt_request_from_dict(r) for r in state.get("requests", [])]
+        if requests:
+            self.submit(requests)
+
+    def discard(self, engine_version: Optional[int] = None) -> list[int]:
+        """Forget every untrained group (the engines are being replaced; a restore brings back the checkpoint's
+        groups through `load_state_dict`). Returns their ids."""
+        ids = sorted(self.requests)
+        self.buffer = GroupBuffer(self.buffer.k, self.per_step)
+        self.requests, self.owner, self.outstanding = {}, {}, [0] * len(self.workers)
+        if engine_version is not None:
+            self.version = engine_version
+        return ids
+
+    def _poll(self) -> None:
+        """Drain every worker once (the first waits up to POLL_S for a finished sample)."""
+        results = self.wait([w.stream_drain.remote(POLL_S if i == 0 else 0.0) for i, w in enumerate(self.workers)])
+        for i, (samples, metrics) in enumerate(results):
+            self.busy_s += metrics.get("stream/busy_s", 0.0)
+            self.stream = metrics or self.stream
+            for s in samples:
+                self.outstanding[i] -= 1
+                self._add(s)
+
+    def _add(self, sample: PartialSample) -> None:
+        if sample.request.group_id in self.buffer.pending:
+            self.buffer.add(sample)
+
+    def _forget_dropped(self) -> None:
+        """Dropped groups leave `requests` (they are not retried: a fresh batch takes their place)."""
+        live = set(self.buffer.pending) | {g.group_id for g in self.buffer.ready}
+        for gid in [g for g in self.requests if g not in live]:
+            self.requests.pop(gid)
+            self.owner.pop(gid, None)
+
+    def _row_metrics(self, samples: list[PartialSample], wait_s: float) -> dict[str, float]:
+        tokens = sum(len(s.response_ids) for s in samples)
+        return {"rollout/tokens": float(tokens), "rollout/staleness": float(max(self.version - s.first_version
+                                                                                for s in samples)),
+                "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
+                "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
+
+
+def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+    """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout, else the
+    one-step-off `AsyncRollouts` over `source`."""
+    if cfg.rollout.partial_rollout:
+        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step)
+    return AsyncRollouts(source, sample, loader, cfg, start_step)
