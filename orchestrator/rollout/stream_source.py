@@ -79,9 +79,10 @@ class StreamRollouts:
         groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
         self.version = version
         t0, dropped_before = time.perf_counter(), self.buffer.dropped_groups
+        self._poll(0.0)  # every step: finished samples in, the engines' busy seconds counted in the step they ran
         batch = self.buffer.take(self.per_step, version)
         while batch is None:
-            self._poll()
+            self._poll(POLL_S)
             if self.buffer.dropped_groups != dropped_before:
                 self._forget_dropped()
             self.launch(step)
@@ -131,9 +132,9 @@ class StreamRollouts:
             self.version = engine_version
         return ids
 
-    def _poll(self) -> None:
-        """Drain every worker once (the first waits up to POLL_S for a finished sample)."""
-        results = self.wait([w.stream_drain.remote(POLL_S if i == 0 else 0.0) for i, w in enumerate(self.workers)])
+    def _poll(self, wait_s: float) -> None:
+        """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample)."""
+        results = self.wait([w.stream_drain.remote(wait_s if i == 0 else 0.0) for i, w in enumerate(self.workers)])
         for i, (samples, metrics) in enumerate(results):
             self.busy_s += metrics.get("stream/busy_s", 0.0)
             self.stream = metrics or self.stream

@@ -1,0 +1,139 @@
+"""Synchronous, one-step-off and fully asynchronous training (partial rollouts, k = 1, 2, 4) on the demo task,
+with fake GPUs: rollout and trainer on their own core each (placement.resource=fake_gpu, placement.fake_gpus=2).
+
+Runs the default config (SmolLM2-135M-Instruct, one-digit arithmetic, 4 prompts x 8 samples, seeded) once per
+mode, one after another, held-out eval and trackers off, and prints one table: seconds per step (mean of steps
+2..N), samples per second, the generation and train phases (the overlap limit is the slower of the two),
+reward over the first and last 5 steps, wall time to reach a reward, and the staleness distribution of the
+samples trained.
+
+    .venv/bin/python benchmarks/async_rl.py --out /tmp/async_rl                  # every mode, 16 steps (~40 min)
+    .venv/bin/python benchmarks/async_rl.py --only sync_disaggregated,k2 --steps 8 --out /tmp/async_rl
+
+Options: --only a,b (modes by name, default all of MODES); --steps N (default 16); --target R (the reward whose
+wall time is compared, default 0.7); --out DIR (one run folder per mode and results.json); --resume (keep the
+modes already in DIR/results.json); extra key=value overrides for every mode.
+
+Ratios printed: for each mode, wall time to the target reward of the best synchronous mode / its own (the
+issue's target: >= 1.6x), and its step time / max(generation, training) of the synchronous disaggregated run
+(the overlap limit: within 15% is the target).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "grpo_arith_cpu.yaml"
+BASE = ["eval.every_steps=0", "metrics.trackers=[]", "metrics.samples_every=0", "checkpoint.every_steps=0",
+        "checkpoint.resume=none", "placement.resource=fake_gpu", "placement.fake_gpus=2", "run.progress=false"]
+SPLIT = ["rollout.num_workers=1", "trainer.num_workers=1", "placement.trainer_per_worker=1.0",
+         "placement.rollout_per_worker=1.0"]
+STREAM = ["placement.mode=disaggregated_async", "rollout.partial_rollout=true", *SPLIT]
+MODES: dict[str, list[str]] = {
+    "sync_colocated": ["placement.mode=colocated"],
+    "sync_disaggregated": ["placement.mode=disaggregated", *SPLIT],
+    "one_step_off": ["placement.mode=disaggregated_async", "algo.max_staleness=1", *SPLIT],
+    "k1": [*STREAM, "algo.max_staleness=1"],
+    "k2": [*STREAM, "algo.max_staleness=2"],
+    "k4": [*STREAM, "algo.max_staleness=4"],
+}
+SYNC = ("sync_colocated", "sync_disaggregated")
+SAMPLES = 32  # samples per step: rollout.prompts_per_step 4 x rollout.n 8 of the demo config
+
+
+def summarise(rows: list[dict], target: float) -> dict:
+    """Per-run numbers from its metrics rows: step_s (mean of steps 2..N), samples_s, generate_s / train_s (phase
+    means, steps 2..N), reward first/last 5, wall_to_target_s (cumulative step seconds until the reward, averaged
+    over 3 steps, first reaches `target`; None if never), staleness histogram {s: samples}."""
+    rows = [r for r in rows if "reward/mean" in r]
+    later = rows[1:] or rows
+    mean = lambda key: sum(float(r.get(key, 0.0)) for r in later) / len(later)  # noqa: E731
+    rewards = [r["reward/mean"] for r in rows]
+    wall, reached = 0.0, None
+    for i, r in enumerate(rows):
+        wall += float(r["timing/step_s"])
+        window = rewards[max(0, i - 2):i + 1]
+        if reached is None and len(window) == 3 and sum(window) / 3 >= target:
+            reached = wall
+    hist: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("async/staleness_") and k[16:].isdigit():
+                hist[k[16:]] = hist.get(k[16:], 0.0) + v
+            elif k == "async/staleness":  # the one-step-off pipeline: one staleness per batch
+                hist[str(int(v))] = hist.get(str(int(v)), 0.0) + SAMPLES
+    return {"steps": len(rows), "step_s": mean("timing/step_s"), "samples_s": SAMPLES / mean("timing/step_s"),
+            "generate_s": mean("timing/generate_s"), "train_s": mean("timing/train_s"),
+            "worker_generate_s": mean("roles/rollout_busy_s"),
+            "reward_first5": sum(rewards[:5]) / len(rewards[:5]), "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]),
+            "wall_to_target_s": reached, "staleness": hist, "rewards": rewards,
+            "wall": [sum(float(x["timing/step_s"]) for x in rows[:i + 1]) for i in range(len(rows))]}
+
+
+def run_mode(name: str, out: Path, steps: int, target: float, extra: list[str]) -> dict:
+    folder = out / name
+    cmd = [sys.executable, "-m", "orchestrator", str(CONFIG), *BASE, f"trainer.total_steps={steps}",
+           f"run.output_dir={folder}", *MODES[name], *extra]
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: {' '.join(MODES[name])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1][:300]}
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {**summarise(rows, target), "process_s": time.perf_counter() - t0}
+
+
+def table(results: dict, target: float) -> str:
+    ok = {n: r for n, r in results.items() if "error" not in r}
+    sync_walls = [ok[n]["wall_to_target_s"] for n in SYNC if n in ok and ok[n]["wall_to_target_s"]]
+    best_sync = min(sync_walls) if sync_walls else None
+    limit = max(ok["sync_disaggregated"]["generate_s"], ok["sync_disaggregated"]["train_s"]) \
+        if "sync_disaggregated" in ok else None
+    lines = [f"| mode | s/step | samples/s | generate s | train s | reward first 5 | last 5 | wall to {target} s | "
+             "vs best sync | step / overlap limit | staleness (samples) |", "|---" * 11 + "|"]
+    for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | not run: {r['error']} |" + " |" * 9)
+            continue
+        wall = r["wall_to_target_s"]
+        speed = f"{best_sync / wall:.2f}x" if best_sync and wall else "-"
+        lim = f"{r['step_s'] / limit:.2f}" if limit else "-"
+        hist = ", ".join(f"{s}: {int(v)}" for s, v in sorted(r["staleness"].items(), key=lambda x: int(x[0]))) or "0: all"
+        lines.append(f"| {name} | {r['step_s']:.1f} | {r['samples_s']:.2f} | {r['generate_s']:.1f} | {r['train_s']:.1f} | "
+                     f"{r['reward_first5']:.3f} | {r['reward_last5']:.3f} | {f'{wall:.0f}' if wall else 'not reached'} | "
+                     f"{speed} | {lim} | {hist} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--out", default="/tmp/rl_orch_async_rl")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("extra", nargs="*")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODES)
+    if unknown := [n for n in names if n not in MODES]:
+        ap.error(f"--only: unknown modes {unknown}; known: {list(MODES)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "results.json"
+    results = json.loads(saved.read_text()) if args.resume and saved.exists() else {}
+    for name in names:
+        if name in results and "error" not in results[name]:
+            continue
+        results[name] = run_mode(name, out, args.steps, args.target, args.extra)
+        saved.write_text(json.dumps(results, indent=1))
+    print(table({n: results[n] for n in MODES if n in results}, args.target))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
