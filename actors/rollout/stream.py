@@ -8,9 +8,10 @@ interrupts the requests in flight and continues them on the new weights (actors/
     with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
         ...                                  # on exit the interrupted samples continue on version()
 
-The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; a
-caller of `paused()` raises a flag first so the thread yields the lock at the next step boundary (Python's
-locks are not fair); it runs the engine with the OpenMP pool size of the thread that made the engine.
+The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; every
+caller (submit, drain, paused) counts itself as waiting first, and the thread lets waiting callers in at the next
+step boundary (Python's locks are not fair: without this a drain waited seconds behind back-to-back steps). The
+thread runs the engine with the OpenMP pool size of the thread that made the engine.
 Engine errors stop the thread and are raised by the next `drain`. Metrics:
 `stream/busy_s` (seconds inside engine steps since the last drain), `stream/running`, `stream/queued`,
 `stream/interruptions` (cumulative requests aborted by weight updates).
@@ -35,7 +36,8 @@ class StreamingGenerator:
         self.cond = threading.Condition()
         self.queue: list[PartialSample] = []
         self.done: list[PartialSample] = []
-        self.pause_wanted = 0
+        self.waiting = 0  # callers waiting for the lock (`_turn`): the engine thread lets them in first
+        self.waiting_lock = threading.Lock()
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
         self.closed = False
@@ -48,16 +50,15 @@ class StreamingGenerator:
     def submit(self, requests: list) -> int:
         """Queue every request's group (n samples, or its sampling override's). Returns the samples queued."""
         samples = [s for r in requests for s in samples_of(r, self.n, self.max_tokens)]
-        with self.cond:
+        with self._turn():
             self._raise_error()
             self.queue += samples
-            self.cond.notify_all()
         return len(samples)
 
     def drain(self, wait_s: float = 0.0) -> tuple[list[PartialSample], dict]:
         """The samples finished since the last drain (waiting up to `wait_s` seconds for at least one) and
         the `stream/*` metrics. Raises the engine thread's error, if it failed."""
-        with self.cond:
+        with self._turn():
             deadline = time.monotonic() + wait_s
             while not self.done and self.error is None and time.monotonic() < deadline:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
@@ -72,27 +73,32 @@ class StreamingGenerator:
     def paused(self):
         """Hold the engine idle: the requests in flight are aborted (tokens kept) and continue on `version()`
         when the block exits (also when it raises)."""
+        with self._turn():
+            interrupted = self.gen.interrupt()
+            try:
+                yield
+            finally:
+                self.queue = interrupted + self.queue
+
+    @contextmanager
+    def _turn(self):
+        """The engine's lock for a caller: the engine thread yields it at its next step boundary (it waits while
+        a caller is waiting), so a caller never starves behind back-to-back steps (Python's locks are not fair)."""
+        with self.waiting_lock:
+            self.waiting += 1
         with self.cond:
-            self.pause_wanted += 1
-        try:
-            with self.cond:
-                interrupted = self.gen.interrupt()
-                try:
-                    yield
-                finally:
-                    self.queue = interrupted + self.queue
-                    self.cond.notify_all()
-        finally:
-            with self.cond:
-                self.pause_wanted -= 1
+            with self.waiting_lock:
+                self.waiting -= 1
+            try:
+                yield
+            finally:
                 self.cond.notify_all()
 
     def close(self) -> None:
         """Stop the engine thread (requests in flight are aborted)."""
-        with self.cond:
+        with self._turn():
             self.closed = True
             self.gen.interrupt()
-            self.cond.notify_all()
         self.thread.join(timeout=30)
 
     def _raise_error(self) -> None:
@@ -108,7 +114,7 @@ class StreamingGenerator:
         torch._C.set_num_threads(self.threads)
         while True:
             with self.cond:
-                while not self.closed and (self.pause_wanted or not (self.queue or self.gen.running)):
+                while not self.closed and (self.waiting or not (self.queue or self.gen.running)):
                     self.cond.wait()
                 if self.closed:
                     return
