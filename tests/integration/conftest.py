@@ -1,4 +1,5 @@
-"""Shared fixtures: a local Ray and a tiny random Llama model (2 layers, hidden 128) made on the fly.
+"""Shared fixtures: a local Ray (kept from one module to the next while nothing is left in it) and a tiny random
+Llama model (2 layers, hidden 128) made on the fly.
 
 The tiny model reuses the default model's tokenizer (prepared by `make model`), so prompts render with a
 real chat template and vLLM can detokenise.
@@ -6,6 +7,7 @@ real chat template and vLLM can detokenise.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -13,13 +15,57 @@ import ray
 import torch
 
 
+# A local Ray that a module's `ray_local` left clean (no live actor, no placement group, every resource free) is
+# kept for the next module that asks for `ray_local`: `ray.init` costs 5-10 s a module on 2 cores. Any other test
+# (tests/conftest.py, pytest_runtest_setup) and the end of the session shut a kept Ray down, so a test that does not
+# ask for `ray_local` starts without one, as before.
+KEPT = {"ray": False}
+
+
+def _leftovers() -> list[str]:
+    """What this Ray still holds: live actors, placement groups not removed, resources in use."""
+    from ray._private import state  # the GCS actor table: the public state API needs the dashboard
+
+    held = [f"actor {a['ActorClassName']} {a['State']}" for a in state.actors().values() if a["State"] != "DEAD"]
+    held += [f"placement group {pg_id} {pg['state']}" for pg_id, pg in ray.util.placement_group_table().items()
+             if pg["state"] != "REMOVED"]
+    total, free = ray.cluster_resources(), ray.available_resources()
+    held += [f"{k}: {free.get(k, 0.0)} of {v} free" for k, v in total.items()
+             if not k.startswith(("node:", "object_store_memory", "memory")) and free.get(k, 0.0) < v - 1e-6]
+    return held
+
+
+def ray_is_clean(timeout_s: float = 5.0) -> bool:
+    """Whether this Ray holds nothing (killed actors take a moment to be reported dead)."""
+    deadline = time.time() + timeout_s
+    while _leftovers():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def shut_down_kept_ray() -> None:
+    """Shut down a Ray that a previous module's `ray_local` kept (no-op otherwise)."""
+    if KEPT["ray"]:
+        KEPT["ray"] = False
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_local():
+    """A local Ray (2 CPUs) for the module: the one a previous module kept, else a new one. Shut down at the
+    module's end, unless this fixture started it and nothing is left in it (then kept, see KEPT)."""
+    ours, KEPT["ray"] = KEPT["ray"] and ray.is_initialized(), False
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
+        ours = True
     yield
-    ray.shutdown()
+    if ours and ray.is_initialized() and ray_is_clean():
+        KEPT["ray"] = True  # the next module's ray_local reuses it; anything else shuts it down first
+    else:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@
   (rewards, tokens, responses) exactly those of the same run without eval;
 - eval.holdout: no prompt a training step draws is an eval prompt;
 - `rl-orch eval` on the run's checkpoint and on the base model: a table and a JSON file.
+The 2-step run without eval is made once (`plain_run`): the training rows compare against it, and
+`rl-orch eval` reads its final checkpoint (step 2).
 """
 from __future__ import annotations
 
@@ -33,8 +35,14 @@ def _run(tiny_model, out, *extra):
         controller.shutdown()
 
 
-def test_eval_rows_and_training_unchanged(ray_local, tiny_model, tmp_path):
-    _, plain = _run(tiny_model, tmp_path / "plain")
+@pytest.fixture(scope="module")
+def plain_run(ray_local, tiny_model, tmp_path_factory):
+    """The tiny 2-step run without eval (eval.every_steps=0): its rows and its final checkpoint (step 2)."""
+    return _run(tiny_model, tmp_path_factory.mktemp("plain"))[1]
+
+
+def test_eval_rows_and_training_unchanged(ray_local, tiny_model, tmp_path, plain_run):
+    plain = plain_run
     _, result = _run(tiny_model, tmp_path / "eval", *EVAL)
     rows = result.rows
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -84,8 +92,9 @@ def test_holdout_prompts_are_never_trained_on(ray_local, tiny_model, tmp_path):
     assert [r["step"] for r in result.rows if "eval/pass_at_1" in r] == [0, 1, 2, 3]
 
 
-def test_rl_orch_eval_checkpoint_and_base(ray_local, tiny_model, tmp_path, capsys):
-    _, result = _run(tiny_model, tmp_path / "run", "trainer.total_steps=1")
+def test_rl_orch_eval_checkpoint_and_base(ray_local, tiny_model, tmp_path, capsys, plain_run):
+    result = plain_run  # its final checkpoint: step 2
+    assert result.checkpoint.endswith("step_000002")
     common = ["--config", "configs/grpo_arith_cpu.yaml", "--data", "arith",
               *tiny_overrides(tiny_model, tmp_path / "ignored"), "eval.num_prompts=4", "eval.max_new_tokens=6"]
     common = [o for o in common if not o.startswith("run.output_dir=")]
@@ -95,7 +104,7 @@ def test_rl_orch_eval_checkpoint_and_base(ray_local, tiny_model, tmp_path, capsy
     printed = capsys.readouterr().out
     assert "eval/pass_at_1" in printed and "written:" in printed
     report = json.loads(out.read_text())
-    assert report["metrics"]["eval/prompts"] == 4 and report["metrics"]["eval/weight_version"] == 1
+    assert report["metrics"]["eval/prompts"] == 4 and report["metrics"]["eval/weight_version"] == 2
     assert report["eval"]["data"] == "arith"
     assert main(["eval", "--checkpoint", "base", *common, f"run.output_dir={tmp_path / 'e2'}"]) == 0
     base = json.loads((tmp_path / "e2" / "eval.json").read_text())
