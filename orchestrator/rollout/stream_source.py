@@ -48,6 +48,7 @@ class StreamRollouts:
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
         self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
         self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
+        self.buffer.started = start_step * self.per_step  # a resume: the groups trained before count as started
         self.version = start_step
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
         self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
@@ -127,6 +128,7 @@ class StreamRollouts:
         groups through `load_state_dict`). Returns their ids."""
         ids = sorted(self.requests)
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
+        self.buffer.started = self.version * self.per_step
         self.requests, self.owner, self.outstanding = {}, {}, [0] * len(self.workers)
         if engine_version is not None:
             self.version = engine_version

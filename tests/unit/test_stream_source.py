@@ -46,7 +46,7 @@ class _Loader:
         return {"drawn": self.drawn}
 
 
-def _setup(k=1, workers=2):
+def _setup(k=1, workers=2, start_step=0):
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, partial_rollout=True),
                           algo=SimpleNamespace(max_staleness=k))
     engine, loader = SimpleNamespace(version=0), _Loader()
@@ -56,7 +56,7 @@ def _setup(k=1, workers=2):
         loader.drawn += 1
         return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer="") for i in range(2)]
 
-    rollouts = StreamRollouts(fakes, lambda refs: refs, sample, loader, cfg)
+    rollouts = StreamRollouts(fakes, lambda refs: refs, sample, loader, cfg, start_step)
     return rollouts, fakes, engine, loader, cfg
 
 
@@ -80,10 +80,12 @@ def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_grou
     state = rollouts.state_dict()
     untrained = [r["group_id"] for r in state["requests"]]
     assert untrained and state["batches_drawn"] == loader.drawn
-    resumed, fakes, _, _, _ = _setup(k=1)
+    resumed, fakes, _, resumed_loader, _ = _setup(k=1, start_step=3)
     resumed.load_state_dict(state)
     assert sorted(resumed.requests) == sorted(untrained) and resumed.batches_drawn == state["batches_drawn"]
     assert sum(len(f.samples) for f in fakes) == 2 * len(untrained)
+    resumed.launch(4)  # the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
+    assert resumed.buffer.started == 5 * 2 and resumed_loader.drawn == 5 - 3 - len(untrained) // 2
     assert rollouts.discard() == sorted(untrained) and rollouts.requests == {}
 
 
