@@ -10,8 +10,8 @@ continues on the new weights, keeping the tokens already sampled (orchestrator/r
     gen.add(paused, version=4)                  # continue: prompt + tokens so far, KV recomputed by version 4
 
 Each request is added with `LLMEngine.add_request` (a `TokensPrompt` of the sample's continuation prompt,
-`SamplingParams(max_tokens=remaining, logprobs=0, output_kind=DELTA, seed=the sample's segment seed)`) and
-stepped with `LLMEngine.step()`; DELTA outputs carry each step's new ids and their logprobs, appended to
+`vllm_engine.sampling_params` of the rollout config with max_tokens=remaining, output_kind=DELTA and the
+sample's segment seed) and stepped with `LLMEngine.step()`; DELTA outputs carry each step's new ids and their logprobs, appended to
 the sample with the version the engine held when the segment was added. `interrupt` calls
 `LLMEngine.abort_request`, which frees the requests' KV blocks, so the load's prefix-cache reset succeeds
 and a continued request never reads KV computed by older weights (its whole prefix is prefilled again by
@@ -53,19 +53,17 @@ class InterruptibleEngine:
     def add(self, samples: list[PartialSample], version: int) -> None:
         """Start (or continue) each unfinished sample as one engine request on weight `version`.
         Raises ValueError for a finished sample or one already in flight."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+
+        from actors.rollout.vllm_engine import sampling_params
 
         keys = {s.key for s, _ in self.active.values()}
         for s in samples:
             if s.done or s.key in keys:
                 raise ValueError(f"sample {s.key}: {'finished' if s.done else 'already in flight'}, cannot be added")
-            override = s.request.sampling
-            params = SamplingParams(
-                n=1, temperature=override.temperature if override else self.cfg.temperature, top_p=self.cfg.top_p,
-                max_tokens=s.remaining, logprobs=0, seed=s.seed, output_kind=RequestOutputKind.DELTA,
-                ignore_eos=bool(getattr(self.cfg, "ignore_eos", False)) and override is None)
+            params = sampling_params(self.cfg, 1, s.seed, s.request.sampling, max_tokens=s.remaining,
+                                     output_kind=RequestOutputKind.DELTA)
             rid = f"partial-{next(_IDS)}"
             self.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=s.prompt_ids), params)
             self.active[rid] = (s, int(version))

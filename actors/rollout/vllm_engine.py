@@ -204,19 +204,20 @@ def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
 
 
-def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=None):
+def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=None, **extra):
     """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens` (exactly that many
     with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0); `seed`: vLLM's
     per-request seed (None: the engine's random state). `override` (a request's SamplingOverride, held-out eval):
-    its temperature (0 = greedy) and max_new_tokens instead, never ignore_eos."""
+    its temperature (0 = greedy) and max_new_tokens instead, never ignore_eos. `extra`: other SamplingParams
+    keywords, winning over these (partial rollouts: the budget left, DELTA outputs)."""
     from vllm import SamplingParams
 
     if override is not None:
-        return SamplingParams(n=n, temperature=override.temperature, top_p=rollout_cfg.top_p,
-                              max_tokens=override.max_new_tokens, logprobs=0, seed=seed)
-    return SamplingParams(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p,
-                          max_tokens=rollout_cfg.max_new_tokens, logprobs=0, seed=seed,
-                          ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
+        kwargs = dict(temperature=override.temperature, max_tokens=override.max_new_tokens)
+    else:
+        kwargs = dict(temperature=rollout_cfg.temperature, max_tokens=rollout_cfg.max_new_tokens,
+                      ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
+    return SamplingParams(**{"n": n, "top_p": rollout_cfg.top_p, "logprobs": 0, "seed": seed, **kwargs, **extra})
 
 
 def generation_inputs(rollout_cfg, requests: Sequence[PromptRequest], n: int) -> tuple[list, Any, list]:

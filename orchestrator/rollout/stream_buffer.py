@@ -54,7 +54,6 @@ class Batch:
 
     groups: list[Group]
     policy_version: int
-    dropped_groups: int = 0
 
     @property
     def samples(self) -> list[PartialSample]:
@@ -132,7 +131,7 @@ class GroupBuffer:
             return None
         self.ready = rest
         self.trained_groups += count
-        return Batch(admitted, policy_version, dropped)
+        return Batch(admitted, policy_version)
 
     def metrics(self, batch: Batch) -> dict[str, float]:
         """The `async/*` keys of a trained batch: `async/staleness_mean`, `_max`, the histogram

@@ -52,7 +52,6 @@ class StreamRollouts:
         self.version = start_step
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
         self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
-        self.owner: dict[int, int] = {}  # group id -> worker
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
         self.busy_s = 0.0
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
@@ -70,7 +69,7 @@ class StreamRollouts:
             w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
             size = r.sampling.n if r.sampling is not None else self.n
             self.buffer.submit(r.group_id, size)
-            self.requests[r.group_id], self.owner[r.group_id] = r, w
+            self.requests[r.group_id] = r
             self.outstanding[w] += size
             plan.setdefault(w, []).append(r)
         self.wait([self.workers[w].stream_submit.remote(rs) for w, rs in plan.items()])
@@ -79,13 +78,11 @@ class StreamRollouts:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
         groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
         self.version = version
-        t0, dropped_before = time.perf_counter(), self.buffer.dropped_groups
+        t0 = time.perf_counter()
         self._poll(0.0)  # every step: finished samples in, the engines' busy seconds counted in the step they ran
         batch = self.buffer.take(self.per_step, version)
         while batch is None:
             self._poll(POLL_S)
-            if self.buffer.dropped_groups != dropped_before:
-                self._forget_dropped()
             self.launch(step)
             batch = self.buffer.take(self.per_step, version)
         samples = batch.samples
@@ -129,7 +126,7 @@ class StreamRollouts:
         ids = sorted(self.requests)
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
-        self.requests, self.owner, self.outstanding = {}, {}, [0] * len(self.workers)
+        self.requests, self.outstanding = {}, [0] * len(self.workers)
         if engine_version is not None:
             self.version = engine_version
         return ids
@@ -153,7 +150,6 @@ class StreamRollouts:
         live = set(self.buffer.pending) | {g.group_id for g in self.buffer.ready}
         for gid in [g for g in self.requests if g not in live]:
             self.requests.pop(gid)
-            self.owner.pop(gid, None)
 
     def _row_metrics(self, samples: list[PartialSample], wait_s: float) -> dict[str, float]:
         tokens = sum(len(s.response_ids) for s in samples)
