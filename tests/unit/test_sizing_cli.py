@@ -52,7 +52,7 @@ def test_two_sizes_fit_the_laws_and_the_recommendation_matches(tmp_path, capsys)
     assert f"recommendation for 64 GPUs: {best.split.describe(truth)}" in out
     assert predicted(out) == pytest.approx(best.step_s, rel=1e-3)
     assert "runner-ups:" in out and "equal split (async: rollout 32, trainer 32)" in out
-    assert re.search(r"searched: \d+ splits simulated of 190 valid", out)  # 64 colocated + 63 + 63
+    assert re.search(r"searched: \d+ splits simulated of 253 valid", out)  # 64 colocated + 63 x 3 (dis, async, stream)
     assert "colocated: wake/sleep switch cost not measured" in out
 
 
