@@ -31,6 +31,9 @@ PHASE_KEYS: dict[str, str] = {
     "sample": "timing/sample_s", "advantages": "timing/advantages_s",
     "critic": "timing/critic_update_s"}  # PPO's critic (algo.estimator=gae): its update, inside the train phase
 ASYNC_GENERATE_KEY = "async/generate_s"
+# stream runs (rollout.partial_rollout=true) mark their rows with STREAM_ROW_KEY; their generation cost is the
+# engines' busy seconds in the step (a batch of work per step on average), not timing/generate_s (the wait)
+STREAM_ROW_KEY, STREAM_GENERATE_KEY = "async/buffer_groups", "rollout/worker_generate_s_mean"
 REQUIRED = ("generate", "train")
 ROLES = ("rollout", "trainer", "reference")
 CONFIG_NAMES = ("config.yaml", "config.yml", "resolved_config.yaml", "config.json")
@@ -173,7 +176,7 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
     for phase, key in PHASE_KEYS.items():
         # async runs (placement.mode=disaggregated_async): timing/generate_s is only the wait for the
         # prefetched batch; async/generate_s is the whole generation, the cost the sizer needs
-        values = [float(r.get(ASYNC_GENERATE_KEY, r[key]) if phase == "generate" else r[key]) for r in used if key in r]
+        values = [float(_generate_s(r) if phase == "generate" else r[key]) for r in used if key in r]
         per_step[phase] = values
         if values:
             phases[phase] = statistics.fmean(values) if phase == "checkpoint" else statistics.median(values)
@@ -193,6 +196,14 @@ def generate_variation(runs: list[RunMeasurement]) -> tuple[float, ...]:
             out += [max(v / med, 1e-3) for v in r.generate_steps]
     out = out[:MAX_SCALE_STEPS]
     return tuple(out) if out and max(abs(v - 1) for v in out) > 0.01 else ()
+
+
+def _generate_s(row: dict) -> float:
+    """A row's whole-generation seconds: async/generate_s (one-step-off rows), the engines' busy seconds
+    (stream rows, STREAM_ROW_KEY), else timing/generate_s."""
+    if STREAM_ROW_KEY in row and STREAM_GENERATE_KEY in row:
+        return row[STREAM_GENERATE_KEY]
+    return row.get(ASYNC_GENERATE_KEY, row[PHASE_KEYS["generate"]])
 
 
 def _token_scales(runs: list[RunMeasurement], notes: list[str]) -> list[float]:

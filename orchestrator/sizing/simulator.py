@@ -17,6 +17,12 @@ sync_k needs train_k; checkpoint_k needs sync_k. Modes:
 - "async" (one step off-policy for staleness 1): generate_k needs sync_{k-1-s} only (s = staleness),
   so the rollouts of step k+1 overlap the training of step k; the samples of step k come from weights
   at most s versions old. On the rollout GPUs sync_m runs between generate_{m+s} and generate_{m+s+1}.
+- "stream" (fully asynchronous with partial rollouts, k = staleness): generation is continuous and a sync
+  interrupts it instead of waiting for it; its own event loop, orchestrator.sizing.stream_sim.
+
+generate_scale (optional, every mode): per-step multipliers of the generation time, replayed in a cycle
+(the step-to-step variation measured by orchestrator.sizing.measurements); the measured window then spans
+whole cycles (orchestrator.sizing.phases.window_steps).
 
 Each resource runs its phases one at a time in a fixed order (program order of the controller). The
 simulation is event-driven over that order: a phase starts at the event that makes it runnable (its

@@ -179,6 +179,15 @@ def test_measured_rows_give_the_per_step_variation():
     assert generate_variation([measure_rows(flat, {"rollout": 1, "trainer": 1, "reference": 0}, "r", "t", {})]) == ()
 
 
+def test_stream_rows_are_measured_by_the_engines_busy_seconds():
+    """A stream run's timing/generate_s is the trainer's wait for a ready batch; its generation cost is the
+    engines' busy seconds per step (rollout/worker_generate_s_mean)."""
+    rows = [{"timing/generate_s": 0.1, "timing/train_s": 5.0, "async/buffer_groups": 2.0,
+             "rollout/worker_generate_s_mean": g} for g in (9.0, 3.0, 4.0, 5.0)]
+    run = measure_rows(rows, {"rollout": 1, "trainer": 1, "reference": 0}, "run", "test", {})
+    assert run.phases["generate"] == pytest.approx(4.0) and run.generate_steps == [3.0, 4.0, 5.0]
+
+
 def test_evaluate_uses_the_workload_k_search_and_recompute():
     w = Workload(constant(10.0), constant(6.0), constant(1.0), recompute_s=0.5, max_k=2)
     r = evaluate(w, Split("stream", 1, 1))
