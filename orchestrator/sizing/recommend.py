@@ -48,7 +48,9 @@ def k_lines(c: Candidate, w: Workload) -> list[str]:
     r, costs = c.result, w.costs(c.split)
     limit = overlap_limit_s(costs, w.reference_placement(c.split), w.generate_scale)
     by_k = ", ".join(f"k={k} {s:.4g} s" for k, s in r.step_by_k.items())
-    lines = [f"  step time per k: {by_k}; overlap limit (busiest role's work per step) {limit:.4g} s"]
+    top = max(r.step_by_k)
+    rest = f" (k > {top} not simulated: k = {top} reaches that lower bound)" if top < w.max_k else ""
+    lines = [f"  step time per k: {by_k}; overlap limit (busiest role's work per step) {limit:.4g} s{rest}"]
     best = min(r.step_by_k.values())
     tol = f"within {w.k_tolerance:.0%} of the best k's {best:.4g} s"
     varies = "the generation time varies from step to step" if w.generate_scale else ""

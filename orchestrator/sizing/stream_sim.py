@@ -137,7 +137,8 @@ def overlap_limit_s(costs: StepCosts, reference: str | None = None,
 def choose_k(costs: StepCosts, reference: str | None = None, max_k: int = 4, tolerance: float = 0.02,
              generate_scale: tuple[float, ...] = ()) -> SimResult:
     """Simulate k = 1..max_k and return the result of the smallest k whose step time is within `tolerance`
-    (a fraction, e.g. 0.02 = 2%) of the best over those k, with step_by_k holding every k's seconds per step.
+    (a fraction, e.g. 0.02 = 2%) of the best over those k, with step_by_k holding every simulated k's seconds
+    per step. The search stops at the first k that reaches `overlap_limit_s` (a lower bound for every k).
 
     The smallest such k: a larger k admits older samples (more off-policy) for a gain under the tolerance.
     Raises ValueError naming max_k (< 1) or tolerance (< 0 or not finite), and see `build_stream_schedule`."""
@@ -145,7 +146,12 @@ def choose_k(costs: StepCosts, reference: str | None = None, max_k: int = 4, tol
         raise ValueError(f"max_k: must be an integer >= 1 (got {max_k!r})")
     if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
         raise ValueError(f"tolerance: must be a finite number >= 0 (got {tolerance!r})")
-    results = {k: simulate_stream(costs, k, reference, None, generate_scale) for k in range(1, max_k + 1)}
+    limit = overlap_limit_s(costs, reference, generate_scale)
+    results: dict[int, SimResult] = {}
+    for k in range(1, max_k + 1):
+        results[k] = simulate_stream(costs, k, reference, None, generate_scale)
+        if results[k].step_s <= limit * (1 + 1e-9):  # at the lower bound: no larger k can be faster
+            break
     best = min(r.step_s for r in results.values())
     chosen = results[min(k for k, r in results.items() if r.step_s <= best * (1 + tolerance) + 1e-12)]
     chosen.step_by_k = {k: r.step_s for k, r in results.items()}
