@@ -6,7 +6,7 @@
 
 `recommend` fits a scaling law per role to the runs' phase times (orchestrator.sizing.measurements), then
 searches the splits with the pipeline simulator (orchestrator.sizing.sizer). The text names the config keys
-of the recommended mode (CONFIG_KEYS); for stream mode (fully asynchronous, partial rollouts) it gives the k
+of the recommended mode (`config_keys`); for stream mode (fully asynchronous, partial rollouts) it gives the k
 chosen (the smallest within the workload's k_tolerance of the best k, orchestrator.sizing.stream_sim), every
 k's step time and why a larger k does or does not help (`k_lines`).
 """
@@ -55,10 +55,10 @@ def k_lines(c: Candidate, w: Workload) -> list[str]:
     tol = f"within {w.k_tolerance:.0%} of the best k's {best:.4g} s"
     varies = "the generation time varies from step to step" if w.generate_scale else ""
     if r.k == 1:
-        why = (f"{varies}, but k = 1 already absorbs it" if varies else
-               "with the same generation time every step, k = 1 already reaches the overlap limit")
+        why = ("the measured step-to-step variation of the generation time is small enough for k = 1 to absorb"
+               if varies else "with the same generation time every step, k = 1 already reaches the overlap limit")
         lines.append(f"  k = 1 is enough ({tol}): {why}; a larger k only helps when generation time varies "
-                     "from step to step or has a long tail, and admits older samples")
+                     "from step to step or has a long tail, and would admit older samples")
     else:
         one = r.step_by_k[1]
         cause = varies or "one batch's generate -> reward -> train -> sync chain spans more than two steps"

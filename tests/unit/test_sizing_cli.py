@@ -71,6 +71,21 @@ def test_mode_and_units_and_target(tmp_path, capsys):
     assert predicted(out) <= 20 and f"recommendation for {n} GPUs" in out
 
 
+def test_stream_mode_prints_its_k_and_config_keys(tmp_path, capsys):
+    """Fully asynchronous with partial rollouts: the k chosen, the keys to set, every k simulated, and the
+    median generate time every step with --constant-generate (then k = 1 reaches the overlap limit)."""
+    a = write_run(tmp_path / "a", 2, 2)
+    assert main(["size", "--metrics", str(a), "--gpus", "16", "--mode", "stream", "--max-k", "3",
+                 "--constant-generate"]) == 0
+    out = capsys.readouterr().out
+    k = int(re.search(r"recommendation for 16 GPUs: stream: rollout \d+, trainer \d+, k = (\d+)", out).group(1))
+    assert 1 <= k <= 3 and "generate varies from step to step" not in out
+    assert f"config: placement.mode=disaggregated_async rollout.partial_rollout=true algo.max_staleness={k}" in out
+    assert "step time per k: k=1 " in out and "k = 1 already reaches the overlap limit" in out
+    assert main(["size", "--metrics", str(a), "--gpus", "16", "--mode", "stream"]) == 0
+    assert "generate varies from step to step: cv " in capsys.readouterr().out  # the +-5% jitter of the rows
+
+
 def test_real_cpu_run(capsys):
     """The default CPU run (SmolLM2-135M, 2 cores): one rollout worker, one trainer, no reference."""
     m = measure_run(REAL_RUN, "rollout=1,trainer=1")
@@ -92,6 +107,8 @@ def test_real_cpu_run(capsys):
     (["--measured-gpus", "rollout=1,trainer=1"], "--gpus: required"),
     (["--gpus", "8", "--tp", "0"], "--tp: must be >= 1"),
     (["--target-step-s", "0.001", "--gpus", "16"], "not reachable with 16 GPUs"),
+    (["--gpus", "8", "--max-k", "0"], "--max-k: must be >= 1"),
+    (["--gpus", "8", "--recompute-s", "-1"], "--recompute-s: must be >= 0"),
 ])
 def test_bad_input_exits_2(tmp_path, capsys, extra, message):
     a = write_run(tmp_path / "a", 2, 2)
