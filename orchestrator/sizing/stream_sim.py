@@ -9,7 +9,7 @@ The model (a fluid approximation of continuous batching: the engines work throug
 the throughput that one whole batch's generation measures):
 - generation is continuous: batch j's generation starts when batch j-1's ends, as soon as fewer than k + 1
   batches are ahead of the trainer's weight version (the AReaL capacity rule: at most (version + k + 1) x P
-  groups started; Fu et al. 2025, "AReaL", sec. 5), i.e. when sync_{j-k-1} has ended;
+  groups started; Fu et al. 2025, "AReaL"), i.e. when sync_{j-k-1} has ended;
 - a weight sync never waits for a generation to end: it starts when the trainer is done (train_m, critic_m)
   and pauses the rollout GPUs for its own duration (transfer + load), then for recompute_s (the re-prefill
   of the interrupted requests' tokens) when it interrupted a generation; batch j's generation is the
@@ -20,10 +20,12 @@ the throughput that one whole batch's generation measures):
 
 Batch j is trained by train_j on version j - 1 and its first tokens come from version >= j - 1 - k, so the
 staleness never exceeds k. With the same costs every step the period is the overlap limit
-max(generate + sync + recompute, reference on trainer + train + sync + checkpoint, reward, ...) once
-(generate + reward + train + sync) / (k + 1) is below it, which k = 1 already achieves: (a + b) / 2 <=
-max(a, b). A larger k pays only when generation times vary from step to step (a slow batch is absorbed by
-the batches generated ahead) - `choose_k` picks the smallest k within a tolerance of the best.
+max(generate + sync + recompute, reference on trainer + train + sync + checkpoint, reward, ...) once the chain
+of one batch, (generate + max(reward, reference) + train + sync) / (k + 1), is below it; k = 1 already
+achieves that when reward and reference take no longer than the sync: (G + T + S) / 2 <= max(G + S, T + S).
+A larger k pays when generation times vary from step to step (a slow batch is absorbed by the batches
+generated ahead) or when that chain is long (a slow reward) - `choose_k` picks the smallest k within a
+tolerance of the best.
 """
 from __future__ import annotations
 
