@@ -7,8 +7,11 @@
 
 Reads the `timing/*` keys of each metrics.jsonl (orchestrator.sizing.measurements), fits a scaling law
 per role (orchestrator.sizing.scaling), searches the splits with the pipeline simulator
-(orchestrator.sizing.sizer) and prints the recommendation, its predicted step time and utilisation per
-role, the runner-ups and the comparison to an equal split. Bad input: a message on stderr, exit code 2.
+(orchestrator.sizing.sizer) and prints the recommendation, the config keys of its mode, its predicted step
+time and utilisation per role, the runner-ups and the comparison to an equal split. Modes: colocated,
+disaggregated, async (one step off, whole generations) and stream (fully asynchronous with partial rollouts:
+the k recommended, `--max-k`, `--recompute-s`; the measured per-step generate times are replayed unless
+`--constant-generate`). Bad input: a message on stderr, exit code 2.
 """
 from __future__ import annotations
 
@@ -46,6 +49,14 @@ def add_size_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-unit", type=int, default=1, help="reference GPUs come in multiples of this")
     p.add_argument("--staleness", type=int, default=None, help="async bound (algo.max_staleness); default "
                                                                "the config's, else 1")
+    p.add_argument("--max-k", type=int, default=4,
+                   help="stream mode (fully asynchronous, partial rollouts): the largest k (algo.max_staleness) "
+                        "tried; the smallest k within 2%% of the best is recommended")
+    p.add_argument("--recompute-s", type=float, default=0.0,
+                   help="stream mode: rollout seconds to re-prefill the requests a weight sync interrupts "
+                        "(0 = not counted)")
+    p.add_argument("--constant-generate", action="store_true",
+                   help="simulate the median generate time every step instead of the measured per-step times")
     p.add_argument("--switch-s", type=float, default=0.0,
                    help="colocated wake/sleep seconds per step (not in the metrics; 0 = not counted)")
     p.add_argument("--top", type=int, default=3, help="runner-ups to print")
@@ -68,14 +79,15 @@ def _measure(args: argparse.Namespace) -> list[RunMeasurement]:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    for name in ("tp", "trainer_unit", "reference_unit", "staleness", "gpus"):
+    for name in ("tp", "trainer_unit", "reference_unit", "staleness", "gpus", "max_k"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise SizingError(f"--{name.replace('_', '-')}: must be >= 1 (got {v})")
     if args.gpus is None and args.target_step_s is None:
         raise SizingError("--gpus: required (or --target-step-s to find the fewest GPUs)")
-    if not args.switch_s >= 0:
-        raise SizingError(f"--switch-s: must be >= 0 (got {args.switch_s})")
+    for name in ("switch_s", "recompute_s"):
+        if not getattr(args, name) >= 0:
+            raise SizingError(f"--{name.replace('_', '-')}: must be >= 0 (got {getattr(args, name)})")
     if args.top < 0:
         raise SizingError(f"--top: must be >= 0 (got {args.top})")
 
@@ -118,7 +130,8 @@ def run_size(args: argparse.Namespace) -> int:
         s, w, notes = recommend(runs, args.gpus or 16384, modes, switch_s=args.switch_s, rollout_unit=args.tp,
                                 trainer_unit=args.trainer_unit, reference_unit=args.reference_unit,
                                 staleness=args.staleness, target_step_s=args.target_step_s,
-                                adjust=lambda w, notes: _with_cost_model_sync(args, w, notes))
+                                adjust=lambda w, notes: _with_cost_model_sync(args, w, notes), max_k=args.max_k,
+                                recompute_s=args.recompute_s, variation=not args.constant_generate)
     except (MeasurementError, SizingError, ValueError) as e:  # FitError and the cost model's errors too
         print(f"size: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,10 @@ is dropped; each phase is the median over the remaining steps, except the checkp
 (a checkpoint every N steps costs its time / N per step). The GPUs each role held come from the run's
 config file beside metrics.jsonl when there is one, otherwise from `--measured-gpus`.
 
+The per-step generate times (each over its run's median) become the workload's generate_scale: the
+step-to-step variation the simulator replays in every mode, which stream mode's k absorbs
+(orchestrator.sizing.stream_sim); at most MAX_SCALE_STEPS of them.
+
 Runs at different sizes are fitted together (orchestrator.sizing.scaling.fit_law). Generate, train
 and reference times are first scaled to the first run's tokens per step (their work grows with the
 tokens), so that runs with different response lengths are comparable.
@@ -27,9 +31,13 @@ PHASE_KEYS: dict[str, str] = {
     "sample": "timing/sample_s", "advantages": "timing/advantages_s",
     "critic": "timing/critic_update_s"}  # PPO's critic (algo.estimator=gae): its update, inside the train phase
 ASYNC_GENERATE_KEY = "async/generate_s"
+# stream runs (rollout.partial_rollout=true) mark their rows with STREAM_ROW_KEY; their generation cost is the
+# engines' busy seconds in the step (a batch of work per step on average), not timing/generate_s (the wait)
+STREAM_ROW_KEY, STREAM_GENERATE_KEY = "async/buffer_groups", "rollout/worker_generate_s_mean"
 REQUIRED = ("generate", "train")
 ROLES = ("rollout", "trainer", "reference")
 CONFIG_NAMES = ("config.yaml", "config.yml", "resolved_config.yaml", "config.json")
+MAX_SCALE_STEPS = 64  # per-step generate multipliers kept (the simulator replays them in a cycle)
 
 
 class MeasurementError(ValueError):
@@ -48,6 +56,7 @@ class RunMeasurement:
     steps_total: int
     gpus_source: str
     config: dict = field(default_factory=dict)  # rollout_unit / staleness read from the config, if any
+    generate_steps: list[float] = field(default_factory=list)  # seconds of each used step's generation
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -163,16 +172,38 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
     """A RunMeasurement of timed metrics rows (see `timed_rows`) at `gpus` per role (see the module
     docstring: the first row dropped as warm-up when there are more, medians, mean checkpoint)."""
     used = rows[1:] if len(rows) > 1 else rows  # the first step is warm-up
-    phases = {}
+    phases, per_step = {}, {}
     for phase, key in PHASE_KEYS.items():
         # async runs (placement.mode=disaggregated_async): timing/generate_s is only the wait for the
         # prefetched batch; async/generate_s is the whole generation, the cost the sizer needs
-        values = [float(r.get(ASYNC_GENERATE_KEY, r[key]) if phase == "generate" else r[key]) for r in used if key in r]
+        values = [float(_generate_s(r) if phase == "generate" else r[key]) for r in used if key in r]
+        per_step[phase] = values
         if values:
             phases[phase] = statistics.fmean(values) if phase == "checkpoint" else statistics.median(values)
     tokens = [float(r["rollout/tokens"]) for r in used if "rollout/tokens" in r]
     return RunMeasurement(path, gpus, phases, statistics.median(tokens) if tokens else None, len(used),
-                          len(rows), source, extra)
+                          len(rows), source, extra, per_step["generate"])
+
+
+def generate_variation(runs: list[RunMeasurement]) -> tuple[float, ...]:
+    """Per-step generate multipliers (a Workload's generate_scale): each run's per-step generate seconds over
+    that run's median, the runs one after another, at most MAX_SCALE_STEPS, each at least 0.001.
+    () when no run has two steps or no step is more than 1% off its run's median (constant generation)."""
+    out: list[float] = []
+    for r in runs:
+        med = statistics.median(r.generate_steps) if len(r.generate_steps) >= 2 else 0.0
+        if med > 0:
+            out += [max(v / med, 1e-3) for v in r.generate_steps]
+    out = out[:MAX_SCALE_STEPS]
+    return tuple(out) if out and max(abs(v - 1) for v in out) > 0.01 else ()
+
+
+def _generate_s(row: dict) -> float:
+    """A row's whole-generation seconds: async/generate_s (one-step-off rows), the engines' busy seconds
+    (stream rows, STREAM_ROW_KEY), else timing/generate_s."""
+    if STREAM_ROW_KEY in row and STREAM_GENERATE_KEY in row:
+        return row[STREAM_GENERATE_KEY]
+    return row.get(ASYNC_GENERATE_KEY, row[PHASE_KEYS["generate"]])
 
 
 def _token_scales(runs: list[RunMeasurement], notes: list[str]) -> list[float]:
@@ -188,13 +219,15 @@ def _token_scales(runs: list[RunMeasurement], notes: list[str]) -> list[float]:
 
 def fit_workload(runs: list[RunMeasurement], *, switch_s: float = 0.0, rollout_unit: Optional[int] = None,
                  trainer_unit: int = 1, reference_unit: int = 1,
-                 staleness: Optional[int] = None) -> tuple[Workload, list[str]]:
+                 staleness: Optional[int] = None, variation: bool = True) -> tuple[Workload, list[str]]:
     """A Workload fitted to the runs, and notes saying how each law was obtained.
 
     generate ~ rollout GPUs, train ~ trainer GPUs, reference ~ reference GPUs (only runs that had one),
     weight sync ~ rollout GPUs (its receivers); reward (+ sample + advantages, controller CPU work) and
     checkpoint: means over the runs, independent of the split. rollout_unit / staleness default to the
-    first run's config values, else 1. Raises MeasurementError when `runs` is empty."""
+    first run's config values, else 1. variation: replay the measured step-to-step generate times
+    (`generate_variation`); False = the same generate time every step. Raises MeasurementError when `runs`
+    is empty."""
     if not runs:
         raise MeasurementError("--metrics: at least one metrics file is needed")
     notes: list[str] = []
@@ -220,7 +253,13 @@ def fit_workload(runs: list[RunMeasurement], *, switch_s: float = 0.0, rollout_u
                         checkpoint_s=ckpt, switch_s=switch_s,
                         rollout_unit=rollout_unit or int(first.get("rollout_unit", 1)),
                         trainer_unit=trainer_unit, reference_unit=reference_unit,
-                        staleness=staleness or int(first.get("staleness", 1)), critic_s=critic)
+                        staleness=staleness or int(first.get("staleness", 1)), critic_s=critic,
+                        generate_scale=generate_variation(runs) if variation else ())
+    if workload.generate_scale:
+        sc = workload.generate_scale
+        cv = statistics.pstdev(sc) / statistics.fmean(sc)
+        notes.append(f"generate varies from step to step: cv {cv:.0%} over {len(sc)} step(s) (min {min(sc):.2f}x, "
+                     f"max {max(sc):.2f}x the median), replayed in every mode (--constant-generate: off)")
     if critic > 0:
         notes.append(f"critic update: {critic:.4g} s per step (mean), on its own device beside the policy update")
     notes.append(f"reward + controller CPU work: {cpu:.4g} s per step; checkpoint: {ckpt:.4g} s per step (mean)")

@@ -17,6 +17,12 @@ sync_k needs train_k; checkpoint_k needs sync_k. Modes:
 - "async" (one step off-policy for staleness 1): generate_k needs sync_{k-1-s} only (s = staleness),
   so the rollouts of step k+1 overlap the training of step k; the samples of step k come from weights
   at most s versions old. On the rollout GPUs sync_m runs between generate_{m+s} and generate_{m+s+1}.
+- "stream" (fully asynchronous with partial rollouts, k = staleness): generation is continuous and a sync
+  interrupts it instead of waiting for it; its own event loop, orchestrator.sizing.stream_sim.
+
+generate_scale (optional, every mode): per-step multipliers of the generation time, replayed in a cycle
+(the step-to-step variation measured by orchestrator.sizing.measurements); the measured window then spans
+whole cycles (orchestrator.sizing.phases.window_steps).
 
 Each resource runs its phases one at a time in a fixed order (program order of the controller). The
 simulation is event-driven over that order: a phase starts at the event that makes it runnable (its
@@ -28,71 +34,17 @@ steady-state period: (end of sync_K - end of sync_{K-M}) / M over the last M of 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from orchestrator.sizing.phases import (CYCLICITY, Phase, SimResult, StepCosts, check_scale, measure, scale_at,
+                                        window_steps)
+from orchestrator.sizing.stream_sim import simulate_stream
 
-MODES: tuple[str, ...] = ("colocated", "disaggregated", "async")
+__all__ = ["MODES", "Phase", "SimResult", "StepCosts", "build_schedule", "simulate"]
 
-
-@dataclass(frozen=True)
-class StepCosts:
-    """Seconds of each phase of one step at one placement (>= 0 each).
-
-    reference_s: 0 when the run has no reference model. switch_s: colocated only, wake/sleep per step
-    (half after generate, half after the sync). checkpoint_s: amortised per step. critic_s: PPO's critic update
-    (algo.estimator=gae) on its own device (colocated: the shared GPUs, after train); 0 = no critic.
-    """
-
-    generate_s: float
-    train_s: float
-    sync_s: float = 0.0
-    reward_s: float = 0.0
-    reference_s: float = 0.0
-    checkpoint_s: float = 0.0
-    switch_s: float = 0.0
-    critic_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
-                raise ValueError(f"StepCosts.{name}: must be a finite number >= 0 (got {value!r})")
+MODES: tuple[str, ...] = ("colocated", "disaggregated", "async", "stream")
 
 
-@dataclass
-class Phase:
-    """One simulated phase: name like 'generate_3', step k, resources held, start/end seconds."""
-
-    name: str
-    step: int
-    duration: float
-    resources: tuple[str, ...]
-    deps: list[str] = field(default_factory=list)
-    start: float = 0.0
-    end: float = 0.0
-    weight_version: int = -1  # generate only: the newest synced version when it started
-
-
-@dataclass
-class SimResult:
-    """step_s: steady-state seconds per step. busy: resource -> fraction of the window it was busy.
-    phases: the whole simulated schedule. max_staleness: the largest (k - 1 - weight version) over
-    generate_k (0 = on-policy)."""
-
-    mode: str
-    step_s: float
-    busy: dict[str, float]
-    phases: list[Phase]
-    max_staleness: int
-    window: tuple[float, float] = (0.0, 0.0)
-
-    def phase_share(self, kind: str) -> float:
-        """Fraction of the measured window spent in phases of `kind` ('generate', 'train', 'sync', ...)."""
-        t0, t1 = self.window
-        total = sum(max(0.0, min(p.end, t1) - max(p.start, t0)) for p in self.phases
-                    if p.name.rsplit("_", 1)[0] == kind)
-        return total / (t1 - t0) if t1 > t0 else 0.0
-
-
-def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None) -> list[Phase]:
+def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None,
+          scale: tuple[float, ...] = ()) -> list[Phase]:
     """The phases in an order that is both topological and each resource's run order.
 
     Synchronous modes, per step k: generate, [switch], reward, [reference], train, sync, [switch],
@@ -109,7 +61,7 @@ def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None) -> l
         out.append(Phase(f"{name}_{k}", k, dur, res, deps))
 
     def generate(k, deps):
-        add("generate", k, c.generate_s, (roll,), deps)
+        add("generate", k, c.generate_s * scale_at(scale, k), (roll,), deps)
         add("reward", k, c.reward_s, ("cpu",), [f"generate_{k}"])
         if ref_res == "reference" and mode != "colocated":
             add("reference", k, c.reference_s, ("reference",), [f"generate_{k}"])
@@ -151,22 +103,24 @@ def _emit(mode: str, c: StepCosts, steps: int, s: int, ref_res: str | None) -> l
 
 
 def build_schedule(mode: str, costs: StepCosts, steps: int, staleness: int = 1,
-                   reference: str | None = None) -> list[Phase]:
+                   reference: str | None = None, generate_scale: tuple[float, ...] = ()) -> list[Phase]:
     """The phases of `steps` steps, timed: each starts at max(end of its dependencies, the time each of
     its resources is free), in the order `_emit` gives (each resource's run order).
 
     reference: None (no reference model), "own" (its own GPUs) or "trainer" (on the trainer's GPUs).
+    generate_scale: per-step multipliers of costs.generate_s (see `simulate`). Whole-generation modes only
+    (stream mode's schedule: orchestrator.sizing.stream_sim.build_stream_schedule).
     Raises ValueError for an unknown mode or reference placement, steps < 1 or staleness < 0.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {list(MODES)} (got {mode!r})")
+    if mode not in MODES or mode == "stream":
+        raise ValueError(f"mode: expected one of {list(MODES[:-1])} (got {mode!r})")
     if reference not in (None, "own", "trainer"):
         raise ValueError(f"reference: expected None, 'own' or 'trainer' (got {reference!r})")
     if steps < 1 or staleness < 0:
         raise ValueError(f"steps must be >= 1 and staleness >= 0 (got {steps}, {staleness})")
     s = staleness if mode == "async" else 0
     ref_res = None if reference is None else ("reference" if reference == "own" else "trainer")
-    phases = _emit(mode, costs, steps, s, ref_res)
+    phases = _emit(mode, costs, steps, s, ref_res, check_scale(generate_scale))
     end: dict[str, float] = {}
     free: dict[str, float] = {}
     for p in phases:
@@ -177,37 +131,19 @@ def build_schedule(mode: str, costs: StepCosts, steps: int, staleness: int = 1,
     return phases
 
 
-def _weight_versions(phases: list[Phase]) -> int:
-    """Set each generate's weight version (newest sync ended by its start); return the largest
-    staleness k - 1 - version over generate_k."""
-    syncs = sorted((p.end, p.step) for p in phases if p.name.startswith("sync_"))
-    worst = 0
-    for p in phases:
-        if p.name.startswith("generate_"):
-            p.weight_version = max((v for end, v in syncs if end <= p.start + 1e-9), default=0)
-            worst = max(worst, p.step - 1 - p.weight_version)
-    return worst
-
-
 def simulate(mode: str, costs: StepCosts, staleness: int = 1, reference: str | None = None,
-             steps: int | None = None) -> SimResult:
-    """Simulate `steps` steps (default 8 + 4 * staleness) and return the steady-state period, the busy
-    fraction of every resource over the last half of the steps, and the schedule.
+             steps: int | None = None, generate_scale: tuple[float, ...] = ()) -> SimResult:
+    """Simulate `steps` steps (default 8 + 4 * staleness, see phases.window_steps) and return the steady-state
+    period, the busy fraction of every resource over the last half of the steps, and the schedule.
 
-    See `build_schedule` for the arguments and errors."""
+    generate_scale: per-step multipliers of costs.generate_s (step k uses generate_scale[(k - 1) % len]);
+    () = the same generation time every step. mode "stream" is orchestrator.sizing.stream_sim.simulate_stream
+    with k = staleness. See `build_schedule` for the other arguments and errors; a multiplier that is not
+    a finite number > 0 raises ValueError naming generate_scale."""
+    scale = check_scale(generate_scale)
+    if mode == "stream":
+        return simulate_stream(costs, staleness, reference, steps, scale)
     s = staleness if mode == "async" else 0
-    steps = steps or 8 + 4 * s
-    phases = build_schedule(mode, costs, steps, staleness, reference)
-    last = "switch_b_" if mode == "colocated" else "sync_"
-    ends = {p.step: p.end for p in phases if p.name.startswith(last)}
-    m = max(1, steps // 2)
-    t0, t1 = ends.get(steps - m, 0.0), ends[steps]
-    period = (t1 - t0) / m
-    busy: dict[str, float] = {}
-    for p in phases:
-        overlap = max(0.0, min(p.end, t1) - max(p.start, t0))
-        for r in p.resources:
-            busy[r] = busy.get(r, 0.0) + overlap
-    window = t1 - t0
-    busy = {r: (v / window if window > 0 else 0.0) for r, v in busy.items()}
-    return SimResult(mode, period, busy, phases, _weight_versions(phases), (t0, t1))
+    n, m = (steps, max(1, steps // 2)) if steps else window_steps(s, len(scale), CYCLICITY if scale else 1)
+    phases = build_schedule(mode, costs, n, staleness, reference, scale)
+    return measure(mode, phases, n, m, "switch_b_" if mode == "colocated" else "sync_", s)

@@ -7,8 +7,8 @@ a target step time. Pure Python.
 
 The search (per mode and per reference placement):
 1. Analytic balancing: a closed-form proxy of the step time (`proxy_step_s`: the critical chain
-   through one step, and in async mode the busiest resource and the chain spread over staleness + 1
-   steps) is minimised over the rollout GPUs by integer ternary search, the reference GPUs by a nested
+   through one step, and in async / stream mode the busiest resource and the chain spread over
+   staleness + 1 steps, stream with its largest k, max_k) is minimised over the rollout GPUs by integer ternary search, the reference GPUs by a nested
    one; the trainer takes the rest. The proxy is quasi-convex in each count because every law is
    monotone in its GPUs. O(log^2 U) proxy evaluations for U units.
 2. Local search with the simulator around that point: move rollout / reference GPUs by k units
@@ -56,15 +56,16 @@ class Sizing:
 
 def proxy_step_s(mode: str, c: StepCosts, staleness: int, reference: Optional[str]) -> float:
     """Closed-form estimate of the simulated step (seconds): exact for the synchronous modes (the
-    critical chain of one step), the largest of the simulator's cycle bounds for async.
+    critical chain of one step), the largest of the simulator's cycle bounds for async and stream (staleness
+    = k there; R = recompute_s, 0 outside stream mode).
 
     G, W, F, T, S, C, X = generate, reward, reference, train, sync, checkpoint, switch seconds;
     F_own / F_tr = F when the reference has its own GPUs / shares the trainer's, else 0.
     colocated: G + max(X/2 + F, W) + T + S + X/2 + C (all on one resource; reward on the CPU).
     disaggregated: max(G + max(W, F_own), max(G, C) + F_tr, C) + T + S (checkpoint_k overlaps
     generate_{k+1}; the reference on the trainer waits for both).
-    async: max((G + max(W, F_own, F_tr) + T + S) / (s + 1), G + S, F_tr + T + S + C, W, F_own): the chain
-    generate_k -> sync_k -> generate_{k+1+s} spans s + 1 periods; each resource's own work spans one.
+    async, stream: max((G + max(W, F_own, F_tr) + T + S) / (s + 1), G + S + R, F_tr + T + S + C, W, F_own):
+    the chain generate_k -> sync_k -> generate_{k+1+s} spans s + 1 periods; each resource's own work spans one.
     """
     if mode == "colocated":
         return (c.generate_s + max(c.switch_s / 2 + c.reference_s, c.reward_s) + c.train_s + c.sync_s
@@ -75,7 +76,7 @@ def proxy_step_s(mode: str, c: StepCosts, staleness: int, reference: Optional[st
         pre = max(c.generate_s + max(c.reward_s, own), max(c.generate_s, c.checkpoint_s) + on_trainer)
         return pre + c.train_s + c.sync_s
     chain = c.generate_s + max(c.reward_s, own, on_trainer) + c.train_s + c.sync_s
-    return max(chain / (staleness + 1), c.generate_s + c.sync_s,
+    return max(chain / (staleness + 1), c.generate_s + c.sync_s + c.recompute_s,
                on_trainer + c.train_s + c.sync_s + c.checkpoint_s, c.reward_s, own)
 
 
@@ -108,7 +109,8 @@ class _Search:
         if split is None:
             return float("inf")
         w = self.w
-        return proxy_step_s(split.mode, w.costs(split), w.staleness, w.reference_placement(split))
+        k = w.max_k if split.mode == "stream" else w.staleness
+        return proxy_step_s(split.mode, w.costs(split), k, w.reference_placement(split))
 
     def start(self, mode: str, own_reference: bool) -> Optional[Split]:
         """Step 1: the proxy's best split (ternary over rollout units, nested over reference units)."""

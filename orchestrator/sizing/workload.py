@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 from orchestrator.sizing.scaling import Law, constant
+from orchestrator.sizing.phases import check_scale
 from orchestrator.sizing.simulator import MODES, SimResult, StepCosts, simulate
+from orchestrator.sizing.stream_sim import choose_k
 
 
 class SizingError(ValueError):
@@ -55,6 +57,12 @@ class Workload:
     amortised. switch_s: colocated wake/sleep per step. *_unit: a role's GPUs come in multiples of it
     (rollout: the engine's tensor-parallel size; trainer: its sharding/node granularity).
     staleness: async mode's bound (algo.max_staleness).
+    generate_scale: per-step multipliers of the generate law (step k: generate_scale[(k - 1) % len]; the
+    measured step-to-step variation, orchestrator.sizing.measurements); () = the same time every step.
+    Stream mode (orchestrator.sizing.stream_sim): max_k, the largest k tried; k_tolerance, the fraction of
+    the best step time within which the smallest k is chosen; recompute_s, rollout seconds to re-prefill
+    the requests a weight sync interrupts (0 = not counted: one prefill of the tokens in flight, small
+    against their decode).
     """
 
     generate: Law
@@ -69,6 +77,10 @@ class Workload:
     reference_unit: int = 1
     staleness: int = 1
     critic_s: float = 0.0  # PPO's critic update per step on its own device (StepCosts.critic_s); 0 = none
+    generate_scale: tuple[float, ...] = ()
+    max_k: int = 4
+    k_tolerance: float = 0.02
+    recompute_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("rollout_unit", "trainer_unit", "reference_unit"):
@@ -77,6 +89,16 @@ class Workload:
                 raise SizingError(f"{name}: must be an integer >= 1 (got {v!r})")
         if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 1:
             raise SizingError(f"staleness: must be an integer >= 1 (got {self.staleness!r})")
+        if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
+            raise SizingError(f"max_k: must be an integer >= 1 (got {self.max_k!r})")
+        for name in ("k_tolerance", "recompute_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise SizingError(f"{name}: must be a finite number >= 0 (got {v!r})")
+        try:
+            check_scale(self.generate_scale)
+        except ValueError as e:
+            raise SizingError(str(e)) from None
 
     def reference_placement(self, split: Split) -> Optional[str]:
         """The simulator's reference argument: None, 'own' or 'trainer'."""
@@ -92,7 +114,8 @@ class Workload:
         return StepCosts(generate_s=self.generate(r), train_s=self.train(t), sync_s=self.sync(r),
                          reward_s=self.reward_s, reference_s=self.reference(f) if self.reference else 0.0,
                          checkpoint_s=self.checkpoint_s,
-                         switch_s=self.switch_s if split.mode == "colocated" else 0.0, critic_s=self.critic_s)
+                         switch_s=self.switch_s if split.mode == "colocated" else 0.0, critic_s=self.critic_s,
+                         recompute_s=self.recompute_s if split.mode == "stream" else 0.0)
 
     def min_gpus(self, mode: str) -> int:
         """The fewest GPUs a split of `mode` needs (colocated: lcm of the units, roles share them)."""
@@ -103,8 +126,13 @@ class Workload:
 
 
 def evaluate(workload: Workload, split: Split) -> SimResult:
-    """Simulate `split` (orchestrator.sizing.simulator.simulate) with the workload's staleness."""
-    return simulate(split.mode, workload.costs(split), workload.staleness, workload.reference_placement(split))
+    """Simulate `split` (orchestrator.sizing.simulator.simulate) with the workload's staleness and per-step
+    generate multipliers; stream mode tries k = 1..max_k and keeps the smallest k within k_tolerance of the
+    best (orchestrator.sizing.stream_sim.choose_k: result.k, result.step_by_k)."""
+    w, costs, ref = workload, workload.costs(split), workload.reference_placement(split)
+    if split.mode == "stream":
+        return choose_k(costs, ref, w.max_k, w.k_tolerance, w.generate_scale)
+    return simulate(split.mode, costs, w.staleness, ref, generate_scale=w.generate_scale)
 
 
 def split_from(workload: Workload, mode: str, total: int, rollout: int, reference: int = 0) -> Optional[Split]:

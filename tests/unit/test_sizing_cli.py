@@ -52,7 +52,7 @@ def test_two_sizes_fit_the_laws_and_the_recommendation_matches(tmp_path, capsys)
     assert f"recommendation for 64 GPUs: {best.split.describe(truth)}" in out
     assert predicted(out) == pytest.approx(best.step_s, rel=1e-3)
     assert "runner-ups:" in out and "equal split (async: rollout 32, trainer 32)" in out
-    assert re.search(r"searched: \d+ splits simulated of 190 valid", out)  # 64 colocated + 63 + 63
+    assert re.search(r"searched: \d+ splits simulated of 253 valid", out)  # 64 colocated + 63 x 3 (dis, async, stream)
     assert "colocated: wake/sleep switch cost not measured" in out
 
 
@@ -69,6 +69,21 @@ def test_mode_and_units_and_target(tmp_path, capsys):
     out = capsys.readouterr().out
     n = int(re.search(r"fewest GPUs for a step of at most 20 s: (\d+)", out).group(1))
     assert predicted(out) <= 20 and f"recommendation for {n} GPUs" in out
+
+
+def test_stream_mode_prints_its_k_and_config_keys(tmp_path, capsys):
+    """Fully asynchronous with partial rollouts: the k chosen, the keys to set, every k simulated, and the
+    median generate time every step with --constant-generate (then k = 1 reaches the overlap limit)."""
+    a = write_run(tmp_path / "a", 2, 2)
+    assert main(["size", "--metrics", str(a), "--gpus", "16", "--mode", "stream", "--max-k", "3",
+                 "--constant-generate"]) == 0
+    out = capsys.readouterr().out
+    k = int(re.search(r"recommendation for 16 GPUs: stream: rollout \d+, trainer \d+, k = (\d+)", out).group(1))
+    assert 1 <= k <= 3 and "generate varies from step to step" not in out
+    assert f"config: placement.mode=disaggregated_async rollout.partial_rollout=true algo.max_staleness={k}" in out
+    assert "step time per k: k=1 " in out and "k = 1 already reaches the overlap limit" in out
+    assert main(["size", "--metrics", str(a), "--gpus", "16", "--mode", "stream"]) == 0
+    assert "generate varies from step to step: cv " in capsys.readouterr().out  # the +-5% jitter of the rows
 
 
 def test_real_cpu_run(capsys):
@@ -92,6 +107,8 @@ def test_real_cpu_run(capsys):
     (["--measured-gpus", "rollout=1,trainer=1"], "--gpus: required"),
     (["--gpus", "8", "--tp", "0"], "--tp: must be >= 1"),
     (["--target-step-s", "0.001", "--gpus", "16"], "not reachable with 16 GPUs"),
+    (["--gpus", "8", "--max-k", "0"], "--max-k: must be >= 1"),
+    (["--gpus", "8", "--recompute-s", "-1"], "--recompute-s: must be >= 0"),
 ])
 def test_bad_input_exits_2(tmp_path, capsys, extra, message):
     a = write_run(tmp_path / "a", 2, 2)
