@@ -8,10 +8,13 @@ interrupts the requests in flight and continues them on the new weights (actors/
     with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
         ...                                  # on exit the interrupted samples continue on version()
 
-The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; every
-caller (submit, drain, paused) counts itself as waiting first, and the thread lets waiting callers in at the next
-step boundary (Python's locks are not fair: without this a drain waited seconds behind back-to-back steps). The
-thread runs the engine with the OpenMP pool size of the thread that made the engine.
+Two locks: `cond` guards the queue and the finished samples (held for microseconds: `submit` and `drain` never
+wait for an engine step, which lasts seconds when it prefills a batch of prompts on CPU), and `engine_lock`,
+held by the engine thread for each add + step and by `paused` for the whole pause. A caller of `paused` counts
+itself as waiting first, and the thread does not start another step while one is (Python's locks are not fair:
+without this a pause waited behind back-to-back steps). Measured before this split: the trainer waited a
+whole prefill step (3.5-7 s) for a batch that was already finished (benchmarks/async_rl.py). The thread runs
+the engine with the OpenMP pool size of the thread that made the engine.
 Engine errors stop the thread and are raised by the next `drain`. Metrics:
 `stream/busy_s` (seconds inside engine steps since the last drain), `stream/running`, `stream/queued`,
 `stream/interruptions` (cumulative requests aborted by weight updates).
@@ -33,11 +36,11 @@ class StreamingGenerator:
     def __init__(self, engine, n: int, max_tokens: int, version: Callable[[], int]):
         self.gen = InterruptibleEngine(engine)
         self.n, self.max_tokens, self.version = n, max_tokens, version
-        self.cond = threading.Condition()
+        self.cond = threading.Condition()  # guards queue, done, waiting, busy_s, error, closed
+        self.engine_lock = threading.Lock()  # the engine: one add + step at a time, or a pause
         self.queue: list[PartialSample] = []
         self.done: list[PartialSample] = []
-        self.waiting = 0  # callers waiting for the lock (`_turn`): the engine thread lets them in first
-        self.waiting_lock = threading.Lock()
+        self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
         self.closed = False
@@ -48,17 +51,19 @@ class StreamingGenerator:
         self.thread.start()
 
     def submit(self, requests: list) -> int:
-        """Queue every request's group (n samples, or its sampling override's). Returns the samples queued."""
+        """Queue every request's group (n samples, or its sampling override's). Returns the samples queued.
+        Does not wait for the engine (the thread adds them before its next step)."""
         samples = [s for r in requests for s in samples_of(r, self.n, self.max_tokens)]
-        with self._turn():
+        with self.cond:
             self._raise_error()
             self.queue += samples
+            self.cond.notify_all()
         return len(samples)
 
     def drain(self, wait_s: float = 0.0) -> tuple[list[PartialSample], dict]:
         """The samples finished since the last drain (waiting up to `wait_s` seconds for at least one) and
-        the `stream/*` metrics. Raises the engine thread's error, if it failed."""
-        with self._turn():
+        the `stream/*` metrics. Does not wait for an engine step. Raises the engine thread's error, if it failed."""
+        with self.cond:
             deadline = time.monotonic() + wait_s
             while not self.done and self.error is None and time.monotonic() < deadline:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
@@ -72,32 +77,36 @@ class StreamingGenerator:
     @contextmanager
     def paused(self):
         """Hold the engine idle: the requests in flight are aborted (tokens kept) and continue on `version()`
-        when the block exits (also when it raises)."""
-        with self._turn():
+        when the block exits (also when it raises). Waits for the step in progress to end."""
+        with self._engine():
             interrupted = self.gen.interrupt()
             try:
                 yield
             finally:
-                self.queue = interrupted + self.queue
+                with self.cond:
+                    self.queue = interrupted + self.queue
 
     @contextmanager
-    def _turn(self):
-        """The engine's lock for a caller: the engine thread yields it at its next step boundary (it waits while
-        a caller is waiting), so a caller never starves behind back-to-back steps (Python's locks are not fair)."""
-        with self.waiting_lock:
-            self.waiting += 1
+    def _engine(self):
+        """The engine for a caller: the thread starts no new step while a caller waits, so it gets the engine
+        at the next step boundary (Python's locks are not fair)."""
         with self.cond:
-            with self.waiting_lock:
-                self.waiting -= 1
-            try:
+            self.waiting += 1
+        try:
+            with self.engine_lock:
+                with self.cond:
+                    self.waiting -= 1
                 yield
-            finally:
+        finally:
+            with self.cond:
                 self.cond.notify_all()
 
     def close(self) -> None:
         """Stop the engine thread (requests in flight are aborted)."""
-        with self._turn():
+        with self.cond:
             self.closed = True
+            self.cond.notify_all()
+        with self.engine_lock:
             self.gen.interrupt()
         self.thread.join(timeout=30)
 
@@ -118,19 +127,23 @@ class StreamingGenerator:
                     self.cond.wait()
                 if self.closed:
                     return
+                new, self.queue = self.queue, []
+            with self.engine_lock:
                 try:
-                    if self.queue:
-                        self.gen.add(self.queue, self.version())
-                        self.queue = []
+                    if new:  # added under the version of this moment (after a pause: the new one)
+                        self.gen.add(new, self.version())
                     t0 = time.perf_counter()
                     finished = self.gen.step()
-                    self.busy_s += time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    for s in finished:
+                        s.text = self.gen.text(s)
                 except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
-                    self.error = e
-                    self.cond.notify_all()
+                    with self.cond:
+                        self.error = e
+                        self.cond.notify_all()
                     return
-                for s in finished:
-                    s.text = self.gen.text(s)
+            with self.cond:
+                self.busy_s += dt
                 self.done += finished
                 if finished:
                     self.cond.notify_all()

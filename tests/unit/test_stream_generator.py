@@ -1,0 +1,146 @@
+"""The rollout worker's streaming engine loop (actors/rollout/stream.py) over a fake engine whose steps are slow
+(a prefill of a batch of prompts on CPU takes seconds): `submit` and `drain` never wait for a step in progress,
+a pause gets the engine at the next step boundary and the interrupted samples continue on the new version,
+every sample comes back exactly once, and an engine error reaches the next drain.
+
+    .venv/bin/python -m pytest tests/unit/test_stream_generator.py -q
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.rollout import stream as stream_mod
+from orchestrator.rollout.types import PromptRequest
+
+STEP_S = 0.4  # one fake engine step
+
+
+class _SlowEngine:
+    """InterruptibleEngine's interface: each step sleeps STEP_S and gives every running sample one token
+    (stamped with the version it was added under); a sample is done after `tokens` tokens."""
+
+    def __init__(self, _vllm_engine, tokens: int = 3, fail_at: int = -1):
+        self.active: dict[str, tuple] = {}
+        self.interruptions = self.steps = 0
+        self.tokens, self.fail_at = tokens, fail_at
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
+
+    def add(self, samples, version):
+        for s in samples:
+            self.active[s.key] = (s, version)
+
+    def step(self):
+        if self.steps == self.fail_at:
+            raise RuntimeError("engine step failed")
+        time.sleep(STEP_S)
+        self.steps += 1
+        finished = []
+        for key, (s, v) in list(self.active.items()):
+            s.extend([7], [-0.1], v)
+            if len(s.response_ids) >= self.tokens:
+                s.finish("length")
+                finished.append(s)
+                del self.active[key]
+        return finished
+
+    def interrupt(self):
+        out = [s for s, _ in self.active.values()]
+        for s in out:
+            s.interrupted()
+        self.interruptions += len(out)
+        self.active = {}
+        return out
+
+    def text(self, sample):
+        return "x" * len(sample.response_ids)
+
+
+def _stream(monkeypatch, **engine_kw):
+    monkeypatch.setattr(stream_mod, "InterruptibleEngine", lambda e: _SlowEngine(e, **engine_kw))
+    box = {"version": 0}
+    gen = stream_mod.StreamingGenerator(object(), n=2, max_tokens=3, version=lambda: box["version"])
+    return gen, box
+
+
+def _requests(start: int, count: int) -> list[PromptRequest]:
+    return [PromptRequest(group_id=start + i, prompt_ids=[1, 2, 3], answer="") for i in range(count)]
+
+
+def _drain_all(gen, expected: int, timeout_s: float = 20.0) -> list:
+    got, deadline = [], time.monotonic() + timeout_s
+    while len(got) < expected and time.monotonic() < deadline:
+        got += gen.drain(0.2)[0]
+    return got
+
+
+def test_submit_and_drain_do_not_wait_for_an_engine_step(monkeypatch):
+    gen, _ = _stream(monkeypatch)
+    try:
+        gen.submit(_requests(0, 2))
+        time.sleep(STEP_S / 4)  # the engine thread is inside its first (slow) step now
+        t0 = time.perf_counter()
+        gen.submit(_requests(2, 2))
+        samples, metrics = gen.drain(0.0)
+        took = time.perf_counter() - t0
+        assert took < STEP_S / 4, f"submit + drain took {took:.3f} s: they waited for the engine step"
+        assert samples == [] and metrics["stream/queued"] == 4.0  # the second groups wait for the next step
+        got = _drain_all(gen, 8)
+        assert len(got) == 8 and len({s.key for s in got}) == 8  # each sample once
+    finally:
+        gen.close()
+
+
+def test_a_pause_interrupts_and_the_samples_continue_on_the_new_version(monkeypatch):
+    gen, box = _stream(monkeypatch)
+    try:
+        gen.submit(_requests(0, 2))  # 4 samples of 3 tokens
+        deadline = time.monotonic() + 10
+        while gen.gen.steps < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with gen.paused():
+            assert gen.gen.running == 0  # the engine holds no request during the pause
+            box["version"] = 1
+            steps = gen.gen.steps
+            time.sleep(STEP_S * 1.5)
+            assert gen.gen.steps == steps  # no step ran while paused
+        got = _drain_all(gen, 4)
+        assert len(got) == 4 and len({s.key for s in got}) == 4
+        for s in got:
+            assert s.token_versions[0] == 0 and s.token_versions[-1] == 1, s.token_versions
+            assert s.token_versions == sorted(s.token_versions) and len(s.response_ids) == 3
+        assert gen.drain(0.0)[1]["stream/interruptions"] == 4.0
+    finally:
+        gen.close()
+
+
+def test_a_pause_is_not_starved_by_back_to_back_steps(monkeypatch):
+    gen, _ = _stream(monkeypatch, tokens=1000)
+    try:
+        gen.submit(_requests(0, 2))
+        time.sleep(STEP_S / 2)
+        t0 = time.perf_counter()
+        with gen.paused():
+            waited = time.perf_counter() - t0
+        assert waited < 2 * STEP_S, f"the pause waited {waited:.2f} s (more than one step)"
+    finally:
+        gen.close()
+
+
+def test_an_engine_error_reaches_the_next_drain(monkeypatch):
+    gen, _ = _stream(monkeypatch, fail_at=1)
+    try:
+        gen.submit(_requests(0, 1))
+        deadline = time.monotonic() + 10
+        with pytest.raises(RuntimeError, match="engine thread failed"):
+            while time.monotonic() < deadline:
+                gen.drain(0.1)
+        with pytest.raises(RuntimeError, match="engine thread failed"):
+            gen.submit(_requests(5, 1))
+    finally:
+        gen.close()
+    assert not gen.thread.is_alive()
