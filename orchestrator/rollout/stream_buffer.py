@@ -96,6 +96,13 @@ class GroupBuffer:
         self.pending[group_id] = Group(group_id, size)
         self.started += 1
 
+    def restart(self, group_id: int) -> None:
+        """Forget the finished samples of in-flight group `group_id` (its engine was lost; the whole group is
+        generated again). Raises ValueError for a group not in flight."""
+        if group_id not in self.pending:
+            raise ValueError(f"group {group_id} is not in flight (never submitted, or complete): cannot restart it")
+        self.pending[group_id].samples.clear()
+
     def add(self, sample: PartialSample) -> None:
         """A finished sample. Raises ValueError when it is not finished, has no tokens, its group was never
         submitted (or already complete) or its index is already there."""

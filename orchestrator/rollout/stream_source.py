@@ -20,9 +20,14 @@ refilled.
 
 Checkpoints: a resume regenerates every group not trained yet from its PromptRequest (`state_dict`: their
 requests, the loader after them, the counters): no group lost or trained twice; the tokens they had are
-generated again by the checkpoint's weights. Multi-turn environments do not stream yet (config/load.py
-refuses them with partial_rollout), nor is a lost rollout worker replaced in this mode (its error is raised
-and the job's supervisor restarts the run from the checkpoint).
+generated again by the checkpoint's weights.
+
+A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
+its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
+incomplete group assigned to it is emptied and issued again, whole, to the replacement (same requests and
+seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
+hook raises and the run stops. Multi-turn environments do not stream yet (config/load.py refuses them with
+partial_rollout).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from typing import Callable, Optional
 
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.partial import PartialSample
+from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import GroupBuffer
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
@@ -41,11 +47,18 @@ POLL_S = 0.2  # how long one drain call waits on a worker for a finished sample
 class StreamRollouts:
     """Controller side of fully asynchronous rollouts (see the module docstring).
 
-    workers: the job's rollout worker handles; wait: the job's bounded ray.get; sample: step -> one batch of
-    PromptRequests from `loader`; cfg: the run config (algo.max_staleness, rollout.prompts_per_step, rollout.n)."""
+    workers: the job's rollout worker handles (its list: a replacement's handle is set in it); wait: the job's
+    bounded ray.get; sample: step -> one batch of PromptRequests from `loader`; cfg: the run config
+    (algo.max_staleness, rollout.prompts_per_step, rollout.n); recover: the job's hook for a lost worker (None:
+    its error is raised)."""
 
-    def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+    def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
+                 recover: Optional[Recover] = None):
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
+        self.recover = recover  # the job's hook for a lost worker (orchestrator/rollout/source.py's Recover)
+        self.sent_to = list(workers)  # the handle each worker's groups went to (a replacement differs)
+        self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
+        self.restarts = self.reissued = 0  # since the last batch taken
         self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
         self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
         self.buffer.started = start_step * self.per_step  # a resume: the groups trained before count as started
@@ -67,12 +80,17 @@ class StreamRollouts:
         plan: dict[int, list] = {}
         for r in requests:
             w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
-            size = r.sampling.n if r.sampling is not None else self.n
-            self.buffer.submit(r.group_id, size)
-            self.requests[r.group_id] = r
-            self.outstanding[w] += size
+            self.buffer.submit(r.group_id, self._size(r))
+            self.requests[r.group_id], self.where[r.group_id] = r, w
+            self.outstanding[w] += self._size(r)
             plan.setdefault(w, []).append(r)
-        self.wait([self.workers[w].stream_submit.remote(rs) for w, rs in plan.items()])
+        for w, rs in plan.items():
+            self._reissue_if_replaced(w)
+            handle = self.workers[w]
+            try:
+                self.wait(handle.stream_submit.remote(rs))
+            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+                self._lost(w, handle, e)
 
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
@@ -89,6 +107,7 @@ class StreamRollouts:
         self._forget_dropped()  # the batch's groups and any dropped on the way
         row.update(self.buffer.metrics(batch))
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
+        self.restarts = self.reissued = 0
         return [s.to_trajectory() for s in samples]
 
     def finish_in_flight(self, row: dict) -> None:
@@ -126,20 +145,62 @@ class StreamRollouts:
         ids = sorted(self.requests)
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
-        self.requests, self.outstanding = {}, [0] * len(self.workers)
+        self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
+        self.sent_to = list(self.workers)
         if engine_version is not None:
             self.version = engine_version
         return ids
 
     def _poll(self, wait_s: float) -> None:
         """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample)."""
-        results = self.wait([w.stream_drain.remote(wait_s if i == 0 else 0.0) for i, w in enumerate(self.workers)])
-        for i, (samples, metrics) in enumerate(results):
+        for w in range(len(self.workers)):
+            self._reissue_if_replaced(w)
+        handles = list(self.workers)
+        refs = [h.stream_drain.remote(wait_s if i == 0 else 0.0) for i, h in enumerate(handles)]
+        for i, ref in enumerate(refs):
+            try:
+                samples, metrics = self.wait(ref)
+            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+                self._lost(i, handles[i], e)
+                continue
             self.busy_s += metrics.get("stream/busy_s", 0.0)
             self.stream = metrics or self.stream
             for s in samples:
                 self.outstanding[i] -= 1
                 self._add(s)
+
+    def _lost(self, w: int, handle, error: BaseException) -> None:
+        """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces
+        it), the error is raised; its groups are then issued again to the replacement."""
+        if self.recover is None:
+            raise error
+        if self.workers[w] is handle:  # not replaced since the call was made
+            new = self.recover(w, error)
+            if new is None:
+                raise error
+            self.workers[w] = new
+            self.restarts += 1
+        self._reissue_if_replaced(w)
+
+    def _reissue_if_replaced(self, w: int) -> None:
+        """Worker w was replaced since its groups were sent (here or by the weight sync): each incomplete group
+        it held starts again from nothing on the replacement."""
+        if self.workers[w] is self.sent_to[w]:
+            return
+        self.sent_to[w] = handle = self.workers[w]
+        gids = [g for g, at in self.where.items() if at == w and g in self.buffer.pending]
+        for g in gids:
+            self.buffer.restart(g)
+        self.outstanding[w] = sum(self._size(self.requests[g]) for g in gids)
+        self.reissued += len(gids)
+        if gids:
+            try:
+                self.wait(handle.stream_submit.remote([self.requests[g] for g in gids]))
+            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+                self._lost(w, handle, e)
+
+    def _size(self, r: PromptRequest) -> int:
+        return r.sampling.n if r.sampling is not None else self.n
 
     def _add(self, sample: PartialSample) -> None:
         if sample.request.group_id in self.buffer.pending:
@@ -150,6 +211,8 @@ class StreamRollouts:
         live = set(self.buffer.pending) | {g.group_id for g in self.buffer.ready}
         for gid in [g for g in self.requests if g not in live]:
             self.requests.pop(gid)
+        for gid in [g for g in self.where if g not in self.buffer.pending]:
+            self.where.pop(gid)
 
     def _row_metrics(self, samples: list[PartialSample], wait_s: float) -> dict[str, float]:
         tokens = sum(len(s.response_ids) for s in samples)
@@ -157,6 +220,7 @@ class StreamRollouts:
                                                                                 for s in samples)),
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
                 **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
 
 
@@ -164,5 +228,5 @@ def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_ste
     """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout, else the
     one-step-off `AsyncRollouts` over `source`."""
     if cfg.rollout.partial_rollout:
-        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step)
+        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover)
     return AsyncRollouts(source, sample, loader, cfg, start_step)

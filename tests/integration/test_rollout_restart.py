@@ -125,3 +125,30 @@ def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, t
     assert [r["rollout/groups_reissued"] for r in rows] == [0, 0, 2]
     assert [r["async/weight_version"] for r in rows] == [0, 0, 1]
     assert rows[-1]["faults/restarts_total"] == 1
+
+
+def test_streaming_mode_reissues_the_groups_of_a_killed_worker(ray_local, tiny_model, tmp_path):
+    """rollout.partial_rollout=true: the killed worker's groups in flight (those of step 3, launched at the start of
+    step 2) start again on its replacement; every step trains whole groups, none twice."""
+    class Recorded(KillBeforeAsyncStep):
+        trained: list = []
+
+        def train(self, trajs, advantages, ref):
+            self.trained.append(Counter(t.group_id for t in trajs))
+            return super().train(trajs, advantages, ref)
+
+    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async", "rollout.partial_rollout=true")
+    controller = Recorded(cfg)
+    try:
+        result = controller.run()
+        assert_engine_holds_trainer_weights(controller, 3)
+    finally:
+        controller.shutdown()
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["rollout/worker_restarts"] for r in rows) == 1 and rows[-1]["faults/restarts_total"] == 1
+    assert sum(r["rollout/groups_reissued"] for r in rows) >= 1
+    assert all(r["async/staleness_max"] <= 1 for r in rows)
+    groups = [g for step in controller.trained for g in step]
+    assert len(controller.trained) == 3 and len(groups) == len(set(groups)) == 6  # 2 groups a step, none twice
+    assert all(set(step.values()) == {4} for step in controller.trained)  # whole groups of n = 4

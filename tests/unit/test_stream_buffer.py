@@ -146,3 +146,21 @@ def test_staleness_bound_holds_and_nothing_is_lost_under_random_delays(k):
     pending = sum(len(g.samples) for g in buf.pending.values())
     ready = sum(len(g.samples) for g in buf.ready)
     assert len(trained) + buf.dropped_samples + ready + pending + len(in_flight) == gid * n
+
+
+def test_restart_empties_an_in_flight_group_and_refuses_others():
+    buf = GroupBuffer(max_staleness=1, prompts_per_step=1)
+    buf.submit(1, 2)
+    first, second = samples_of(_req(1), 2, 4)
+    first.extend([5], [-0.1], 0)
+    first.finish("stop")
+    buf.add(first)
+    buf.restart(1)  # its engine was lost: the group is generated again, whole
+    assert buf.pending[1].samples == {} and buf.started == 1
+    second.extend([6], [-0.2], 0)
+    second.finish("stop")
+    buf.add(first)  # the regenerated samples enter once each
+    buf.add(second)
+    assert buf.take(1, 0) is not None
+    with pytest.raises(ValueError, match="group 1 is not in flight"):
+        buf.restart(1)

@@ -46,7 +46,24 @@ class _Loader:
         return {"drawn": self.drawn}
 
 
-def _setup(k=1, workers=2, start_step=0):
+class _Lost(Exception):
+    """What the job's wait raises for a call on a dead worker (ray's ActorDiedError)."""
+
+
+class _DeadWorker:
+    """A worker whose process died: every call's result raises _Lost when waited for."""
+
+    def __init__(self):
+        self.stream_submit = self.stream_drain = _Call(lambda *a: _Lost("actor died"))
+
+
+def _wait(ref):
+    if isinstance(ref, Exception):
+        raise ref
+    return ref
+
+
+def _setup(k=1, workers=2, start_step=0, recover=None):
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, partial_rollout=True),
                           algo=SimpleNamespace(max_staleness=k))
     engine, loader = SimpleNamespace(version=0), _Loader()
@@ -56,7 +73,7 @@ def _setup(k=1, workers=2, start_step=0):
         loader.drawn += 1
         return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer="") for i in range(2)]
 
-    rollouts = StreamRollouts(fakes, lambda refs: refs, sample, loader, cfg, start_step)
+    rollouts = StreamRollouts(fakes, _wait, sample, loader, cfg, start_step, recover)
     return rollouts, fakes, engine, loader, cfg
 
 
@@ -103,5 +120,64 @@ def test_a_group_over_the_bound_is_dropped_and_its_slot_refilled():
 
 def test_the_factory_picks_the_stream_with_partial_rollout():
     rollouts, fakes, _, loader, cfg = _setup()
-    source = SimpleNamespace(workers=fakes, wait=lambda refs: refs)
+    source = SimpleNamespace(workers=fakes, wait=lambda refs: refs, recover=None)
     assert isinstance(async_rollouts(source, lambda s: [], loader, cfg), StreamRollouts)
+
+
+def _run_steps(rollouts, engine, steps, trained):
+    for step in steps:
+        rollouts.launch(step)
+        row = {}
+        trajs = rollouts.take(step, step - 1, row)
+        trained += [t.group_id for t in trajs]
+        engine.version = step
+        rollouts.finish_in_flight(row)
+        rollouts.synced(step)
+    return row
+
+
+def test_a_lost_worker_is_replaced_and_its_groups_generated_again_once():
+    replaced = []
+
+    def recover(w, error):
+        assert isinstance(error, _Lost)
+        replaced.append(w)
+        return _FakeWorker(engine)
+
+    rollouts, fakes, engine, _, _ = _setup(k=1, recover=recover)
+    trained: list = []
+    _run_steps(rollouts, engine, [1], trained)
+    rollouts.launch(2)
+    held = [g for g, w in rollouts.where.items() if w == 0]
+    assert held  # worker 0 holds groups in flight when it dies
+    fakes[0].samples = []  # its samples die with it
+    rollouts.workers[0] = _DeadWorker()
+    rollouts.sent_to[0] = rollouts.workers[0]  # the dead handle is the one its groups went to
+    row = _run_steps(rollouts, engine, [2], trained)
+    assert replaced == [0] and row["rollout/worker_restarts"] == 1.0 and row["rollout/groups_reissued"] == len(held)
+    _run_steps(rollouts, engine, [3, 4], trained)
+    assert len(trained) == 4 * 4 and len(set(trained)) == 8  # 4 steps x 2 groups x 2 samples
+    assert all(trained.count(g) == 2 for g in trained)  # each group trained once, whole
+
+
+def test_a_worker_replaced_by_the_weight_sync_gets_its_groups_again():
+    rollouts, fakes, engine, _, _ = _setup(k=1)
+    rollouts.launch(1)
+    held = sorted(g for g, w in rollouts.where.items() if w == 1)
+    fakes[1].samples = []  # replaced (e.g. its weight load hung): its requests are gone
+    rollouts.workers[1] = fresh = _FakeWorker(engine)
+    row = {}
+    trajs = rollouts.take(1, 0, row)
+    assert len(trajs) == 4 and rollouts.sent_to[1] is fresh
+    assert row["rollout/groups_reissued"] == len(held) and row["rollout/worker_restarts"] == 0.0
+
+
+def test_a_lost_worker_without_a_recover_hook_raises():
+    import pytest
+
+    for recover in (None, lambda w, e: None):  # no hook, or the hook says the error is not a lost worker
+        rollouts, _, _, _, _ = _setup(k=1, recover=recover)
+        rollouts.launch(1)
+        rollouts.workers[0] = rollouts.sent_to[0] = _DeadWorker()
+        with pytest.raises(_Lost):
+            rollouts.take(1, 0, {})
