@@ -8,6 +8,11 @@ interrupts the requests in flight and continues them on the new weights (actors/
     with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
         ...                                  # on exit the interrupted samples continue on version()
 
+Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same engine thread: each policy turn is
+one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
+the engine thread (instead of the sample going to `drain`), and a weight update interrupts and continues it like
+any other. A finished episode enters `drain`'s output through `put_done`; an episode-side failure through `fail`.
+
 The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; every
 caller (submit, drain, paused) counts itself as waiting first, and the thread lets waiting callers in at the next
 step boundary (Python's locks are not fair: without this a drain waited seconds behind back-to-back steps). The
@@ -35,7 +40,8 @@ class StreamingGenerator:
         self.n, self.max_tokens, self.version = n, max_tokens, version
         self.cond = threading.Condition()
         self.queue: list[PartialSample] = []
-        self.done: list[PartialSample] = []
+        self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
+        self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.waiting = 0  # callers waiting for the lock (`_turn`): the engine thread lets them in first
         self.waiting_lock = threading.Lock()
         self.busy_s = 0.0
@@ -54,6 +60,24 @@ class StreamingGenerator:
             self._raise_error()
             self.queue += samples
         return len(samples)
+
+    def submit_turn(self, sample: PartialSample, on_done: Callable[[PartialSample], None]) -> None:
+        """Queue one turn's sample; `on_done(sample)` runs on the engine thread when it finishes (it must not block:
+        hand the sample to another thread, e.g. `loop.call_soon_threadsafe`). Raises the engine thread's error."""
+        with self._turn():
+            self._raise_error()
+            self.on_done[id(sample)] = on_done
+            self.queue.append(sample)
+
+    def put_done(self, finished: list) -> None:
+        """Finished samples produced outside the engine thread (streamed episodes) for the next `drain`."""
+        with self._turn():
+            self.done += finished
+
+    def fail(self, error: BaseException) -> None:
+        """Record a failure of the work around the engine (a streamed episode's): the next `drain` raises it."""
+        with self._turn():
+            self.error = self.error or error
 
     def drain(self, wait_s: float = 0.0) -> tuple[list[PartialSample], dict]:
         """The samples finished since the last drain (waiting up to `wait_s` seconds for at least one) and
@@ -129,8 +153,16 @@ class StreamingGenerator:
                     self.error = e
                     self.cond.notify_all()
                     return
-                for s in finished:
-                    s.text = self.gen.text(s)
-                self.done += finished
-                if finished:
-                    self.cond.notify_all()
+                self._finished(finished)
+
+    def _finished(self, finished: list[PartialSample]) -> None:
+        """Hand finished samples on (under the lock): a turn's to its callback, the others to `drain`."""
+        for s in finished:
+            callback = self.on_done.pop(id(s), None)
+            if callback is not None:
+                callback(s)
+                continue
+            s.text = self.gen.text(s)
+            self.done.append(s)
+        if finished:
+            self.cond.notify_all()

@@ -20,9 +20,14 @@ refilled.
 
 Checkpoints: a resume regenerates every group not trained yet from its PromptRequest (`state_dict`: their
 requests, the loader after them, the counters): no group lost or trained twice; the tokens they had are
-generated again by the checkpoint's weights. Multi-turn environments do not stream yet (config/load.py
-refuses them with partial_rollout), nor is a lost rollout worker replaced in this mode (its error is raised
-and the job's supervisor restarts the run from the checkpoint).
+generated again by the checkpoint's weights. A lost rollout worker is not replaced in this mode (its error is
+raised and the job's supervisor restarts the run from the checkpoint).
+
+Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes that run on the worker's agent loop
+(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
+comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
+oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
+environment's (`MultiTurnSource.rewards`); env.max_failed_frac is not applied per batch here.
 """
 from __future__ import annotations
 
@@ -44,8 +49,10 @@ class StreamRollouts:
     workers: the job's rollout worker handles; wait: the job's bounded ray.get; sample: step -> one batch of
     PromptRequests from `loader`; cfg: the run config (algo.max_staleness, rollout.prompts_per_step, rollout.n)."""
 
-    def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+    def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
+                 env_cfg: Optional[dict] = None):
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
+        self.env_cfg = env_cfg  # multi-turn tasks (env.name): the `env` section the workers run episodes with
         self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
         self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
         self.buffer.started = start_step * self.per_step  # a resume: the groups trained before count as started
@@ -72,7 +79,10 @@ class StreamRollouts:
             self.requests[r.group_id] = r
             self.outstanding[w] += size
             plan.setdefault(w, []).append(r)
-        self.wait([self.workers[w].stream_submit.remote(rs) for w, rs in plan.items()])
+        if self.env_cfg:  # multi-turn: each group is n streamed episodes (actors/rollout/stream_episodes.py)
+            self.wait([self.workers[w].stream_submit.remote(rs, self.env_cfg, w) for w, rs in plan.items()])
+        else:
+            self.wait([self.workers[w].stream_submit.remote(rs) for w, rs in plan.items()])
 
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
@@ -164,5 +174,6 @@ def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_ste
     """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout, else the
     one-step-off `AsyncRollouts` over `source`."""
     if cfg.rollout.partial_rollout:
-        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step)
+        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step,
+                              env_cfg=getattr(source, "env_cfg", None))
     return AsyncRollouts(source, sample, loader, cfg, start_step)
