@@ -12,6 +12,8 @@ Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same en
 one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
 the engine thread (instead of the sample going to `drain`), and a weight update interrupts and continues it like
 any other. A finished episode enters `drain`'s output through `put_done`; an episode-side failure through `fail`.
+`submit_turn` and `put_done` post into an inbox the engine thread empties at each step boundary: the episodes'
+thread never waits for an engine step.
 
 The engine thread steps the in-process vLLM engine while it has work, releasing the lock between steps; every
 caller (submit, drain, paused) counts itself as waiting first, and the thread lets waiting callers in at the next
@@ -31,6 +33,8 @@ from typing import Callable, Optional
 from actors.rollout.interruptible import InterruptibleEngine
 from orchestrator.rollout.partial import PartialSample, samples_of
 
+IDLE_WAIT_S = 0.05  # an idle engine thread looks at the inbox at least this often (seconds)
+
 
 class StreamingGenerator:
     """See the module docstring. version: returns the weight version the engine holds now."""
@@ -41,7 +45,9 @@ class StreamingGenerator:
         self.cond = threading.Condition()
         self.queue: list[PartialSample] = []
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
-        self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
+        self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (engine thread only)
+        self.inbox: list[tuple] = []  # (turn sample, callback) and (finished, None), moved in by the engine thread
+        self.inbox_lock = threading.Lock()  # never held across an engine step: episode threads never wait on one
         self.waiting = 0  # callers waiting for the lock (`_turn`): the engine thread lets them in first
         self.waiting_lock = threading.Lock()
         self.busy_s = 0.0
@@ -62,17 +68,27 @@ class StreamingGenerator:
         return len(samples)
 
     def submit_turn(self, sample: PartialSample, on_done: Callable[[PartialSample], None]) -> None:
-        """Queue one turn's sample; `on_done(sample)` runs on the engine thread when it finishes (it must not block:
-        hand the sample to another thread, e.g. `loop.call_soon_threadsafe`). Raises the engine thread's error."""
-        with self._turn():
-            self._raise_error()
-            self.on_done[id(sample)] = on_done
-            self.queue.append(sample)
+        """Queue one turn's sample without waiting for the engine's step to end (the engine thread takes it at its
+        next step boundary); `on_done(sample)` runs on the engine thread when it finishes (it must not block: hand
+        the sample to another thread, e.g. `loop.call_soon_threadsafe`). Raises the engine thread's error."""
+        self._raise_error()
+        self._post((sample, on_done))
 
     def put_done(self, finished: list) -> None:
-        """Finished samples produced outside the engine thread (streamed episodes) for the next `drain`."""
-        with self._turn():
-            self.done += finished
+        """Finished samples produced outside the engine thread (streamed episodes) for a `drain` (not waiting for
+        the engine's step to end either)."""
+        self._post(*((s, None) for s in finished))
+
+    def _post(self, *items: tuple) -> None:
+        """Into the inbox; wake the engine thread if it is idle (a busy one takes the inbox at its next step; an
+        idle one also looks every IDLE_WAIT_S, so a wake-up lost to a race is late, never lost)."""
+        with self.inbox_lock:
+            self.inbox += items
+        if self.cond.acquire(blocking=False):
+            try:
+                self.cond.notify_all()
+            finally:
+                self.cond.release()
 
     def fail(self, error: BaseException) -> None:
         """Record a failure of the work around the engine (a streamed episode's): the next `drain` raises it."""
@@ -89,7 +105,8 @@ class StreamingGenerator:
             self._raise_error()
             out, self.done = self.done, []
             metrics = {"stream/busy_s": self.busy_s, "stream/running": float(self.gen.running),
-                       "stream/queued": float(len(self.queue)), "stream/interruptions": float(self.gen.interruptions)}
+                       "stream/queued": float(len(self.queue) + len(self.inbox)),
+                       "stream/interruptions": float(self.gen.interruptions)}
             self.busy_s = 0.0
         return out, metrics
 
@@ -127,7 +144,8 @@ class StreamingGenerator:
 
     def _raise_error(self) -> None:
         if self.error is not None:
-            raise RuntimeError(f"the rollout stream's engine thread failed: {self.error!r}") from self.error
+            raise RuntimeError(f"the rollout stream failed (engine thread or streamed episodes): "
+                               f"{self.error!r}") from self.error
 
     def _loop(self) -> None:
         import torch
@@ -138,22 +156,36 @@ class StreamingGenerator:
         torch._C.set_num_threads(self.threads)
         while True:
             with self.cond:
-                while not self.closed and (self.waiting or not (self.queue or self.gen.running)):
-                    self.cond.wait()
+                while not self.closed and (self.waiting or not (self.queue or self.gen.running or self.inbox)):
+                    self.cond.wait(IDLE_WAIT_S)
                 if self.closed:
                     return
+                self._take_inbox()
                 try:
                     if self.queue:
                         self.gen.add(self.queue, self.version())
                         self.queue = []
                     t0 = time.perf_counter()
-                    finished = self.gen.step()
+                    finished = self.gen.step() if self.gen.running else []
                     self.busy_s += time.perf_counter() - t0
                 except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
                     self.error = e
                     self.cond.notify_all()
                     return
                 self._finished(finished)
+
+    def _take_inbox(self) -> None:
+        """(Engine thread, under the lock) turns into the queue, finished episodes into `done`."""
+        with self.inbox_lock:
+            items, self.inbox = self.inbox, []
+        for sample, callback in items:
+            if callback is None:
+                self.done.append(sample)
+                continue
+            self.on_done[id(sample)] = callback
+            self.queue.append(sample)
+        if any(callback is None for _, callback in items):
+            self.cond.notify_all()
 
     def _finished(self, finished: list[PartialSample]) -> None:
         """Hand finished samples on (under the lock): a turn's to its callback, the others to `drain`."""

@@ -145,7 +145,8 @@ class AgentLoop:
         for turn in range(self.cfg.max_turns):
             budget = min(self.cfg.max_new_tokens, builder.remaining())
             seeded = {} if group.seed is None else {"seed": turn_seed(sample_seed(group.seed, index), turn)}
-            ids, logprobs, _finish, *versions = await self.engine.generate(builder.context_ids, budget, worker, **seeded)
+            out = await self.engine.generate(builder.context_ids, budget, worker, **seeded)
+            ids, logprobs, versions = out[0], out[1], out[3:]  # versions: streamed episodes report them
             builder.add_sampled(list(ids), list(logprobs), list(versions[0]) if versions else None)
             try:
                 step = await self.runner.step(env, session.action_text(list(ids)))
