@@ -161,10 +161,15 @@ class StreamRollouts:
         for gid in [g for g in self.requests if g not in live]:
             self.requests.pop(gid)
 
-    def _row_metrics(self, samples: list[PartialSample], wait_s: float) -> dict[str, float]:
+    def _row_metrics(self, samples: list, wait_s: float) -> dict[str, float]:
+        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: + rollout/turns_mean and
+        rollout/sampled_len_mean; rollout/tokens counts their observation ids too) and the workers' stream/*."""
         tokens = sum(len(s.response_ids) for s in samples)
-        return {"rollout/tokens": float(tokens), "rollout/staleness": float(max(self.version - s.first_version
-                                                                                for s in samples)),
+        episodes = [s.episode for s in samples if hasattr(s, "episode")]
+        turns = {"rollout/turns_mean": sum(e.num_turns for e in episodes) / len(episodes),
+                 "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / len(episodes)} if episodes else {}
+        stale = max(self.version - s.first_version for s in samples)
+        return {**turns, "rollout/tokens": float(tokens), "rollout/staleness": float(stale),
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}

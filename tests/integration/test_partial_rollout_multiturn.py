@@ -88,3 +88,4 @@ def test_fully_asynchronous_multi_turn_run_completes_with_async_metrics(ray_loca
     for r in rows:
         assert r["async/staleness_max"] <= 1 and sum(r[f"async/staleness_{s}"] for s in (0, 1)) == per_step
         assert "stream/interruptions" in r and "reward/mean" in r and r["async/trainer_wait_s"] >= 0
+        assert 1.0 <= r["rollout/turns_mean"] <= 2.0  # env.max_turns=2: multi-turn episodes were trained

@@ -112,4 +112,10 @@ def test_the_controller_hands_multi_turn_groups_to_the_workers_with_the_env_sect
     request = PromptRequest(7, [1], "3", prompt="p", seed=11)
     rollouts.submit([request])
     assert calls == [([request], env, 0)] and rollouts.outstanding == [2]
+    done = [EpisodeSample(request, _episode(7, i, ([1, 1], [2]))) for i in range(2)]
+    worker.stream_drain = SimpleNamespace(remote=lambda wait_s: (done, {"stream/interruptions": 1.0}))
+    row = {}
+    trajs = rollouts.take(3, 2, row)  # policy version 2: the episodes' oldest tokens are version 1
+    assert [t.multiturn.sample_index for t in trajs] == [0, 1] and row["async/staleness_1"] == 2.0
+    assert row["rollout/turns_mean"] == 2.0 and row["rollout/sampled_len_mean"] == 3.0 and row["rollout/tokens"] == 12
     assert group_request(request, 2) == GroupRequest(7, {"prompt": "p", "answer": "3", "seed": 7}, 2, 11)
