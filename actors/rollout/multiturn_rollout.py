@@ -66,7 +66,7 @@ class MultiTurnRollout:
         self.runner: EnvRunner | None = None  # or an ActorEnvRunner (env.placement=actor)
         self.renderer: ChatRenderer | None = None
 
-    def _configure(self, env_cfg: dict) -> None:
+    def configure(self, env_cfg: dict) -> None:
         """(Re)build the env runner and renderer when the env settings change; keeps runner stats otherwise."""
         key = tuple(repr(env_cfg.get(k)) for k in _ENV_KEYS)
         if key == self._env_key:
@@ -93,7 +93,7 @@ class MultiTurnRollout:
         rollout/tokens_per_s, rollout/prefill_tokens_requested / _computed, rollout/prefix_cache_hits
         (vLLM's counters over this call), rollout/engine_steps and rollout/in_flight_max.
         """
-        self._configure(env_cfg)
+        self.configure(env_cfg)
         requests = [as_group_request(g) for g in groups]
         loop_cfg = AgentLoopConfig(max_turns=int(env_cfg["max_turns"]), max_tokens=int(env_cfg["max_tokens"]),
                                    max_new_tokens=int(max_new_tokens))

@@ -8,6 +8,12 @@ interrupts the requests in flight and continues them on the new weights (actors/
     with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
         ...                                  # on exit the interrupted samples continue on version()
 
+Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same engine thread: each policy turn is
+one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
+the engine thread (instead of the sample going to `drain`), and a weight update interrupts and continues it like
+any other. A finished episode enters `drain`'s output through `put_done`; an episode-side failure through `fail`.
+None of them waits for an engine step.
+
 Two locks: `cond` guards the queue and the finished samples (held for microseconds: `submit` and `drain` never
 wait for an engine step, which lasts seconds when it prefills a batch of prompts on CPU), and `engine_lock`,
 held by the engine thread for each add + step and by `paused` for the whole pause. A caller of `paused` counts
@@ -39,7 +45,8 @@ class StreamingGenerator:
         self.cond = threading.Condition()  # guards queue, done, waiting, busy_s, error, closed
         self.engine_lock = threading.Lock()  # the engine: one add + step at a time, or a pause
         self.queue: list[PartialSample] = []
-        self.done: list[PartialSample] = []
+        self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
+        self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
@@ -59,6 +66,28 @@ class StreamingGenerator:
             self.queue += samples
             self.cond.notify_all()
         return len(samples)
+
+    def submit_turn(self, sample: PartialSample, on_done: Callable[[PartialSample], None]) -> None:
+        """Queue one turn's sample (the engine thread adds it before its next step); `on_done(sample)` runs on the
+        engine thread when it finishes (it must not block: hand the sample to another thread, e.g.
+        `loop.call_soon_threadsafe`). Raises the engine thread's error."""
+        with self.cond:
+            self._raise_error()
+            self.on_done[id(sample)] = on_done
+            self.queue.append(sample)
+            self.cond.notify_all()
+
+    def put_done(self, finished: list) -> None:
+        """Finished samples produced outside the engine thread (streamed episodes), for a `drain`."""
+        with self.cond:
+            self.done += finished
+            self.cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """Record a failure of the work around the engine (a streamed episode's): the next `drain` raises it."""
+        with self.cond:
+            self.error = self.error or error
+            self.cond.notify_all()
 
     def drain(self, wait_s: float = 0.0) -> tuple[list[PartialSample], dict]:
         """The samples finished since the last drain (waiting up to `wait_s` seconds for at least one) and
@@ -112,7 +141,8 @@ class StreamingGenerator:
 
     def _raise_error(self) -> None:
         if self.error is not None:
-            raise RuntimeError(f"the rollout stream's engine thread failed: {self.error!r}") from self.error
+            raise RuntimeError(f"the rollout stream failed (engine thread or streamed episodes): "
+                               f"{self.error!r}") from self.error
 
     def _loop(self) -> None:
         import torch
@@ -133,10 +163,8 @@ class StreamingGenerator:
                     if new:  # added under the version of this moment (after a pause: the new one)
                         self.gen.add(new, self.version())
                     t0 = time.perf_counter()
-                    finished = self.gen.step()
+                    finished = self.gen.step() if self.gen.running else []  # a pause may have emptied it
                     dt = time.perf_counter() - t0
-                    for s in finished:
-                        s.text = self.gen.text(s)
                 except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
                     with self.cond:
                         self.error = e
@@ -144,6 +172,16 @@ class StreamingGenerator:
                     return
             with self.cond:
                 self.busy_s += dt
-                self.done += finished
-                if finished:
-                    self.cond.notify_all()
+                self._finished(finished)
+
+    def _finished(self, finished: list[PartialSample]) -> None:
+        """Hand finished samples on (engine thread, under `cond`): a turn's to its callback, the others to `drain`."""
+        for s in finished:
+            callback = self.on_done.pop(id(s), None)
+            if callback is not None:
+                callback(s)
+            else:
+                s.text = self.gen.text(s)  # a single-turn sample's (a turn's text is its episode's business)
+                self.done.append(s)
+        if finished:
+            self.cond.notify_all()

@@ -34,15 +34,25 @@ class RolloutWorker:
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
         self.env_actors = list(env_actors or [])
         self.stream = None  # StreamingGenerator (rollout.partial_rollout), made on the first stream_submit
+        self.episodes = None  # StreamingEpisodes (partial_rollout with env.name), made on the first multi-turn submit
 
     # ---- streaming generation with partial rollouts (actors/rollout/stream.py) -------------------
-    def stream_submit(self, requests: list[PromptRequest]) -> int:
-        """Queue the requests' groups on the engine's stream (started on first use). Returns samples queued."""
+    def stream_submit(self, requests: list[PromptRequest], env_cfg: Optional[dict] = None, worker_id: int = 0) -> int:
+        """Queue the requests' groups on the engine's stream (started on first use). Returns samples queued.
+        env_cfg (the `env` section as a dict, multi-turn tasks): each group is n episodes whose turns stream
+        (actors/rollout/stream_episodes.py); worker_id is recorded on their trajectories."""
         if self.stream is None:
             from actors.rollout.stream import StreamingGenerator
 
             self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
-        return self.stream.submit(requests)
+        if not env_cfg:
+            return self.stream.submit(requests)
+        if self.episodes is None:
+            from actors.rollout.stream_episodes import StreamingEpisodes
+
+            self.episodes = StreamingEpisodes(self.stream, self._multiturn_rollout(), self.n, self.max_new_tokens,
+                                              worker_id)
+        return self.episodes.submit(requests, env_cfg)
 
     def stream_drain(self, wait_s: float = 0.0) -> tuple[list, dict]:
         """Finished PartialSamples since the last drain (waiting up to `wait_s` s for one) and `stream/*` metrics."""
@@ -75,6 +85,10 @@ class RolloutWorker:
         env_cfg: the `env` config section as a dict. Returns trajectories (loss mask and turn rewards in
         `extra`, see actors/rollout/multiturn_rollout.py) and `rollout/*`, `env/*` metrics."""
         self.sleep_state.ensure_awake("generate_multiturn")
+        return self._multiturn_rollout().run(groups, env_cfg, self.max_new_tokens, self.version, worker_id)
+
+    def _multiturn_rollout(self):
+        """This worker's `MultiTurnRollout` (tokenizer, chat renderer, env runner), made on first use."""
         if self._multiturn is None:
             from transformers import AutoTokenizer
 
@@ -84,7 +98,7 @@ class RolloutWorker:
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             self._multiturn = MultiTurnRollout(self.engine, tokenizer, env_actors=self.env_actors,
                                                end_ids=end_of_turn_ids(tokenizer, self.model_path))
-        return self._multiturn.run(groups, env_cfg, self.max_new_tokens, self.version, worker_id)
+        return self._multiturn
 
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""

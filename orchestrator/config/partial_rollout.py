@@ -8,8 +8,8 @@ from __future__ import annotations
 
 def check_partial_rollout(cfg) -> None:
     """rollout.partial_rollout=true needs placement.mode=disaggregated_async (separate engines that generate while
-    the trainer trains) and algo.max_staleness >= 1 (k: the groups generated ahead), and runs single-turn
-    tasks only for now (env.name empty: a multi-turn episode's environment steps are not streamed yet).
+    the trainer trains) and algo.max_staleness >= 1 (k: the groups generated ahead). Single-turn and multi-turn
+    tasks (env.name set: every policy turn streams, actors/rollout/stream_episodes.py) both run in this mode.
 
     Raises ValueError naming the keys."""
     if not cfg.rollout.partial_rollout:
@@ -20,6 +20,3 @@ def check_partial_rollout(cfg) -> None:
     if cfg.algo.max_staleness < 1:
         raise ValueError("rollout.partial_rollout=true needs algo.max_staleness >= 1 (got 0): k is how many policy "
                          "versions a streamed sample may lag the trainer")
-    if cfg.env.name:
-        raise ValueError(f"rollout.partial_rollout=true is single-turn only for now (env.name={cfg.env.name!r}): "
-                         "set rollout.partial_rollout=false for multi-turn runs (the one-step-off pipeline)")

@@ -11,7 +11,9 @@ The engine is anything with::
     async def generate(prompt_ids: list[int], max_tokens: int, worker) -> (ids, logprobs, finish_reason)
 
 returning the sampled ids (ending with the end-of-turn id when the model stopped), one logprob per
-id, and "stop" or "length". The vLLM async engine is wired to it in actors/rollout/.
+id, and "stop" or "length" (and optionally a 4th item: the weight version that sampled each id, which the
+streaming engine of partial rollouts reports, actors/rollout/stream_episodes.py). The vLLM engines are wired
+to it in actors/rollout/ (async_engine.py: one batch of episodes; stream_episodes.py: streamed episodes).
 
     loop = AgentLoop(engine, EnvRunner(resolve_env_factory("guessing")), ChatRenderer(tok), StickyRouter(2),
                      AgentLoopConfig(max_turns=8, max_tokens=1024, max_new_tokens=32))
@@ -36,8 +38,8 @@ from orchestrator.rollout.seeds import sample_seed, turn_seed
 
 class AsyncEngine(Protocol):
     async def generate(self, prompt_ids: list, max_tokens: int, worker: Any) -> tuple:
-        """Sample one turn: ([N] ids, [N] logprobs, finish_reason) with 1 <= N <= max_tokens. Called with a
-        keyword `seed` (the turn's sampling seed, an int in [0, 2**63)) too when the group has a seed."""
+        """Sample one turn: ([N] ids, [N] logprobs, finish_reason[, [N] weight versions]) with 1 <= N <= max_tokens.
+        Called with a keyword `seed` (the turn's sampling seed, an int in [0, 2**63)) too when the group has a seed."""
         ...
 
 
@@ -143,8 +145,9 @@ class AgentLoop:
         for turn in range(self.cfg.max_turns):
             budget = min(self.cfg.max_new_tokens, builder.remaining())
             seeded = {} if group.seed is None else {"seed": turn_seed(sample_seed(group.seed, index), turn)}
-            ids, logprobs, _finish = await self.engine.generate(builder.context_ids, budget, worker, **seeded)
-            builder.add_sampled(list(ids), list(logprobs))
+            out = await self.engine.generate(builder.context_ids, budget, worker, **seeded)
+            ids, logprobs, versions = out[0], out[1], out[3:]  # versions: streamed episodes report them
+            builder.add_sampled(list(ids), list(logprobs), list(versions[0]) if versions else None)
             try:
                 step = await self.runner.step(env, session.action_text(list(ids)))
             except EnvFailure as e:

@@ -28,6 +28,7 @@ reward/std, reward/max, reward/min.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Optional
 
@@ -35,6 +36,7 @@ import torch
 from omegaconf import OmegaConf
 
 from orchestrator.reward.failures import FailureTally, check_failed_frac
+from orchestrator.rollout.agent_loop import GroupRequest
 from orchestrator.rollout.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.source import Launched, Recover, RolloutSource, Wait
@@ -65,9 +67,7 @@ class MultiTurnSource(RolloutSource):
         shards: dict[int, list[dict]] = {}
         for r in requests:
             w = self.router.assign(r.group_id)
-            sample = {"prompt": r.prompt, "answer": r.answer, "seed": r.group_id}
-            shards.setdefault(w, []).append({"group_id": r.group_id, "sample": sample, "n": self.cfg.rollout.n,
-                                             "seed": r.seed})
+            shards.setdefault(w, []).append(dataclasses.asdict(group_request(r, self.cfg.rollout.n)))
         return shards
 
     def launch(self, requests: list[PromptRequest]) -> Launched:
@@ -116,6 +116,11 @@ class MultiTurnSource(RolloutSource):
         row.update({"reward/mean": float(r.mean()), "reward/std": float(r.std()) if len(rewards) > 1 else 0.0,
                     "reward/max": float(r.max()), "reward/min": float(r.min())})
         return rewards
+
+
+def group_request(r: PromptRequest, n: int) -> GroupRequest:
+    """The episode group of one prompt request: n episodes of the sample {"prompt", "answer", "seed": group id}."""
+    return GroupRequest(r.group_id, {"prompt": r.prompt, "answer": r.answer, "seed": r.group_id}, n, r.seed)
 
 
 def env_failures(results: list, name: str, episodes: int) -> FailureTally:

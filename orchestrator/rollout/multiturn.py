@@ -40,6 +40,8 @@ class MultiTurnTrajectory:
     stop_reason: "done" (the env ended it), "max_turns", "max_tokens" or "env_error".
     truncated: True for "max_turns" and "max_tokens" (the episode did not end on its own).
     env_error: "" or the error text of the env call that ended the episode.
+    token_versions: [R] per response id, the weight version that sampled it, -1 on observation ids and where the
+        engine reported none (streamed episodes, orchestrator/rollout/partial_episode.py, report every turn's).
     """
 
     group_id: int
@@ -54,6 +56,7 @@ class MultiTurnTrajectory:
     stop_reason: str
     env_error: str = ""
     extra: dict = field(default_factory=dict)
+    token_versions: list = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -78,6 +81,7 @@ class MultiTurnTrajectory:
         """The single-sequence `Trajectory` the trainer consumes; loss mask, turns and rewards in `.multiturn`.
 
         finish_reason is "stop" when the env ended the episode, else "length" (truncated or env error).
+        token_versions: the episode's (-1 on observation ids) when any turn reported its versions, else empty.
         """
         info = MultiTurnInfo(loss_mask=list(self.loss_mask), turn_rewards=list(self.turn_rewards),
                              num_turns=self.num_turns, stop_reason=self.stop_reason, env_error=self.env_error,
@@ -85,7 +89,8 @@ class MultiTurnTrajectory:
         return Trajectory(group_id=self.group_id, prompt_ids=list(self.prompt_ids),
                           response_ids=list(self.response_ids), logprobs=list(self.logprobs),
                           finish_reason="stop" if self.stop_reason == "done" else "length",
-                          weight_version=weight_version, multiturn=info, extra=dict(self.extra))
+                          weight_version=weight_version, multiturn=info, extra=dict(self.extra),
+                          token_versions=list(self.token_versions) if any(v >= 0 for v in self.token_versions) else [])
 
 
 class TrajectoryBuilder:
@@ -112,6 +117,7 @@ class TrajectoryBuilder:
         self.turn_spans: list[tuple[int, int]] = []
         self.turn_rewards: list[float] = []
         self.turn_infos: list[dict] = []
+        self.token_versions: list[int] = []  # per response id: the sampling weight version, -1 = none
 
     @property
     def context_ids(self) -> list:
@@ -126,8 +132,9 @@ class TrajectoryBuilder:
         """Tokens left before max_tokens (a large number when there is no limit)."""
         return self.max_tokens - self.num_tokens if self.max_tokens else 1 << 62
 
-    def add_sampled(self, ids: list, logprobs: list) -> None:
-        """Append one policy turn: [N] sampled ids with their [N] logprobs (mask 1).
+    def add_sampled(self, ids: list, logprobs: list, versions: list | None = None) -> None:
+        """Append one policy turn: [N] sampled ids with their [N] logprobs (mask 1) and, when the engine reports
+        them (streamed episodes), the [N] weight versions that sampled them (else -1 each).
 
         Raises ValueError when the lengths differ, N is 0, a logprob is not finite or > 0, or the
         turn would exceed max_tokens (the engine must be asked for at most `remaining()` tokens).
@@ -141,6 +148,9 @@ class TrajectoryBuilder:
         if len(ids) > self.remaining():
             raise ValueError(f"group {self.group_id}: {len(ids)} sampled ids exceed the {self.remaining()} "
                              f"tokens left of env.max_tokens={self.max_tokens}")
+        if versions is not None and len(versions) != len(ids):
+            raise ValueError(f"group {self.group_id}: {len(ids)} sampled ids but {len(versions)} token versions")
+        self.token_versions += [int(v) for v in versions] if versions is not None else [-1] * len(ids)
         start = len(self.response_ids)
         self.response_ids += [int(t) for t in ids]
         self.loss_mask += [1] * len(ids)
@@ -154,6 +164,7 @@ class TrajectoryBuilder:
         self.response_ids += [int(t) for t in ids]
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.token_versions += [-1] * len(ids)
         return True
 
     def add_reward(self, reward: float, info: dict | None = None) -> None:
@@ -168,4 +179,5 @@ class TrajectoryBuilder:
             group_id=self.group_id, sample_index=self.sample_index, prompt_ids=list(self.prompt_ids),
             response_ids=list(self.response_ids), loss_mask=list(self.loss_mask), logprobs=list(self.logprobs),
             turn_spans=list(self.turn_spans), turn_rewards=list(self.turn_rewards),
-            turn_infos=list(self.turn_infos), stop_reason=stop_reason, env_error=env_error)
+            turn_infos=list(self.turn_infos), stop_reason=stop_reason, env_error=env_error,
+            token_versions=list(self.token_versions))

@@ -36,6 +36,8 @@ class PartialSample:
         nats: log_softmax(logits / T) of the version that sampled it, case C03) and that weight version.
     finish_reason: "" while generating, then "stop" (EOS or a stop id) or "length" (the budget is spent).
     interruptions: how many times a weight update interrupted it. text: the response text, set when finished.
+    first_seed: the first segment's vLLM seed when the caller chose it (a streamed episode's turn:
+        orchestrator/rollout/seeds.py turn_seed); None = `sample_seed(request.seed, index)`.
     """
 
     request: PromptRequest
@@ -47,6 +49,7 @@ class PartialSample:
     finish_reason: str = ""
     interruptions: int = 0
     text: str = ""
+    first_seed: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1 or self.index < 0:
@@ -75,10 +78,14 @@ class PartialSample:
     @property
     def seed(self) -> Optional[int]:
         """The next segment's vLLM seed: `sample_seed(request.seed, index)` for the first, then
-        `resume_seed(that, tokens so far)` (orchestrator/rollout/seeds.py); None for an unseeded request."""
-        if self.request.seed is None:
+        `resume_seed(that, tokens so far)` (orchestrator/rollout/seeds.py); None for an unseeded request
+        (`first_seed`, when set, replaces the first)."""
+        if self.first_seed is not None:
+            first = self.first_seed
+        elif self.request.seed is None:
             return None
-        first = sample_seed(self.request.seed, self.index)
+        else:
+            first = sample_seed(self.request.seed, self.index)
         return resume_seed(first, len(self.response_ids)) if self.response_ids else first
 
     def extend(self, ids: list[int], logprobs: list[float], version: int) -> None:

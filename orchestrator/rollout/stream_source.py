@@ -26,8 +26,13 @@ A lost rollout worker (its process died or hung: the job's `recover` hook, orche
 its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
 incomplete group assigned to it is emptied and issued again, whole, to the replacement (same requests and
 seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
-hook raises and the run stops. Multi-turn environments do not stream yet (config/load.py refuses them with
-partial_rollout).
+hook raises and the run stops.
+
+Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes that run on the worker's agent loop
+(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
+comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
+oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
+environment's (`MultiTurnSource.rewards`); env.max_failed_frac is not applied per batch here.
 """
 from __future__ import annotations
 
@@ -53,9 +58,10 @@ class StreamRollouts:
     its error is raised)."""
 
     def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
-                 recover: Optional[Recover] = None):
+                 recover: Optional[Recover] = None, env_cfg: Optional[dict] = None):
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
         self.recover = recover  # the job's hook for a lost worker (orchestrator/rollout/source.py's Recover)
+        self.env_cfg = env_cfg  # multi-turn tasks (env.name): the `env` section the workers run episodes with
         self.sent_to = list(workers)  # the handle each worker's groups went to (a replacement differs)
         self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
         self.restarts = self.reissued = 0  # since the last batch taken
@@ -77,6 +83,8 @@ class StreamRollouts:
 
     def submit(self, requests: list[PromptRequest]) -> None:
         """Hand groups to the least-loaded workers (also used by a resume for the checkpoint's groups)."""
+        for w in range(len(self.workers)):  # a replaced worker gets its own groups first (not these twice)
+            self._reissue_if_replaced(w)
         plan: dict[int, list] = {}
         for r in requests:
             w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
@@ -85,12 +93,19 @@ class StreamRollouts:
             self.outstanding[w] += self._size(r)
             plan.setdefault(w, []).append(r)
         for w, rs in plan.items():
-            self._reissue_if_replaced(w)
-            handle = self.workers[w]
-            try:
-                self.wait(handle.stream_submit.remote(rs))
-            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                self._lost(w, handle, e)
+            self._submit_to(w, rs)
+
+    def _submit_to(self, w: int, requests: list[PromptRequest]) -> None:
+        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key); a
+        lost worker is replaced and its groups issued again (`_lost`)."""
+        handle = self.workers[w]
+        try:
+            if self.env_cfg:  # multi-turn: each group is n streamed episodes (actors/rollout/stream_episodes.py)
+                self.wait(handle.stream_submit.remote(requests, self.env_cfg, w))
+            else:
+                self.wait(handle.stream_submit.remote(requests))
+        except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+            self._lost(w, handle, e)
 
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
@@ -187,17 +202,14 @@ class StreamRollouts:
         it held starts again from nothing on the replacement."""
         if self.workers[w] is self.sent_to[w]:
             return
-        self.sent_to[w] = handle = self.workers[w]
+        self.sent_to[w] = self.workers[w]
         gids = [g for g, at in self.where.items() if at == w and g in self.buffer.pending]
         for g in gids:
             self.buffer.restart(g)
         self.outstanding[w] = sum(self._size(self.requests[g]) for g in gids)
         self.reissued += len(gids)
         if gids:
-            try:
-                self.wait(handle.stream_submit.remote([self.requests[g] for g in gids]))
-            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                self._lost(w, handle, e)
+            self._submit_to(w, [self.requests[g] for g in gids])
 
     def _size(self, r: PromptRequest) -> int:
         return r.sampling.n if r.sampling is not None else self.n
@@ -214,10 +226,15 @@ class StreamRollouts:
         for gid in [g for g in self.where if g not in self.buffer.pending]:
             self.where.pop(gid)
 
-    def _row_metrics(self, samples: list[PartialSample], wait_s: float) -> dict[str, float]:
+    def _row_metrics(self, samples: list, wait_s: float) -> dict[str, float]:
+        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: + rollout/turns_mean and
+        rollout/sampled_len_mean; rollout/tokens counts their observation ids too) and the workers' stream/*."""
         tokens = sum(len(s.response_ids) for s in samples)
-        return {"rollout/tokens": float(tokens), "rollout/staleness": float(max(self.version - s.first_version
-                                                                                for s in samples)),
+        episodes = [s.episode for s in samples if hasattr(s, "episode")]
+        turns = {"rollout/turns_mean": sum(e.num_turns for e in episodes) / len(episodes),
+                 "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / len(episodes)} if episodes else {}
+        stale = max(self.version - s.first_version for s in samples)
+        return {**turns, "rollout/tokens": float(tokens), "rollout/staleness": float(stale),
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
@@ -228,5 +245,6 @@ def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_ste
     """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout, else the
     one-step-off `AsyncRollouts` over `source`."""
     if cfg.rollout.partial_rollout:
-        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover)
+        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover,
+                              env_cfg=getattr(source, "env_cfg", None))
     return AsyncRollouts(source, sample, loader, cfg, start_step)

@@ -136,10 +136,10 @@ def test_an_engine_error_reaches_the_next_drain(monkeypatch):
     try:
         gen.submit(_requests(0, 1))
         deadline = time.monotonic() + 10
-        with pytest.raises(RuntimeError, match="engine thread failed"):
+        with pytest.raises(RuntimeError, match="rollout stream failed"):
             while time.monotonic() < deadline:
                 gen.drain(0.1)
-        with pytest.raises(RuntimeError, match="engine thread failed"):
+        with pytest.raises(RuntimeError, match="rollout stream failed"):
             gen.submit(_requests(5, 1))
     finally:
         gen.close()
