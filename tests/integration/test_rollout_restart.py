@@ -110,15 +110,19 @@ class KillBeforeAsyncStep(GRPOController):
         return super().step_async(step)
 
 
-def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async")
-    controller = KillBeforeAsyncStep(cfg)
+def _run_to_step_3(controller) -> list[dict]:
+    """Run the controller (3 steps), check the engine holds the trainer's step-3 weights, shut down; its rows."""
     try:
         result = controller.run()
         assert_engine_holds_trainer_weights(controller, 3)
     finally:
         controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+    return [json.loads(line) for line in open(result.metrics)]
+
+
+def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async")
+    rows = _run_to_step_3(KillBeforeAsyncStep(cfg))
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the batch of step 3 (launched during step 2, on weights 1) was issued again to the replacement
     assert [r["rollout/worker_restarts"] for r in rows] == [0, 0, 1]
@@ -131,7 +135,9 @@ def test_streaming_mode_reissues_the_groups_of_a_killed_worker(ray_local, tiny_m
     """rollout.partial_rollout=true: the killed worker's groups in flight (those of step 3, launched at the start of
     step 2) start again on its replacement; every step trains whole groups, none twice."""
     class Recorded(KillBeforeAsyncStep):
-        trained: list = []
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.trained: list = []
 
         def train(self, trajs, advantages, ref):
             self.trained.append(Counter(t.group_id for t in trajs))
@@ -139,12 +145,7 @@ def test_streaming_mode_reissues_the_groups_of_a_killed_worker(ray_local, tiny_m
 
     cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async", "rollout.partial_rollout=true")
     controller = Recorded(cfg)
-    try:
-        result = controller.run()
-        assert_engine_holds_trainer_weights(controller, 3)
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+    rows = _run_to_step_3(controller)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert sum(r["rollout/worker_restarts"] for r in rows) == 1 and rows[-1]["faults/restarts_total"] == 1
     assert sum(r["rollout/groups_reissued"] for r in rows) >= 1
