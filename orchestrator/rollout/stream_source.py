@@ -13,7 +13,10 @@ The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/asy
 
 Prompts are drawn from the loader a batch (prompts_per_step groups) at a time while the capacity rule of
 `GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1)
-batches started, so the engines hold up to k + 1 batches of work ahead of the trainer. Groups go to the
+batches started, so the engines hold up to k + 1 batches of work ahead of the trainer. Until the first batch
+is taken (the start of a run or of a resume) one batch is generated alone: k + 1 batches started together
+share the engines, and the first step would wait for all of them (77-86 s against 65 s at k = 1-2 in
+benchmarks/RESULTS.md); the k batches ahead start as soon as it is taken, before the step trains. Groups go to the
 worker with the fewest samples outstanding. Groups are trained in the order they complete; one whose
 oldest token is more than k versions older than the policy trained is dropped (counted) and its slot
 refilled.
@@ -74,12 +77,17 @@ class StreamRollouts:
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
         self.busy_s = 0.0
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
+        self.taken = False  # a batch was taken (until then one batch at a time: `_first_batch_alone`)
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
-        while self.buffer.capacity(self.version) >= self.per_step:
+        while self.buffer.capacity(self.version) >= self.per_step and not self._first_batch_alone():
             self.batches_drawn += 1
             self.submit(self.sample(self.batches_drawn))
+
+    def _first_batch_alone(self) -> bool:
+        """Before the first batch is taken, no more groups start while a whole batch is untrained."""
+        return not self.taken and len(self.buffer.pending) + len(self.buffer.ready) >= self.per_step
 
     def submit(self, requests: list[PromptRequest]) -> None:
         """Hand groups to the least-loaded workers (also used by a resume for the checkpoint's groups)."""
@@ -118,8 +126,9 @@ class StreamRollouts:
             self._poll(POLL_S)
             self.launch(step)
             batch = self.buffer.take(self.per_step, version)
-        samples = batch.samples
+        samples, self.taken = batch.samples, True
         self._forget_dropped()  # the batch's groups and any dropped on the way
+        self.launch(step)  # after the first batch: the k batches ahead start now, while this step trains
         row.update(self.buffer.metrics(batch))
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
         self.restarts = self.reissued = 0
@@ -161,7 +170,7 @@ class StreamRollouts:
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
         self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
-        self.sent_to = list(self.workers)
+        self.sent_to, self.taken = list(self.workers), False
         if engine_version is not None:
             self.version = engine_version
         return ids

@@ -77,11 +77,28 @@ def _setup(k=1, workers=2, start_step=0, recover=None):
     return rollouts, fakes, engine, loader, cfg
 
 
-def test_capacity_draws_k_plus_one_batches_and_spreads_groups_over_workers():
+def test_the_first_batch_runs_alone_then_capacity_draws_k_plus_one_batches_over_workers():
     rollouts, fakes, _, loader, _ = _setup(k=2)
-    rollouts.launch(1)
-    assert loader.drawn == 3 and sorted(rollouts.requests) == [2, 3, 4, 5, 6, 7]
-    assert sorted(len(f.samples) for f in fakes) == [6, 6]  # 12 samples, least-loaded first
+    rollouts.launch(1)  # the first batch alone: the first step does not wait for k + 1 batches together
+    assert loader.drawn == 1 and sorted(rollouts.requests) == [2, 3]
+    assert sorted(len(f.samples) for f in fakes) == [2, 2]
+    submitted = []
+    for f in fakes:  # what each worker was given when take() returns (before the step trains)
+        f.stream_submit = _recording(f.stream_submit, submitted)
+    trajs = rollouts.take(1, 0, {})
+    assert sorted({t.group_id for t in trajs}) == [2, 3]
+    assert loader.drawn == 3 and sorted(rollouts.requests) == [4, 5, 6, 7] and len(submitted) == 4
+    rollouts.launch(2)  # version 0 still: (0 + 2 + 1) batches started, no more
+    assert loader.drawn == 3
+    assert rollouts.discard() == [4, 5, 6, 7] and not rollouts.taken  # engines replaced: alone again
+
+
+def _recording(submit: _Call, into: list) -> _Call:
+    """`submit`, recording the group ids it is given in `into`."""
+    def call(requests, *args):
+        into.extend(r.group_id for r in requests)
+        return submit.remote(requests, *args)
+    return _Call(call)
 
 
 def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_groups():
@@ -97,18 +114,22 @@ def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_grou
     state = rollouts.state_dict()
     untrained = [r["group_id"] for r in state["requests"]]
     assert untrained and state["batches_drawn"] == loader.drawn
-    resumed, fakes, _, resumed_loader, _ = _setup(k=1, start_step=3)
+    resumed, fakes, resumed_engine, resumed_loader, _ = _setup(k=1, start_step=3)
+    resumed_engine.version = 3  # the checkpoint's weights
     resumed.load_state_dict(state)
     assert sorted(resumed.requests) == sorted(untrained) and resumed.batches_drawn == state["batches_drawn"]
     assert sum(len(f.samples) for f in fakes) == 2 * len(untrained)
-    resumed.launch(4)  # the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
+    resumed.launch(4)  # the checkpoint's untrained batch first, alone
+    assert resumed.buffer.started == 3 * 2 + len(untrained) and resumed_loader.drawn == 0
+    resumed.take(4, 3, {})  # then the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
     assert resumed.buffer.started == 5 * 2 and resumed_loader.drawn == 5 - 3 - len(untrained) // 2
     assert rollouts.discard() == sorted(untrained) and rollouts.requests == {}
 
 
 def test_a_group_over_the_bound_is_dropped_and_its_slot_refilled():
     rollouts, fakes, engine, loader, _ = _setup(k=1, workers=1)
-    rollouts.launch(1)  # batches 1 and 2 at version 0
+    rollouts.taken = True  # as after a first batch: batches 1 and 2 start together, at version 0
+    rollouts.launch(1)
     row = {}
     rollouts.take(1, 0, row)
     engine.version = 5  # the engines jumped ahead (e.g. many syncs): batch 2's samples were stamped at 0
