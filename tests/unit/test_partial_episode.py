@@ -108,7 +108,8 @@ def test_the_controller_hands_multi_turn_groups_to_the_workers_with_the_env_sect
     worker = SimpleNamespace(stream_submit=SimpleNamespace(remote=lambda *a: calls.append(a)))
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=1, n=2), algo=SimpleNamespace(max_staleness=1))
     env = {"name": "guessing", "max_turns": 2}
-    rollouts = StreamRollouts([worker], lambda refs: refs, None, None, cfg, env_cfg=env)
+    more = lambda step: [PromptRequest(100 + step, [1], "4", prompt="q", seed=step)]  # noqa: E731 - after the take
+    rollouts = StreamRollouts([worker], lambda refs: refs, more, None, cfg, env_cfg=env)
     request = PromptRequest(7, [1], "3", prompt="p", seed=11)
     rollouts.submit([request])
     assert calls == [([request], env, 0)] and rollouts.outstanding == [2]
