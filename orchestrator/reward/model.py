@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 
 class RewardModelScorer:
     """Scores texts with `AutoModelForSequenceClassification` (fp32 on CPU, the model's device on GPU).
@@ -21,6 +19,7 @@ class RewardModelScorer:
     """
 
     def __init__(self, path: str, batch_size: int = 8, max_length: int = 1024, label_index: int = 0):
+        import torch  # here, not at import: the reward actor without a reward model never loads torch (~2 s)
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if not (Path(path) / "config.json").is_file():
@@ -40,9 +39,10 @@ class RewardModelScorer:
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
         return prompt + completion
 
-    @torch.no_grad()
     def score(self, prompts: list[str], completions: list[str]) -> list[float]:
         """One float per (prompt, completion), in order."""
+        import torch
+
         if len(prompts) != len(completions):
             raise ValueError(f"reward model: {len(prompts)} prompts for {len(completions)} completions")
         texts = [self.render(p, c) for p, c in zip(prompts, completions)]
@@ -51,7 +51,8 @@ class RewardModelScorer:
         for s in range(0, len(texts), self.batch_size):
             enc = self.tokenizer(texts[s : s + self.batch_size], return_tensors="pt", padding=True,
                                  truncation=True, max_length=self.max_length).to(device)
-            logits = self.model(**enc).logits.float()
+            with torch.no_grad():
+                logits = self.model(**enc).logits.float()
             out.extend(logits[:, self.label_index].tolist())
         for i, v in enumerate(out):
             if not math.isfinite(v):
