@@ -1,6 +1,23 @@
-"""Reward functions for integration tests on a random tiny model (accuracy would always be 0 there)."""
+"""Reward functions for integration tests on a random tiny model (accuracy would always be 0 there), and
+`crashed_copy` for the resume tests."""
 
 
 def length_reward(completions: list[str], answers: list[str]) -> list[float]:
     """A varying, deterministic reward: the completion's length in characters, modulo 7, over 7."""
     return [(len(c) % 7) / 7.0 for c in completions]
+
+
+def crashed_copy(whole_out, out, step: int) -> None:
+    """What a run that died as step `step` + 1 began leaves behind, taken from the uninterrupted run of the same
+    config in `whole_out` (seeded: its first `step` steps and its step-`step` checkpoint are what the crashed run
+    would have written): `out/ckpt/step_<step>` and the metrics rows of steps 1..step. Saves the crashed run's
+    start and steps; the resume from `out` is then compared with the rest of the uninterrupted run."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    name = f"step_{step:06d}"
+    shutil.copytree(Path(whole_out) / "ckpt" / name, Path(out) / "ckpt" / name)
+    rows = [line for line in (Path(whole_out) / "metrics.jsonl").read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    (Path(out) / "metrics.jsonl").write_text("\n".join(rows) + "\n")

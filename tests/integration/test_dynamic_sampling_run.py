@@ -16,6 +16,7 @@ from orchestrator.config import load_config
 from orchestrator.config.sampling import ROUND_STRIDE
 from orchestrator.controller import GRPOController
 from tests.integration.conftest import tiny_overrides
+from tests.integration.helpers import crashed_copy
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.dapo_rewards:parity_reward', weight: 1.0}]"
@@ -23,25 +24,14 @@ VOLATILE_PREFIXES = ("timing/", "roles/", "memory/")
 VOLATILE_SUFFIXES = ("_s", "_s_mean", "seconds", "gbps", "_frac_busy", "_frac_idle", "_per_s")
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashAtStep3(GRPOController):
-    def step(self, step: int):
-        if step == 3:
-            raise Crash
-        return super().step(step)
-
-
-def _run(tiny_model, out, kind=GRPOController, *extra):
+def _run(tiny_model, out, *extra):
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{
         "rollout.max_new_tokens": 16, "checkpoint.every_steps": 2, "trainer.total_steps": 4,
         "algo.dynamic_sampling.enabled": "true", "algo.dynamic_sampling.max_rounds": 6,
         # no TIS: its weight exp(old - rollout) would carry vLLM CPU's logprob jitter between fresh engines (~1e-7)
         # into the gradients, which Adam amplifies past the 1e-5 below (tests/integration/test_exact_resume.py)
         "algo.tis_cap": "null"}) + [REWARD, *extra])
-    controller = kind(cfg)
+    controller = GRPOController(cfg)
     try:
         return controller, controller.run()
     finally:
@@ -76,9 +66,8 @@ def test_dynamic_sampling_trains_informative_groups_and_resumes_exactly(ray_loca
     gids = {t.group_id for t in controller.scored.trajs}
     assert all((g % ROUND_STRIDE) // 2 == 4 and g // ROUND_STRIDE < rows[-1]["rollout/dyn_rounds"] for g in gids), gids
 
-    with pytest.raises(Crash):
-        _run(tiny_model, tmp_path / "b", CrashAtStep3)
-    resumed, split = _run(tiny_model, tmp_path / "b", GRPOController, "checkpoint.resume=latest")
+    crashed_copy(tmp_path / "a", tmp_path / "b", 2)  # a run that died as step 3 began
+    resumed, split = _run(tiny_model, tmp_path / "b", "checkpoint.resume=latest")
     assert resumed.start_step == 2
     differ = [(a["step"], k, a.get(k), b.get(k)) for a, b in zip(rows, split.rows)
               for k in sorted(set(_stable(a)) | set(_stable(b))) if not _same(a.get(k), b.get(k))]
