@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator.finite import nonnegative_problem
 from orchestrator.memory.estimate import DTYPE_BYTES, GIB, RunShape
 from orchestrator.memory.params import PRESETS, ModelConfigError, resolve_model_config
 from orchestrator.memory.planner import format_plan, plan_memory
@@ -115,8 +116,8 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
                          f"(got {args.context_parallel})")
     if args.lora_rank < 0 or args.packing_tokens < 0:
         raise ValueError("--lora-rank / --packing-tokens: must be >= 0")
-    if not 0 <= args.kv_cache_gib < float("inf"):
-        raise ValueError(f"--kv-cache-gib: must be a finite number >= 0 (got {args.kv_cache_gib})")
+    if (why := nonnegative_problem(args.kv_cache_gib)) is not None:
+        raise ValueError(f"--kv-cache-gib: {why}")
     if args.response_len > args.seq_len:
         raise ValueError(f"--response-len {args.response_len} exceeds --seq-len {args.seq_len} (prompt + response)")
     reward = None

@@ -11,12 +11,16 @@ Decision (`decide`, no Ray): the warm-up rows are measured as `rl-orch size` mea
 holds (`role_gpus`), and sized for `sizing.total_gpus` devices, or the devices the current placement holds
 (`held_devices`), with `orchestrator.sizing.recommend.recommend`. The simulated candidates are taken shortest step
 first; the first one this config can express becomes the overrides: rollout.num_workers (engines =
-rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, placement.mode and, on device resources
-(`placement.resource` other than CPU), the per-worker amounts (`device_amounts`). Not expressible: a
-reference on other than its c devices or on the trainer's (the run has c = trainer.context_parallel_size
-reference ranks, each with its own bundle), a config that `validate` refuses (e.g. trainer ranks that do not divide the mini-batch).
-Modes searched (`default_modes`): disaggregated; colocated when the run is colocated or its rows measured the
-wake/sleep switch; disaggregated_async only when the run already is (it changes which weights sample).
+rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, the mode's keys (`mode_keys`: placement.mode;
+the sizer's stream mode is placement.mode=disaggregated_async + rollout.partial_rollout=true + algo.max_staleness=k,
+k the one the sizer chose) and, on device resources (`placement.resource` other than CPU), the per-worker amounts
+(`device_amounts`). Not expressible: a reference on other than its c devices or on the trainer's (the run has
+c = trainer.context_parallel_size reference ranks, each with its own bundle), a streaming run leaving stream mode,
+a stream k above the run's algo.max_staleness, a config that `validate` refuses (e.g. trainer ranks that do not
+divide the mini-batch). Modes searched (`default_modes`): disaggregated; colocated when the run is colocated or
+its rows measured the wake/sleep switch; async and stream only when the run already is disaggregated_async (they
+change which weights sample); a streaming run (rollout.partial_rollout=true) stream alone, k = 1 .. its
+algo.max_staleness, its current step predicted at its own k (`current_step_s`).
 None (nothing to do) when the measurement is insufficient (fewer than 2 timed rows: the first is warm-up),
 when the sizer cannot size it, when the recommendation is the current placement, or when it is predicted
 less than MIN_GAIN faster than the current one (a re-placement costs a checkpoint and an actor restart).
@@ -27,6 +31,9 @@ removed, the new config's actors and weight syncer started) -> `GRPOController.r
 optimizer, scheduler, RNG, loader; then a verified weight sync to every engine) -> rollouts restarted. When the new placement
 cannot be reserved (PlacementError), the old config is started again from the same checkpoint; any other
 failure propagates with a note naming the checkpoint, which stays on disk (checkpoint.resume=<it>).
+Async -> stream: the one-step-off checkpoint's loader is before its pending batch's prompts, and the streaming
+pipeline reads only streamed requests from the checkpoint (StreamRollouts.load_state_dict), so it draws those
+prompts again: none lost or trained twice.
 """
 from __future__ import annotations
 
@@ -40,11 +47,13 @@ from omegaconf import OmegaConf
 from orchestrator.config.load import ConfigError, validate
 from orchestrator.placement.plan import reference_ranks
 from orchestrator.sizing.measurements import MeasurementError, measure_rows, role_gpus, timed_rows
-from orchestrator.sizing.workload import Split, evaluate
+from orchestrator.sizing.stream_sim import simulate_stream
+from orchestrator.sizing.workload import Split, Workload, evaluate
 
-# sizer mode <-> placement.mode
-CONFIG_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "async": "disaggregated_async"}
-SIZER_MODE = {v: k for k, v in CONFIG_MODE.items()}
+# sizer mode -> placement.mode; stream also sets rollout.partial_rollout=true and algo.max_staleness=k (`mode_keys`)
+CONFIG_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "async": "disaggregated_async",
+               "stream": "disaggregated_async"}
+SIZER_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "disaggregated_async": "async"}
 # Re-place only when the recommendation is predicted at least this much faster (fraction of the current
 # predicted step): a smaller gain does not pay for the checkpoint and actor restart (tens of seconds).
 MIN_GAIN = 0.05
@@ -76,13 +85,45 @@ def held_devices(cfg) -> int:
     return sum(gpus.values())
 
 
+def sizer_mode(cfg) -> str:
+    """The run's mode as the sizer names it: stream for placement.mode=disaggregated_async with
+    rollout.partial_rollout=true (fully asynchronous, k = algo.max_staleness), else SIZER_MODE of placement.mode."""
+    if cfg.rollout.partial_rollout:
+        return "stream"
+    return SIZER_MODE[cfg.placement.mode]
+
+
 def current_split(cfg) -> Split:
     """The current placement as a sizer Split (see `held_devices`)."""
     gpus, _ = role_gpus(cfg)
     if cfg.placement.mode == "colocated":
         shared = held_devices(cfg)
         return Split("colocated", shared, shared, 0)
-    return Split(SIZER_MODE[cfg.placement.mode], gpus["rollout"], gpus["trainer"], gpus["reference"])
+    return Split(sizer_mode(cfg), gpus["rollout"], gpus["trainer"], gpus["reference"])
+
+
+def current_step_s(cfg, workload: Workload, split: Split) -> float:
+    """The predicted seconds per step of the run as it is: `evaluate`, except that a streaming run is simulated
+    at its own k = algo.max_staleness (orchestrator.sizing.stream_sim.simulate_stream), not at the k the
+    sizer would choose."""
+    if split.mode != "stream":
+        return evaluate(workload, split).step_s
+    return simulate_stream(workload.costs(split), cfg.algo.max_staleness, workload.reference_placement(split),
+                           generate_scale=workload.generate_scale).step_s
+
+
+def mode_keys(cfg, mode: str, k: Optional[int] = None) -> dict[str, Any]:
+    """The config keys that select sizer mode `mode`: placement.mode (CONFIG_MODE); stream adds
+    rollout.partial_rollout=true and algo.max_staleness=k (the k the sizer chose: required, an integer >= 1);
+    the other modes set rollout.partial_rollout=false when the run streams now. Raises ValueError naming k."""
+    out: dict[str, Any] = {"placement.mode": CONFIG_MODE[mode]}
+    if mode == "stream":
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (algo.max_staleness of a stream split): must be an integer >= 1 (got {k!r})")
+        out.update({"rollout.partial_rollout": True, "algo.max_staleness": k})
+    elif cfg.rollout.partial_rollout:
+        out["rollout.partial_rollout"] = False
+    return out
 
 
 def device_amounts(cfg, mode: str) -> dict[str, float]:
@@ -109,8 +150,21 @@ def with_overrides(cfg, overrides: dict[str, Any]):
     return new
 
 
-def to_overrides(cfg, split: Split) -> tuple[Optional[dict[str, Any]], str]:
-    """(overrides, "") that realise `split` in this config, or (None, why it cannot be expressed)."""
+def to_overrides(cfg, split: Split, k: Optional[int] = None) -> tuple[Optional[dict[str, Any]], str]:
+    """(overrides, "") that realise `split` in this config, or (None, why it cannot be expressed). k: the
+    staleness bound of a stream split (SimResult.k), required for it (`mode_keys`; ValueError without it).
+    Not expressible: a streaming run (rollout.partial_rollout=true) leaving stream mode (its checkpoint keeps
+    the untrained groups as streamed requests, which only a streaming run resumes: the one-step-off pipeline
+    cannot read them and a synchronous run would skip their prompts), a stream k above the run's
+    algo.max_staleness (the staleness the run accepted), and any config `validate` refuses (e.g. partial rollouts
+    need placement.mode=disaggregated_async, algo.max_staleness >= 1 and, with algo.old_logprobs=trainer, a
+    staleness correction: orchestrator/config/partial_rollout.py, orchestrator/config/load.py `_check_async`)."""
+    if cfg.rollout.partial_rollout and split.mode != "stream":
+        return None, (f"the run streams (rollout.partial_rollout=true) and {split.mode} would drop the untrained "
+                      "streamed groups its checkpoint holds")
+    if split.mode == "stream" and isinstance(k, int) and k > cfg.algo.max_staleness:
+        return None, (f"stream with k = {k} would admit samples older than algo.max_staleness="
+                      f"{cfg.algo.max_staleness} allows")
     tp = cfg.rollout.tensor_parallel_size
     if split.rollout % tp:
         return None, f"{split.rollout} rollout GPUs are not a multiple of rollout.tensor_parallel_size={tp}"
@@ -119,7 +173,7 @@ def to_overrides(cfg, split: Split) -> tuple[Optional[dict[str, Any]], str]:
         where = "on the trainer's devices" if split.reference == 0 else f"on {split.reference} devices"
         return None, (f"the reference {where}: the run has {refs} reference rank(s) "
                       f"(trainer.context_parallel_size), each with a bundle of its own")
-    out = {"placement.mode": CONFIG_MODE[split.mode], "rollout.num_workers": split.rollout // tp,
+    out = {**mode_keys(cfg, split.mode, k), "rollout.num_workers": split.rollout // tp,
            "trainer.num_workers": split.trainer, **device_amounts(cfg, split.mode)}
     try:
         with_overrides(cfg, out)
@@ -138,23 +192,33 @@ def without_switch(row: dict) -> dict:
     return out
 
 
+def describe(split: Split, workload: Workload, k: int) -> str:
+    """`Split.describe`, with ", k = <k>" for a stream split (k: its staleness bound, algo.max_staleness)."""
+    return split.describe(workload) + (f", k = {k}" if split.mode == "stream" else "")
+
+
 def default_modes(current: str, switch_measured: bool) -> tuple[str, ...]:
-    """Sizer modes placement.auto searches from a run in sizer mode `current`: disaggregated always;
-    colocated when the run is colocated or its rows measured the wake/sleep switch (SWITCH_KEYS: the
-    sizer counts an unmeasured switch as 0 s, which would always favour colocated); async only when the run
-    is already async (it changes which weights sample). The current mode is always included."""
+    """Sizer modes placement.auto searches from a run in sizer mode `current` (`sizer_mode`): disaggregated
+    always; colocated when the run is colocated or its rows measured the wake/sleep switch (SWITCH_KEYS: the
+    sizer counts an unmeasured switch as 0 s, which would always favour colocated); async and stream only when
+    the run is already disaggregated_async (they change which weights sample: the run accepted samples up to
+    algo.max_staleness versions old). A streaming run searches stream alone (`to_overrides`: it cannot leave
+    stream mode without dropping its untrained groups). The current mode is always included."""
+    if current == "stream":
+        return ("stream",)
     modes = ["disaggregated"]
     if current == "colocated" or switch_measured:
         modes.insert(0, "colocated")
     if current == "async":
-        modes.append("async")
+        modes += ["async", "stream"]
     return tuple(modes)
 
 
 def decide(rows: list[dict], cfg, modes: Optional[tuple[str, ...]] = None) -> tuple[Optional[Replacement], str]:
     """The re-placement for the warm-up `rows` (metrics rows, `timing/*_s` seconds) of a run with config `cfg`
     (see the module docstring), and one line saying what was decided and why. `modes` (sizer names:
-    colocated, disaggregated, async) overrides the modes searched. Returns (None, why) when nothing is to do."""
+    colocated, disaggregated, async, stream) overrides the modes searched. Stream mode tries k = 1 ..
+    max(1, algo.max_staleness) (never a staleness bound above the run's). Returns (None, why) when nothing is to do."""
     from orchestrator.sizing.recommend import recommend  # pure
 
     current = current_split(cfg)
@@ -172,22 +236,25 @@ def decide(rows: list[dict], cfg, modes: Optional[tuple[str, ...]] = None) -> tu
                        "the run's config", extra)
     if modes is None:
         modes = default_modes(current.mode, bool(switch))
+    bound = max(1, cfg.algo.max_staleness)
     try:
         sizing, workload, notes = recommend([run], total, modes, switch_s=statistics.median(switch) if switch else 0.0,
-                                            rollout_unit=cfg.rollout.tensor_parallel_size,
-                                            staleness=max(1, cfg.algo.max_staleness))
-        now = evaluate(workload, current).step_s
+                                            rollout_unit=cfg.rollout.tensor_parallel_size, staleness=bound,
+                                            max_k=bound)
+        now = current_step_s(cfg, workload, current)
     except ValueError as e:  # MeasurementError, SizingError, FitError
         return None, f"placement.auto: not re-placing: the sizer cannot size this run: {e}"
     skipped = []
     for cand in sizing.ranked:
-        overrides, why = to_overrides(cfg, cand.split)
+        overrides, why = to_overrides(cfg, cand.split, cand.result.k)
+        label = describe(cand.split, workload, cand.result.k)
         if overrides is None:
-            skipped.append(f"{cand.split.describe(workload)} ({why})")
+            skipped.append(f"{label} ({why})")
             continue
-        found = Replacement(overrides, cand.split, cand.split.describe(workload), cand.step_s, now, total, notes)
+        found = Replacement(overrides, cand.split, label, cand.step_s, now, total, notes)
         if cand.split == current or all(OmegaConf.select(cfg, k) == v for k, v in overrides.items()):
-            return None, (f"placement.auto: not re-placing: the current placement ({found.description}, predicted "
+            return None, (f"placement.auto: not re-placing: the current placement "
+                          f"({describe(current, workload, cfg.algo.max_staleness)}, predicted "
                           f"{now:.3g} s per step) is the sizer's recommendation for {total} devices")
         if cand.step_s > now * (1 - MIN_GAIN):
             return None, (f"placement.auto: not re-placing: the best placement for {total} devices "

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from orchestrator.finite import check_finite_nonnegative
+
 
 @dataclass(frozen=True)
 class StepCosts:
@@ -36,9 +38,7 @@ class StepCosts:
     recompute_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
-                raise ValueError(f"StepCosts.{name}: must be a finite number >= 0 (got {value!r})")
+        check_finite_nonnegative(self)  # ValueError "StepCosts.<field>: must be a finite number >= 0 (got ...)"
 
 
 @dataclass

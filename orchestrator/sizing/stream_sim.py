@@ -29,6 +29,7 @@ tolerance of the best.
 """
 from __future__ import annotations
 
+from orchestrator.finite import nonnegative_problem
 from orchestrator.sizing.phases import (CYCLICITY, Phase, SimResult, StepCosts, check_scale, measure, scale_at,
                                         window_steps)
 
@@ -146,8 +147,8 @@ def choose_k(costs: StepCosts, reference: str | None = None, max_k: int = 4, tol
     Raises ValueError naming max_k (< 1) or tolerance (< 0 or not finite), and see `build_stream_schedule`."""
     if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
         raise ValueError(f"max_k: must be an integer >= 1 (got {max_k!r})")
-    if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < float("inf")):
-        raise ValueError(f"tolerance: must be a finite number >= 0 (got {tolerance!r})")
+    if (why := nonnegative_problem(tolerance)) is not None:
+        raise ValueError(f"tolerance: {why}")
     limit = overlap_limit_s(costs, reference, generate_scale)
     results: dict[int, SimResult] = {}
     for k in range(1, max_k + 1):

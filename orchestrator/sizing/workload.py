@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from orchestrator.finite import check_finite_nonnegative
 from orchestrator.sizing.scaling import Law, constant
 from orchestrator.sizing.phases import check_scale
 from orchestrator.sizing.simulator import MODES, SimResult, StepCosts, simulate
@@ -91,10 +92,7 @@ class Workload:
             raise SizingError(f"staleness: must be an integer >= 1 (got {self.staleness!r})")
         if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
             raise SizingError(f"max_k: must be an integer >= 1 (got {self.max_k!r})")
-        for name in ("k_tolerance", "recompute_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
-                raise SizingError(f"{name}: must be a finite number >= 0 (got {v!r})")
+        check_finite_nonnegative(self, ("k_tolerance", "recompute_s"), SizingError)
         try:
             check_scale(self.generate_scale)
         except ValueError as e:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from orchestrator.finite import nonnegative_problem
+
 # GB/s (1e9 B/s), one direction, per GPU or per rank. Line rates (upper bounds) unless stated otherwise.
 FABRICS: dict[str, float] = {
     # NVIDIA H100 SXM5 datasheet: NVLink 4, 18 links, 900 GB/s bidirectional per GPU -> 450 one way.
@@ -120,8 +122,8 @@ class SyncSetup:
         for name in _POSITIVE_FIELDS:
             value = _as_float(name, getattr(self, name))
             _check(value > 0, name, f"must be > 0 (got {value})")
-        _check(_as_float("op_latency_s", self.op_latency_s) >= 0, "op_latency_s",
-               f"must be >= 0 (got {self.op_latency_s})")
+        if (why := nonnegative_problem(self.op_latency_s)) is not None:
+            raise SyncSetupError("op_latency_s", why)
         for name in ("changed_fraction", "max_changed_fraction"):
             value = _as_float(name, getattr(self, name))
             _check(0.0 <= value <= 1.0, name, f"must be in [0, 1] (got {value})")

@@ -61,7 +61,8 @@ def test_colocated_only_with_a_measured_switch():
     assert default_modes("disaggregated", False) == ("disaggregated",)
     assert default_modes("disaggregated", True) == ("colocated", "disaggregated")
     assert default_modes("colocated", False) == ("colocated", "disaggregated")
-    assert default_modes("async", False) == ("disaggregated", "async")
+    assert default_modes("async", False) == ("disaggregated", "async", "stream")
+    assert default_modes("stream", True) == ("stream",)
     # switch 0.04 + 0.06 s measured (sleep + wake, inside the train / sync times: taken out of them):
     # colocated on 4 = 10/4 + 0.05 + 4^-0.9 + 0.05 = 2.887 s beats r3 t1 = 4.333 s
     measured = rows(10.0, 1.04, sync_s=0.06, **{"colocate/sleep_s": 0.04, "colocate/wake_s": 0.06})
