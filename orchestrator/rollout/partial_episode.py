@@ -57,8 +57,9 @@ class GroupEnvTally:
         self.first_error = self.first_error or other.first_error
 
     def metrics(self) -> dict[str, float]:
-        """env/step_s (mean seconds of one env.step), env/errors (timeouts included), env/timeouts,
-        env/reset_failures, env/episodes: the keys of the non-streaming multi-turn row."""
+        """env/step_s (mean seconds of one env.step), env/errors (timeouts included), env/timeouts and
+        env/reset_failures, as in the non-streaming multi-turn row, and env/episodes (the failed fraction's
+        denominator)."""
         return {"env/step_s": self.step_s / self.steps if self.steps else 0.0, "env/errors": float(self.errors),
                 "env/timeouts": float(self.timeouts), "env/reset_failures": float(self.reset_failures),
                 "env/episodes": float(self.episodes)}
