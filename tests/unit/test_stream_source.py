@@ -252,8 +252,11 @@ def test_a_multi_turn_batch_logs_env_metrics_of_its_groups_and_trains_the_episod
     assert row["env/episodes"] == 4 and row["env/reset_failures"] == 1 and row["env/errors"] == 2
     assert row["env/timeouts"] == 0 and row["env/failed_frac"] == 0.5 and row["env/step_s"] == pytest.approx(0.1)
     assert row["rollout/trajectories"] == 3 and row["rollout/truncated_frac"] == 0.0  # an env error is no truncation
-    assert row["env/actor_restarts"] >= 1.0 and "env/actor_restarts" not in {k for k in row if k.startswith("stream")}
+    assert row["env/actor_restarts"] == 1.0 and row["stream/running"] == 0.0  # one drain so far
     assert sum(row[f"async/staleness_{s}"] for s in (0, 1)) == 3  # the failed episode is not trained
+    row = {}
+    assert len(rollouts.take(2, 1, row)) == 4  # groups 4 and 5, whole (drained with groups 2 and 3 by the first take)
+    assert row["env/actor_restarts"] == 1.0 and row["env/failed_frac"] == 0.0  # counted since the last batch only
 
 
 def test_more_failed_episodes_than_env_max_failed_frac_stop_the_run_naming_the_env():
