@@ -12,9 +12,13 @@ on the new weights with their tokens kept (each sampled id stamped with its vers
 A group's episodes enter the stream's output together when the last one ends (the controller's group buffer takes
 whole groups). The episode loop is `AgentLoop` (orchestrator/rollout/agent_loop.py) over `StreamTurns`, the
 `AsyncEngine` whose `generate` queues the turn as a `PartialSample` (`StreamingGenerator.submit_turn`) and awaits it.
-Failures: an env error or timeout ends its episode, as in every multi-turn rollout; an episode whose make/reset
-failed leaves its group short, which no buffer can complete, so the group's failure (and any engine or template
-error) is raised by the next `drain` (RuntimeError naming env.name).
+Failures, as in every multi-turn rollout (orchestrator/rollout/agent_loop.py): an env error or timeout ends its
+episode, which is trained with the turns it has; an episode whose make/reset failed has no trajectory and comes back
+as a `FailedEpisode` (orchestrator/rollout/partial_episode.py) that completes its group's slot and is never trained.
+Each group's env calls are counted on the way (`GroupEnvTally`: failed episodes by kind, reset failures, seconds
+inside env.step), and every sample of the group carries the tally, so the controller counts each batch's env/*
+and applies env.max_failed_frac to it (orchestrator/rollout/stream_source.py). An engine or chat-template error is
+raised by the next `drain`. `metrics()`: env/actor_restarts since its last call (env.placement=actor).
 """
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import threading
 from typing import Any, Optional
 
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig
+from orchestrator.rollout.env_runner import EnvFailure
 from orchestrator.rollout.multi_turn_source import group_request
 from orchestrator.rollout.partial import PartialSample
-from orchestrator.rollout.partial_episode import EpisodeSample
+from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import PromptRequest
 
@@ -66,6 +71,37 @@ class StreamTurns:
         return list(s.response_ids), list(s.logprobs), s.finish_reason, list(s.token_versions)
 
 
+class TalliedEnvs:
+    """The env runner (`EnvRunnerLike`) seen by one group's episodes: every call goes to `runner`, and what the
+    group's calls did is counted in `tally` (a `GroupEnvTally`). `stats` is the runner's (the agent loop reads it)."""
+
+    def __init__(self, runner, tally: GroupEnvTally):
+        self.runner, self.tally, self.stats = runner, tally, runner.stats
+
+    async def make(self):
+        return await self._counted(self.runner.make())
+
+    async def reset(self, env, sample: dict):
+        return await self._counted(self.runner.reset(env, sample))
+
+    async def step(self, env, action: str):
+        result = await self._counted(self.runner.step(env, action))
+        # the runner appended this step's seconds just before returning, with no await in between: it is the last
+        self.tally.step_s += float(self.runner.stats.step_seconds[-1])
+        self.tally.steps += 1
+        return result
+
+    def close(self, env) -> None:
+        self.runner.close(env)
+
+    async def _counted(self, call):
+        try:
+            return await call
+        except EnvFailure as e:
+            self.tally.failed(e)
+            raise
+
+
 class StreamingEpisodes:
     """Runs streamed episode groups on one worker (see the module docstring).
 
@@ -82,6 +118,7 @@ class StreamingEpisodes:
         self.engine = StreamTurns(stream)
         self.loop = asyncio.new_event_loop()
         self.running: set = set()  # the groups' futures (concurrent.futures), until they end
+        self._restarts: tuple = (None, 0)  # (the runner's stats, its actor_restarts) at the last `metrics`
         self.thread = threading.Thread(target=self.loop.run_forever, name="rollout-episodes", daemon=True)
         self.thread.start()
 
@@ -99,19 +136,36 @@ class StreamingEpisodes:
         return len(requests) * self.n
 
     async def _group(self, request: PromptRequest, cfg: AgentLoopConfig, name: str) -> None:
+        """Run the group's n episodes; hand them to the stream together (a failed start as a `FailedEpisode`)."""
         try:
-            loop = AgentLoop(self.engine, self.multiturn.runner, self.multiturn.renderer,
+            n = self._size(request)
+            tally = GroupEnvTally(episodes=n)
+            loop = AgentLoop(self.engine, TalliedEnvs(self.multiturn.runner, tally), self.multiturn.renderer,
                              StickyRouter([self.worker_id]), cfg)
-            episodes, _ = await loop.run([group_request(request, self.n)])
-            if len(episodes) < self.n:
-                raise RuntimeError(f"streamed group {request.group_id}: {self.n - len(episodes)} of its {self.n} "
-                                   f"episodes failed to start (make/reset of env.name={name!r} failed; see "
-                                   "env/reset_failures): a streamed group must be whole")
+            episodes, _ = await loop.run([group_request(request, n)])
             decode = self.multiturn.tokenizer.decode
-            self.stream.put_done([EpisodeSample(request, ep, decode(ep.trained_ids(), skip_special_tokens=True),
-                                                self.worker_id) for ep in episodes])
+            done = [EpisodeSample(request, ep, decode(ep.trained_ids(), skip_special_tokens=True), self.worker_id,
+                                  tally) for ep in episodes]
+            started = {ep.sample_index for ep in episodes}
+            tally.reset_failures = n - len(started)
+            failed = [FailedEpisode(request, i, f"make/reset of env.name={name!r} failed", tally)
+                      for i in range(n) if i not in started]
+            self.stream.put_done(done + failed)
         except BaseException as e:  # noqa: BLE001 - handed to the controller by the next drain
             self.stream.fail(e)
+
+    def _size(self, request: PromptRequest) -> int:
+        return request.sampling.n if request.sampling is not None else self.n
+
+    def metrics(self) -> dict[str, float]:
+        """env/actor_restarts: env actors replaced since the last call (env.placement=actor; else {})."""
+        stats = getattr(self.multiturn.runner, "stats", None)
+        restarts = getattr(stats, "actor_restarts", None)
+        if restarts is None:
+            return {}
+        seen_stats, seen = self._restarts
+        self._restarts = (stats, restarts)
+        return {"env/actor_restarts": float(restarts - seen if stats is seen_stats else restarts)}
 
     def close(self) -> None:
         """Stop the episode loop (episodes still running are cancelled)."""

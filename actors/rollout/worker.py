@@ -55,8 +55,15 @@ class RolloutWorker:
         return self.episodes.submit(requests, env_cfg)
 
     def stream_drain(self, wait_s: float = 0.0) -> tuple[list, dict]:
-        """Finished PartialSamples since the last drain (waiting up to `wait_s` s for one) and `stream/*` metrics."""
-        return self.stream.drain(wait_s) if self.stream is not None else ([], {})
+        """Finished PartialSamples (multi-turn: EpisodeSamples, FailedEpisodes) since the last drain (waiting up to
+        `wait_s` s for one) and `stream/*` metrics (multi-turn with env actors: + env/actor_restarts since the last
+        drain)."""
+        if self.stream is None:
+            return [], {}
+        samples, metrics = self.stream.drain(wait_s)
+        if self.episodes is not None:
+            metrics.update(self.episodes.metrics())
+        return samples, metrics
 
     def _idle(self):
         """The engine idle for a weight load, probe or checksum: the stream's requests paused (then continued)."""

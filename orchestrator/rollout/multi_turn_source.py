@@ -90,17 +90,11 @@ class MultiTurnSource(RolloutSource):
         """As `RolloutSource.collect`, after the failure policy: ``env/failed_frac`` into `row`; TooManyFailuresError
         naming env.name past env.max_failed_frac; RuntimeError naming env.name when every reset failed."""
         results = self.fetch(launched)
-        failures = env_failures(results, self.cfg.env.name, len(launched.requests) * self.cfg.rollout.n)
-        row["env/failed_frac"] = failures.failed_frac
         first = next((t.multiturn.env_error for ts, _ in results for t in ts if "error:" in t.multiturn.env_error), "")
-        timeout_s = self.cfg.env.step_timeout_s
-        advice = {"timeout": f"make the environment faster or raise env.step_timeout_s (now {timeout_s:g} s)",
-                  "error": "fix the environment's make/reset/step" + (f" (first error: {first})" if first else "")}
-        check_failed_frac(failures, self.cfg.env.max_failed_frac, step=row.get("step", -1), advice=advice,
-                          what="environment episodes", setting="env.max_failed_frac")
+        check_env_failures(env_failures(results, self.cfg.env.name, len(launched.requests) * self.cfg.rollout.n),
+                           self.cfg.env, row.get("step", -1), first, row)
         if not any(ts for ts, _ in results):
-            raise RuntimeError(f"multi-turn rollout returned no trajectory: every reset of env.name="
-                               f"{self.cfg.env.name!r} failed (see env/reset_failures and the worker logs)")
+            raise no_trajectory_error(self.cfg.env.name)
         return super().collect(launched, expected_version, row)
 
     def _metrics(self, launched: Launched, trajs: list[Trajectory]) -> dict:
@@ -131,6 +125,24 @@ def env_failures(results: list, name: str, episodes: int) -> FailureTally:
     tally.add(name, "timeout", timeouts)
     tally.add(name, "error", sum(int(m.get("env/errors", 0)) for _, m in results) - timeouts)
     return tally
+
+
+def check_env_failures(failures: FailureTally, env_cfg, step: int, first_error: str, row: dict) -> None:
+    """The failure policy of one batch of episodes (orchestrator/reward/failures.py): ``env/failed_frac`` into `row`,
+    then TooManyFailuresError naming env.name, the counts, `first_error` and what to do when it exceeds
+    env.max_failed_frac. env_cfg: the `env` section (attributes or a dict: step_timeout_s, max_failed_frac)."""
+    get = env_cfg.get if isinstance(env_cfg, dict) else lambda key: getattr(env_cfg, key)
+    row["env/failed_frac"] = failures.failed_frac
+    advice = {"timeout": f"make the environment faster or raise env.step_timeout_s (now {get('step_timeout_s'):g} s)",
+              "error": "fix the environment's make/reset/step" + (f" (first error: {first_error})" if first_error else "")}
+    check_failed_frac(failures, get("max_failed_frac"), step=step, advice=advice, what="environment episodes",
+                      setting="env.max_failed_frac")
+
+
+def no_trajectory_error(name: str) -> RuntimeError:
+    """The error of a batch of episodes without a trajectory (every make/reset failed)."""
+    return RuntimeError(f"multi-turn rollout returned no trajectory: every reset of env.name={name!r} failed "
+                        "(see env/reset_failures and the worker logs)")
 
 
 def _check_kwargs(factory, env_cfg) -> None:

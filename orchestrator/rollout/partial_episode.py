@@ -10,27 +10,102 @@ ids carry version -1 and logprob 0.0 (mask 0, never trained), as in every multi-
     ep = EpisodeSample(request, episode, text)   # request: the group's PromptRequest; episode: MultiTurnTrajectory
     buffer.add(ep)                               # its staleness is measured from `first_version`
     trajectory = ep.to_trajectory()              # weight_version = first_version, token_versions = the episode's
+
+An episode whose environment make/reset failed has no prompt and no trajectory (as in every multi-turn rollout,
+orchestrator/rollout/agent_loop.py): it comes back as a `FailedEpisode`, which completes its slot in the group but
+is never trained, so the group trains with the episodes it has (a group whose every reset failed trains none).
+Every sample of a group carries the group's `GroupEnvTally` (the same object: what its env calls did), which the
+controller counts once per group of a batch (`batch_env_tally`) for env/* and env.max_failed_frac.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
+from orchestrator.rollout.env_runner import EnvFailure
 from orchestrator.rollout.multiturn import MultiTurnTrajectory
 from orchestrator.rollout.types import PromptRequest, Trajectory
+
+
+@dataclass
+class GroupEnvTally:
+    """What the environment calls of one streamed group's episodes did (counted on the worker).
+
+    episodes: episodes started (rollout.n); reset_failures: those whose make/reset failed (no trajectory);
+    errors: failed episodes, timeouts included (an episode ends at its first failed env call, so this counts
+    episodes, as env/errors does in every multi-turn rollout); timeouts: those that timed out; step_s: seconds
+    inside env.step (successful steps), summed; steps: those steps; first_error: the first env error's text."""
+
+    episodes: int = 0
+    reset_failures: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    step_s: float = 0.0
+    steps: int = 0
+    first_error: str = ""
+
+    def failed(self, error: EnvFailure) -> None:
+        """Count one failed env call (its episode ends); first_error keeps the first that raised (not a timeout)."""
+        self.errors += 1
+        self.timeouts += error.kind == "timeout"
+        if error.kind == "error":
+            self.first_error = self.first_error or str(error)
+
+    def add(self, other: "GroupEnvTally") -> None:
+        for name in ("episodes", "reset_failures", "errors", "timeouts", "step_s", "steps"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.first_error = self.first_error or other.first_error
+
+    def metrics(self) -> dict[str, float]:
+        """env/step_s (mean seconds of one env.step), env/errors (timeouts included), env/timeouts and
+        env/reset_failures, as in the non-streaming multi-turn row, and env/episodes (the failed fraction's
+        denominator)."""
+        return {"env/step_s": self.step_s / self.steps if self.steps else 0.0, "env/errors": float(self.errors),
+                "env/timeouts": float(self.timeouts), "env/reset_failures": float(self.reset_failures),
+                "env/episodes": float(self.episodes)}
+
+
+def batch_env_tally(groups: list) -> GroupEnvTally:
+    """The sum of the `GroupEnvTally` of each group (`stream_buffer.Group`: its samples share one) of a batch."""
+    total = GroupEnvTally()
+    for g in groups:
+        tally = next((s.env for s in g.samples.values()), None)
+        if tally is not None:
+            total.add(tally)
+    return total
+
+
+@dataclass
+class FailedEpisode:
+    """Episode `index` of the group of `request`, whose environment make/reset failed: no prompt, no trajectory.
+    It fills its slot in the group buffer (`failed`: never trained); env: the group's tally; error: the failure."""
+
+    request: PromptRequest
+    index: int
+    error: str = ""
+    env: GroupEnvTally = field(default_factory=GroupEnvTally)
+    failed = True
+    done = True
+    first_version = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.request.group_id}:{self.index}"
 
 
 @dataclass
 class EpisodeSample:
     """Episode `episode.sample_index` of the group of `request`, finished (the env ended it or a limit did).
 
-    text: the decoded sampled ids; rollout_worker: the worker that ran every turn of it.
+    text: the decoded sampled ids; rollout_worker: the worker that ran every turn of it; env: its group's tally.
     Raises ValueError when the episode belongs to another group or has no sampled id with a version."""
 
     request: PromptRequest
     episode: MultiTurnTrajectory
     text: str = ""
     rollout_worker: int = 0
+    env: Optional[GroupEnvTally] = None
+    failed = False
 
     def __post_init__(self) -> None:
         if self.episode.group_id != self.request.group_id:

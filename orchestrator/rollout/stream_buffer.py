@@ -21,6 +21,11 @@ finished after groups started later, so the bound rarely bites. Admission: every
 staleness exceeds k is dropped (counted in `async/dropped_groups` and `async/dropped_samples`, its slot
 freed) and never trained. Every sample is counted once: a second sample with the same key, a sample of a
 group never submitted or more samples than the group holds raise ValueError.
+
+A sample with `failed` set (a streamed episode whose environment never started, orchestrator/rollout/
+partial_episode.py `FailedEpisode`) fills its slot, so its group completes, but is never trained: `Batch.samples`
+leaves it out, `Batch.failed` lists it, and a group's staleness is that of its other samples (0 when it has none,
+so such a group is taken, and its failures counted, with the batch).
 """
 from __future__ import annotations
 
@@ -44,8 +49,9 @@ class Group:
         return len(self.samples) == self.size
 
     def staleness(self, policy_version: int) -> int:
-        """policy_version - the oldest first-token version of its samples."""
-        return policy_version - min(s.first_version for s in self.samples.values())
+        """policy_version - the oldest first-token version of its trained samples (0 when it has none)."""
+        versions = [s.first_version for s in self.samples.values() if not _failed(s)]
+        return policy_version - min(versions) if versions else 0
 
 
 @dataclass
@@ -57,7 +63,17 @@ class Batch:
 
     @property
     def samples(self) -> list[PartialSample]:
-        return [g.samples[i] for g in self.groups for i in sorted(g.samples)]
+        """The samples to train, by group then index (failed ones left out)."""
+        return [g.samples[i] for g in self.groups for i in sorted(g.samples) if not _failed(g.samples[i])]
+
+    @property
+    def failed(self) -> list:
+        """The failed samples (never trained), by group then index."""
+        return [g.samples[i] for g in self.groups for i in sorted(g.samples) if _failed(g.samples[i])]
+
+
+def _failed(sample) -> bool:
+    return bool(getattr(sample, "failed", False))
 
 
 class GroupBuffer:
@@ -104,11 +120,12 @@ class GroupBuffer:
         self.pending[group_id].samples.clear()
 
     def add(self, sample: PartialSample) -> None:
-        """A finished sample. Raises ValueError when it is not finished, has no tokens, its group was never
-        submitted (or already complete) or its index is already there."""
+        """A finished sample (or a failed one, see the module docstring). Raises ValueError when it is not finished,
+        has no tokens and is not failed, its group was never submitted (or already complete) or its index is
+        already there."""
         gid = sample.request.group_id
-        if not sample.done or sample.first_version is None:
-            raise ValueError(f"sample {sample.key}: only finished samples with tokens enter the buffer")
+        if not sample.done or (sample.first_version is None and not _failed(sample)):
+            raise ValueError(f"sample {sample.key}: only finished samples with tokens (or failed ones) enter the buffer")
         group = self.pending.get(gid)
         if group is None:
             raise ValueError(f"sample {sample.key}: group {gid} is not in flight (never submitted, or complete)")
@@ -150,7 +167,8 @@ class GroupBuffer:
         hist = Counter(stale)
         multi = [s for s in batch.samples if s.num_versions > 1]
         out = {f"async/staleness_{s}": float(hist.get(s, 0)) for s in range(self.k + 1)}
-        out.update({"async/staleness_mean": sum(stale) / len(stale), "async/staleness_max": float(max(stale)),
+        out.update({"async/staleness_mean": sum(stale) / max(len(stale), 1),
+                    "async/staleness_max": float(max(stale, default=0)),
                     "async/buffer_groups": float(len(self.ready)), "async/in_flight_groups": float(len(self.pending)),
                     "async/dropped_groups": float(self.dropped_groups), "async/dropped_samples": float(self.dropped_samples),
                     "async/multi_version_samples": float(len(multi)),

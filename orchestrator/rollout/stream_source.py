@@ -35,7 +35,13 @@ Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes tha
 (actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
 comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
 oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
-environment's (`MultiTurnSource.rewards`); env.max_failed_frac is not applied per batch here.
+environment's (`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
+(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has;
+an episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains
+with the episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts,
+env/reset_failures, env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with
+env.placement=actor) and the same rule: more than env.max_failed_frac of its episodes failed stops the run
+(TooManyFailuresError naming env.name), and a batch with no trajectory at all raises RuntimeError.
 """
 from __future__ import annotations
 
@@ -44,7 +50,9 @@ import time
 from typing import Callable, Optional
 
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
+from orchestrator.rollout.partial_episode import batch_env_tally
 from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import GroupBuffer
 from orchestrator.rollout.types import PromptRequest, Trajectory
@@ -78,6 +86,7 @@ class StreamRollouts:
         self.busy_s = 0.0
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
         self.taken = False  # a batch was taken (until then one batch at a time: `_first_batch_alone`)
+        self.actor_restarts: Optional[float] = None  # env actors replaced since the last batch (env.placement=actor)
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
@@ -128,11 +137,25 @@ class StreamRollouts:
             batch = self.buffer.take(self.per_step, version)
         samples, self.taken = batch.samples, True
         self._forget_dropped()  # the batch's groups and any dropped on the way
+        if self.env_cfg:  # multi-turn: env/* and the failure policy of the batch (may stop the run)
+            self._env_row(batch, step, row)
         self.launch(step)  # after the first batch: the k batches ahead start now, while this step trains
         row.update(self.buffer.metrics(batch))
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
         self.restarts = self.reissued = 0
         return [s.to_trajectory() for s in samples]
+
+    def _env_row(self, batch, step: int, row: dict) -> None:
+        """env/* of a multi-turn batch into `row`, then env.max_failed_frac (see the module docstring).
+        Raises TooManyFailuresError past it, RuntimeError when no episode of the batch started."""
+        tally = batch_env_tally(batch.groups)
+        row.update(tally.metrics())
+        if self.actor_restarts is not None:
+            row["env/actor_restarts"], self.actor_restarts = self.actor_restarts, 0.0
+        name = self.env_cfg["name"]
+        check_env_failures(env_failures([([], row)], name, tally.episodes), self.env_cfg, step, tally.first_error, row)
+        if not batch.samples:
+            raise no_trajectory_error(name)
 
     def finish_in_flight(self, row: dict) -> None:
         """Nothing waits here: the weight sync pauses the engines' requests and continues them after the load."""
@@ -188,7 +211,9 @@ class StreamRollouts:
                 self._lost(i, handles[i], e)
                 continue
             self.busy_s += metrics.get("stream/busy_s", 0.0)
-            self.stream = metrics or self.stream
+            if "env/actor_restarts" in metrics:
+                self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
+            self.stream = {k: v for k, v in metrics.items() if k.startswith("stream/")} or self.stream
             for s in samples:
                 self.outstanding[i] -= 1
                 self._add(s)
@@ -236,18 +261,29 @@ class StreamRollouts:
             self.where.pop(gid)
 
     def _row_metrics(self, samples: list, wait_s: float) -> dict[str, float]:
-        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: + rollout/turns_mean and
-        rollout/sampled_len_mean; rollout/tokens counts their observation ids too) and the workers' stream/*."""
+        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: `_episode_metrics`; rollout/tokens
+        counts their observation ids too) and the workers' stream/*."""
         tokens = sum(len(s.response_ids) for s in samples)
-        episodes = [s.episode for s in samples if hasattr(s, "episode")]
-        turns = {"rollout/turns_mean": sum(e.num_turns for e in episodes) / len(episodes),
-                 "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / len(episodes)} if episodes else {}
         stale = max(self.version - s.first_version for s in samples)
-        return {**turns, "rollout/tokens": float(tokens), "rollout/staleness": float(stale),
+        return {"rollout/tokens": float(tokens), "rollout/staleness": float(stale),
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
-                **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
+                **_episode_metrics(samples), **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
+
+
+def _episode_metrics(samples: list) -> dict[str, float]:
+    """Multi-turn samples (EpisodeSamples; {} for single-turn): rollout/trajectories, rollout/turns_mean,
+    rollout/turns_max, rollout/sampled_len_mean and rollout/truncated_frac (max_turns or max_tokens reached, as in
+    the non-streaming row: an episode an env error ended is not truncated)."""
+    episodes = [s.episode for s in samples if hasattr(s, "episode")]
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {"rollout/trajectories": float(n), "rollout/turns_mean": sum(e.num_turns for e in episodes) / n,
+            "rollout/turns_max": float(max(e.num_turns for e in episodes)),
+            "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / n,
+            "rollout/truncated_frac": sum(e.truncated for e in episodes) / n}
 
 
 def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0):

@@ -4,23 +4,34 @@
 always score 0 there): each turn's reward is the reply's length modulo 7, over 21. An episode ends
 (done) after the second turn when that reply has an even length, else the agent loop's max_turns
 truncates it. Every 5th environment built in a process raises at its second step, so the run must
-end just those episodes (counted in env/errors) and carry on.
+end just those episodes (counted in env/errors) and carry on. With `fail_first_reset`, the first reset of each
+group (its sample's seed) in a process raises: with one process playing every episode (one env actor), each group
+loses exactly one episode, which has no trajectory (env/reset_failures).
 """
 from __future__ import annotations
 
 import itertools
+import threading
 
 _BUILT = itertools.count(1)
+_RESET_GROUPS: set = set()  # the seeds (group ids) reset so far in this process (fail_first_reset)
+_LOCK = threading.Lock()  # env calls run in threads
 
 
 class ChattyEnv:
-    def __init__(self, fail_every: int = 5, **ignored):
+    def __init__(self, fail_every: int = 5, fail_first_reset: bool = False, **ignored):
         self.fail = fail_every > 0 and next(_BUILT) % fail_every == 0
-        self.turns = 0
+        self.fail_first_reset, self.turns = fail_first_reset, 0
 
     def reset(self, sample: dict) -> str:
         self.turns = 0
-        return f"Tell me something about the number {sample.get('seed', 0)}."
+        seed = sample.get("seed", 0)
+        with _LOCK:
+            first = seed not in _RESET_GROUPS
+            _RESET_GROUPS.add(seed)
+        if self.fail_first_reset and first:
+            raise RuntimeError(f"ChattyEnv: injected failure at the first reset of group {seed}")
+        return f"Tell me something about the number {seed}."
 
     def step(self, action: str):
         self.turns += 1

@@ -2,7 +2,9 @@
 the real vLLM engine: a group's episodes run their agent loop on the worker, each turn a request on the streaming
 engine; a weight sync lands mid-episode, interrupts the turns in flight, and every episode comes back exactly once
 with a version per sampled token (non-decreasing, some episodes spanning both versions) while observation tokens
-carry none (-1, logprob 0, masked). Then a short fully asynchronous multi-turn run on CPU completes with async/*.
+carry none (-1, logprob 0, masked). Then a short fully asynchronous multi-turn run on CPU completes with async/* and
+env/*, and one with its environments in an env actor (env.placement=actor) whose first reset of every group fails
+trains the other episodes of each group and counts the failures per batch.
 
     .venv/bin/python -m pytest tests/integration/test_partial_rollout_multiturn.py -q
 """
@@ -73,10 +75,11 @@ def test_a_weight_sync_mid_episode_interrupts_its_turns_and_every_episode_return
     assert spanning >= 1  # the sync landed inside episodes: their later tokens are version 1's
 
 
-def test_fully_asynchronous_multi_turn_run_completes_with_async_metrics(ray_local, tiny_model, tmp_path):
+def _async_run(tiny_model, tmp_path, extra: list) -> tuple[list, object]:
+    """A 2-step fully asynchronous multi-turn run (k = 1) of ChattyEnv; its rows and config."""
     cfg = load_config("configs/grpo_guessing_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + ENV + [
         "placement.mode=disaggregated_async", "rollout.partial_rollout=true", "algo.max_staleness=1",
-        "trainer.total_steps=2", "rollout.max_new_tokens=8", "checkpoint.every_steps=0"])
+        "trainer.total_steps=2", "rollout.max_new_tokens=8", "checkpoint.every_steps=0", *extra])
     controller = GRPOController(cfg)
     try:
         result = controller.run()
@@ -84,8 +87,29 @@ def test_fully_asynchronous_multi_turn_run_completes_with_async_metrics(ray_loca
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2] and [r["sync/version"] for r in rows] == [1, 2]
+    return rows, cfg
+
+
+def test_fully_asynchronous_multi_turn_run_completes_with_async_metrics(ray_local, tiny_model, tmp_path):
+    rows, cfg = _async_run(tiny_model, tmp_path, [])
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
     for r in rows:
         assert r["async/staleness_max"] <= 1 and sum(r[f"async/staleness_{s}"] for s in (0, 1)) == per_step
         assert "stream/interruptions" in r and "reward/mean" in r and r["async/trainer_wait_s"] >= 0
         assert 1.0 <= r["rollout/turns_mean"] <= 2.0  # env.max_turns=2: multi-turn episodes were trained
+        assert r["env/episodes"] == per_step and r["env/errors"] == r["env/failed_frac"] == 0 and r["env/step_s"] > 0
+
+
+def test_streamed_episodes_in_env_actors_count_failed_resets_per_batch(ray_local, tiny_model, tmp_path):
+    """env.placement=actor in streaming mode: the episodes' envs live in one env actor, and the first reset of every
+    group fails there (ChattyEnv fail_first_reset): each group completes with n - 1 trained episodes, and every
+    batch's row counts its failures (env/reset_failures, env/errors, env/failed_frac = 1 / n, under the default
+    env.max_failed_frac 0.5) with no env actor replaced."""
+    rows, cfg = _async_run(tiny_model, tmp_path, ["env.kwargs={fail_every: 0, fail_first_reset: true}",
+                                                  "env.placement=actor", "env.num_actors=1", "env.actor_cpus=0.1"])
+    groups, n = cfg.rollout.prompts_per_step, cfg.rollout.n
+    for r in rows:
+        assert r["env/episodes"] == groups * n and r["env/reset_failures"] == r["env/errors"] == groups
+        assert r["env/failed_frac"] == 1 / n and r["env/actor_restarts"] == 0 and r["env/step_s"] > 0
+        assert r["rollout/trajectories"] == groups * (n - 1) == sum(r[f"async/staleness_{s}"] for s in (0, 1))
+        assert 1.0 <= r["rollout/turns_mean"] <= 2.0 and "reward/mean" in r

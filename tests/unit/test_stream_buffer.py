@@ -164,3 +164,25 @@ def test_restart_empties_an_in_flight_group_and_refuses_others():
     assert buf.take(1, 0) is not None
     with pytest.raises(ValueError, match="group 1 is not in flight"):
         buf.restart(1)
+
+
+def test_failed_samples_complete_their_group_and_are_counted_but_never_trained():
+    from orchestrator.rollout.partial_episode import FailedEpisode
+
+    buf = GroupBuffer(max_staleness=1, prompts_per_step=2)
+    a, b = PromptRequest(0, [1], ""), PromptRequest(1, [1], "")
+    buf.submit(0, 2)
+    buf.submit(1, 2)
+    buf.add(FailedEpisode(a, 0))
+    assert buf.take(2, 5) is None  # group 0 is not complete yet
+    buf.add(_finished(0, 1, [4]))
+    buf.add(FailedEpisode(b, 0))
+    buf.add(FailedEpisode(b, 1))  # every sample of group 1 failed: it completes, staleness 0
+    batch = buf.take(2, 5)
+    assert [s.key for s in batch.samples] == ["0:1"] and [s.key for s in batch.failed] == ["0:0", "1:0", "1:1"]
+    m = buf.metrics(batch)
+    assert m["async/staleness_1"] == 1.0 and m["async/staleness_max"] == 1.0 and buf.dropped_groups == 0
+    buf.submit(2, 2)
+    buf.add(FailedEpisode(PromptRequest(2, [1], ""), 0))
+    with pytest.raises(ValueError, match="duplicate"):  # a failed slot is counted once, like any sample
+        buf.add(FailedEpisode(PromptRequest(2, [1], ""), 0))

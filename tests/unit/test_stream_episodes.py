@@ -1,8 +1,8 @@
 """Streamed multi-turn episodes on the streaming engine thread (actors/rollout/stream.py, stream_episodes.py) over a
 fake vLLM engine that samples one token per step: the episodes' turns share the engine thread with nothing
 blocking it, a pause (the weight sync) interrupts turns in flight and they continue on the new version, every
-episode of every group comes back once through `drain` with non-decreasing versions, and a failed reset fails the
-next drain with a message naming env.name. The real engine: tests/integration/test_partial_rollout_multiturn.py.
+episode of every group comes back once through `drain` with non-decreasing versions, a failed reset comes back as a
+`FailedEpisode` (its group completes) and each group's env calls are counted in the tally its samples share. The real engine: tests/integration/test_partial_rollout_multiturn.py.
 
     .venv/bin/python -m pytest tests/unit/test_stream_episodes.py -q
 """
@@ -51,35 +51,50 @@ class _LLMEngine:
 
 
 class _Envs:
-    def __init__(self, fail_reset: bool = False):
-        self.fail_reset = fail_reset
+    """A fake env runner: the first `fail_resets` resets raise, the first `timeout_steps` steps time out."""
+
+    def __init__(self, fail_resets: int = 0, timeout_steps: int = 0):
+        self.fail_resets, self.timeout_steps = fail_resets, timeout_steps
         self.stats = SimpleNamespace(errors=0, timeouts=0, step_seconds=[], stuck_threads=0)
 
     async def make(self):
         return object()
 
     async def reset(self, env, sample):
-        if self.fail_reset:
+        if self.fail_resets:
+            self.fail_resets -= 1
             raise EnvFailure("error", "reset", "reset failed")
         return [{"role": "user", "content": "hi"}]
 
     async def step(self, env, action):
         await asyncio.sleep(0.01)  # a slow environment: the engine keeps stepping the other episodes' turns
+        if self.timeout_steps:
+            self.timeout_steps -= 1
+            raise EnvFailure("timeout", "step", "took longer than env.step_timeout_s=1")
+        self.stats.step_seconds.append(0.01)  # as the runners do: the seconds inside env.step
         return EnvStep("more", 1.0, False, {})
 
     def close(self, env):
         pass
 
 
-def _episodes(envs: _Envs):
+def _episodes(envs: _Envs, n: int = 2):
     engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine()), tokenizer=SimpleNamespace(),
                              cfg=SimpleNamespace(temperature=1.0, top_p=1.0, max_new_tokens=6, ignore_eos=False))
     holder = {"version": 0}
-    stream = StreamingGenerator(engine, 2, 6, lambda: holder["version"])
+    stream = StreamingGenerator(engine, n, 6, lambda: holder["version"])
     session = SimpleNamespace(prompt_ids=[1, 2], action_text=lambda ids: "a", observation_ids=lambda c, i, m: [7, 7])
     multiturn = SimpleNamespace(configure=lambda cfg: None, runner=envs,
                                 tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"), renderer=SimpleNamespace(start=lambda messages: session))
-    return stream, StreamingEpisodes(stream, multiturn, n=2, max_new_tokens=6, worker_id=1), holder
+    return stream, StreamingEpisodes(stream, multiturn, n=n, max_new_tokens=6, worker_id=1), holder
+
+
+def _drain(stream, count: int) -> list:
+    """What the stream returns until `count` samples came back (20 s at most)."""
+    out, deadline = [], time.monotonic() + 20
+    while len(out) < count and time.monotonic() < deadline:
+        out += stream.drain(0.2)[0]
+    return out
 
 
 def test_turns_stream_a_pause_interrupts_them_and_every_episode_returns_once():
@@ -90,9 +105,8 @@ def test_turns_stream_a_pause_interrupts_them_and_every_episode_returns_once():
         with stream.paused():
             if stream.gen.interruptions:
                 holder["version"] = 1
-    samples = []
-    while len(samples) < 6 and time.monotonic() < deadline:
-        samples += stream.drain(0.5)[0]
+        time.sleep(0.002)  # let the engine thread step between pauses (a busy machine starved it)
+    samples = _drain(stream, 6)
     assert sorted(s.key for s in samples) == [f"{g}:{i}" for g in range(3) for i in range(2)]
     assert stream.drain(0.1)[0] == [] and stream.gen.interruptions >= 1
     for s in samples:
@@ -105,12 +119,31 @@ def test_turns_stream_a_pause_interrupts_them_and_every_episode_returns_once():
     stream.close()
 
 
-def test_a_failed_reset_fails_the_next_drain_naming_env_name():
-    stream, episodes, _ = _episodes(_Envs(fail_reset=True))
+def test_a_failed_reset_is_a_failed_episode_and_the_group_still_completes_with_its_tally():
+    stream, episodes, _ = _episodes(_Envs(fail_resets=1, timeout_steps=1), n=3)
     episodes.submit([PromptRequest(0, [], "")], ENV)
-    with pytest.raises(RuntimeError, match="env.name='fake'"):
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            stream.drain(0.1)
+    items = _drain(stream, 3)
+    assert sorted(s.key for s in items) == ["0:0", "0:1", "0:2"] and stream.drain(0.1)[0] == []
+    failed = [s for s in items if s.failed]
+    played = sorted((s for s in items if not s.failed), key=lambda s: s.episode.num_turns)
+    assert len(failed) == 1 and failed[0].first_version is None and "env.name='fake'" in failed[0].error
+    assert [s.episode.stop_reason for s in played] == ["env_error", "max_turns"]  # the timed-out step ended one
+    assert [s.episode.num_turns for s in played] == [1, 3]
+    tally = items[0].env
+    assert all(s.env is tally for s in items)  # one tally per group, shared by its samples
+    assert (tally.episodes, tally.reset_failures, tally.errors, tally.timeouts, tally.steps) == (3, 1, 2, 1, 3)
+    assert tally.step_s == pytest.approx(0.03) and "reset failed" in tally.first_error
+    episodes.close()
+    stream.close()
+
+
+def test_metrics_report_the_env_actors_replaced_since_the_last_call():
+    envs = _Envs()
+    stream, episodes, _ = _episodes(envs)
+    assert episodes.metrics() == {}  # thread placement: no env actors
+    envs.stats.actor_restarts = 2
+    assert episodes.metrics() == {"env/actor_restarts": 2.0}
+    envs.stats.actor_restarts = 3
+    assert episodes.metrics() == {"env/actor_restarts": 1.0}
     episodes.close()
     stream.close()

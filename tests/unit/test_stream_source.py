@@ -1,6 +1,7 @@
 """The controller side of fully asynchronous rollouts (orchestrator/rollout/stream_source.py) over fake workers:
 the capacity rule draws whole batches, groups go to the least-loaded worker, batches come in completion order
-within the staleness bound, dropped groups are refilled, and a checkpoint's untrained groups come back on resume.
+within the staleness bound, dropped groups are refilled, a checkpoint's untrained groups come back on resume, and
+multi-turn batches get their groups' env/* keys and the env.max_failed_frac rule (failed starts complete their group).
 
     .venv/bin/python -m pytest tests/unit/test_stream_source.py -q
 """
@@ -8,7 +9,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.rollout.multiturn import TrajectoryBuilder
 from orchestrator.rollout.partial import samples_of
+from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally
 from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.types import PromptRequest
 
@@ -194,11 +200,103 @@ def test_a_worker_replaced_by_the_weight_sync_gets_its_groups_again():
 
 
 def test_a_lost_worker_without_a_recover_hook_raises():
-    import pytest
-
     for recover in (None, lambda w, e: None):  # no hook, or the hook says the error is not a lost worker
         rollouts, _, _, _, _ = _setup(k=1, recover=recover)
         rollouts.launch(1)
         rollouts.workers[0] = rollouts.sent_to[0] = _DeadWorker()
         with pytest.raises(_Lost):
             rollouts.take(1, 0, {})
+
+
+# ---- multi-turn groups (env.name): env/* per batch and env.max_failed_frac ----------------------------------------
+ENV = {"name": "fake_env", "step_timeout_s": 5.0, "max_failed_frac": 0.5}
+
+
+class _EpisodeWorker:
+    """Finishes every submitted group on the next drain as its `plan` says, one outcome per episode: "ok" (2 turns,
+    2 env steps of 0.1 s), "error" / "timeout" (ended by a failed second step) or "reset" (a FailedEpisode)."""
+
+    def __init__(self, engine, plan: dict):
+        self.engine, self.plan, self.groups, self.restarts = engine, plan, [], 0.0
+        self.stream_submit = _Call(lambda requests, env_cfg, w: self.groups.extend(requests))
+        self.stream_drain = _Call(self._drain)
+
+    def _drain(self, wait_s):
+        out = [s for r in self.groups for s in self._group(r)]
+        self.groups = []
+        return out, {"stream/busy_s": 0.1, "stream/running": 0.0, "env/actor_restarts": self.restarts}
+
+    def _group(self, request):
+        outcomes = self.plan.get(request.group_id, ["ok", "ok"])
+        tally = GroupEnvTally(episodes=len(outcomes))
+        out = []
+        for i, outcome in enumerate(outcomes):
+            if outcome == "reset":
+                tally.reset_failures += 1
+                tally.failed(EnvFailure("error", "reset", "boom"))
+                out.append(FailedEpisode(request, i, "make/reset failed", tally))
+                continue
+            b = TrajectoryBuilder(request.group_id, [1, 2], sample_index=i)
+            b.add_sampled([5, 6], [-0.1, -0.2], [self.engine.version] * 2)
+            tally.steps, tally.step_s = tally.steps + 1, tally.step_s + 0.1
+            b.add_observation([9])
+            b.add_sampled([7], [-0.3], [self.engine.version])
+            if outcome == "ok":
+                tally.steps, tally.step_s = tally.steps + 1, tally.step_s + 0.1
+            else:
+                tally.failed(EnvFailure(outcome, "step", "bad step"))
+            ep = b.finish("done" if outcome == "ok" else "env_error")
+            out.append(EpisodeSample(request, ep, "t", 0, tally))
+        return out
+
+
+def _multi_turn(plan: dict, max_failed_frac: float = 0.5):
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, partial_rollout=True),
+                          algo=SimpleNamespace(max_staleness=1))
+    engine = SimpleNamespace(version=0)
+    worker = _EpisodeWorker(engine, plan)
+
+    def sample(step):
+        return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer="") for i in range(2)]
+
+    env = {**ENV, "max_failed_frac": max_failed_frac}
+    return StreamRollouts([worker], _wait, sample, _Loader(), cfg, env_cfg=env), worker
+
+
+def test_a_multi_turn_batch_logs_env_metrics_of_its_groups_and_trains_the_episodes_that_started():
+    rollouts, worker = _multi_turn({2: ["reset", "ok"], 3: ["ok", "error"]})  # 2 of 4 episodes failed: 0.5
+    worker.restarts = 1.0  # each drain: one env actor replaced since the previous drain
+    rollouts.launch(1)
+    row = {}
+    trajs = rollouts.take(1, 0, row)
+    assert [(t.group_id, t.multiturn.sample_index) for t in trajs] == [(2, 1), (3, 0), (3, 1)]
+    assert row["env/episodes"] == 4 and row["env/reset_failures"] == 1 and row["env/errors"] == 2
+    assert row["env/timeouts"] == 0 and row["env/failed_frac"] == 0.5 and row["env/step_s"] == pytest.approx(0.1)
+    assert row["rollout/trajectories"] == 3 and row["rollout/truncated_frac"] == 0.0  # an env error is no truncation
+    assert row["env/actor_restarts"] == 1.0 and row["stream/running"] == 0.0  # one drain so far
+    assert sum(row[f"async/staleness_{s}"] for s in (0, 1)) == 3  # the failed episode is not trained
+    row = {}
+    assert len(rollouts.take(2, 1, row)) == 4  # groups 4 and 5, whole (drained with groups 2 and 3 by the first take)
+    assert row["env/actor_restarts"] == 1.0 and row["env/failed_frac"] == 0.0  # counted since the last batch only
+
+
+def test_more_failed_episodes_than_env_max_failed_frac_stop_the_run_naming_the_env():
+    from orchestrator.reward.failures import TooManyFailuresError
+
+    rollouts, _ = _multi_turn({2: ["reset", "ok"], 3: ["timeout", "ok"]}, max_failed_frac=0.25)
+    rollouts.launch(1)
+    with pytest.raises(TooManyFailuresError, match=r"2 of 4 environment episodes failed .*env.max_failed_frac=0.25"
+                                                   r".*'fake_env': 1 timeout, 1 error.*first error: env reset error: boom"):
+        rollouts.take(1, 0, {})
+
+
+def test_a_group_whose_every_reset_failed_completes_and_a_batch_without_trajectories_raises():
+    rollouts, _ = _multi_turn({2: ["reset", "reset"]}, max_failed_frac=1.0)
+    rollouts.launch(1)
+    row = {}
+    trajs = rollouts.take(1, 0, row)  # group 2 completes (no hang) and trains nothing; group 3 trains whole
+    assert [t.group_id for t in trajs] == [3, 3] and row["env/reset_failures"] == 2 and row["env/failed_frac"] == 0.5
+    rollouts, _ = _multi_turn({2: ["reset", "reset"], 3: ["reset", "reset"]}, max_failed_frac=1.0)
+    rollouts.launch(1)
+    with pytest.raises(RuntimeError, match="no trajectory: every reset of env.name='fake_env' failed"):
+        rollouts.take(1, 0, {})
