@@ -106,7 +106,7 @@ def test_the_agent_loop_records_the_versions_the_engine_reports():
 def test_the_controller_hands_multi_turn_groups_to_the_workers_with_the_env_section():
     calls = []
     worker = SimpleNamespace(stream_submit=SimpleNamespace(remote=lambda *a: calls.append(a)))
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=1, n=2), algo=SimpleNamespace(max_staleness=1))
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=1, n=2, max_new_tokens=4), algo=SimpleNamespace(max_staleness=1))
     env = {"name": "guessing", "max_turns": 2}
     rollouts = StreamRollouts([worker], lambda refs: refs, None, None, cfg, env_cfg=env)
     request = PromptRequest(7, [1], "3", prompt="p", seed=11)
