@@ -9,12 +9,15 @@ into the buffer's finished samples and the samples to run. Pure Python.
 The state: {"ready": the complete groups' ids in completion order (the order the trainer takes them),
 "finished": every finished sample of every untrained group, complete or not, "in_flight": the unfinished
 samples the workers held (in the engine or queued)}, each sample as `sample_state` (orchestrator/rollout/partial.py:
-its ids, behaviour logprobs, per-token versions run-length encoded, finish reason, text). A sample index of a group
+its ids, behaviour logprobs, per-token versions run-length encoded, finish reason, text); the two lists are packed
+as the pending batches of the one-step-off pipeline are (`pack_json`, orchestrator/rollout/pending.py: compact
+JSON, zlib, base64: one line in state.json; floats round-trip exactly). A sample index of a group
 neither finished nor in flight (its worker was lost at the checkpoint) is generated again from nothing.
 """
 from __future__ import annotations
 
 from orchestrator.rollout.partial import PartialSample, sample_from_state, sample_state, samples_of
+from orchestrator.rollout.pending import pack_json, unpack_json
 from orchestrator.rollout.stream_buffer import GroupBuffer
 from orchestrator.rollout.types import PromptRequest
 
@@ -23,11 +26,18 @@ STATE_KEYS = ("ready", "finished", "in_flight")
 
 def generation_state(buffer: GroupBuffer, in_flight: list[PartialSample]) -> dict:
     """{"ready", "finished", "in_flight"} (module docstring) of `buffer`'s untrained groups and the workers'
-    unfinished samples `in_flight` (JSON-serialisable; samples sorted by group id and index)."""
+    unfinished samples `in_flight` (JSON-serialisable; samples sorted by group id and index, then packed)."""
     groups = list(buffer.ready) + [buffer.pending[g] for g in sorted(buffer.pending)]
     return {"ready": [g.group_id for g in buffer.ready],
-            "finished": [sample_state(g.samples[i]) for g in groups for i in sorted(g.samples)],
-            "in_flight": [sample_state(s) for s in sorted(in_flight, key=lambda s: (s.request.group_id, s.index))]}
+            "finished": pack_json([sample_state(g.samples[i]) for g in groups for i in sorted(g.samples)]),
+            "in_flight": pack_json([sample_state(s) for s in sorted(in_flight, key=lambda s: (s.request.group_id,
+                                                                                             s.index))])}
+
+
+def unpacked(state: dict, key: str) -> list[dict]:
+    """The sample states under `key` ("finished" or "in_flight") of `generation_state`'s dict. Raises ValueError
+    on corrupt text."""
+    return unpack_json(state[key], f"the streaming run's {key} samples")
 
 
 def restore_plan(state: dict, requests: dict[int, PromptRequest], n: int,
@@ -37,9 +47,9 @@ def restore_plan(state: dict, requests: dict[int, PromptRequest], n: int,
     continuations (tokens kept; counted as interrupted once more: they continue on the restored weights as after
     a weight sync), then fresh samples (`samples_of`, n and max_tokens unless the request overrides them) for
     every index neither finished nor in flight. Raises ValueError for a sample of a group without a request, or
-    a sample index that appears twice (finished and in flight, or twice in either)."""
-    finished = _by_group(state.get("finished", []), requests)
-    running = _by_group(state.get("in_flight", []), requests)
+    a sample index that appears twice (finished and in flight, or twice in either), or corrupt packed text."""
+    finished = _by_group(unpacked(state, "finished"), requests)
+    running = _by_group(unpacked(state, "in_flight"), requests)
     for s in (s for group in running.values() for s in group if s.response_ids):
         s.interrupted()
     ready = [int(g) for g in state.get("ready", [])]

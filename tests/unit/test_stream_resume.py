@@ -14,7 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.rollout.partial import PartialSample, sample_from_state, sample_state, samples_of, snapshot_copy
+from orchestrator.rollout.pending import pack_json
 from orchestrator.rollout.stream_source import StreamRollouts
+from orchestrator.rollout.stream_state import unpacked
 from orchestrator.rollout.types import PromptRequest
 
 N, MAX_TOKENS = 3, 6
@@ -94,8 +96,9 @@ def test_the_resumed_run_trains_what_the_uninterrupted_run_trains():
     rollouts, fakes, engine = _setup()
     _steps(rollouts, engine, [1, 2])
     state = _checkpoint(rollouts, fakes)
-    assert state["ready"] and state["finished"] and any(s["response_ids"] for s in state["in_flight"])
-    assert {s["group_id"] for s in state["finished"]} - set(state["ready"])  # an incomplete group's finished samples
+    finished, in_flight = unpacked(state, "finished"), unpacked(state, "in_flight")
+    assert state["ready"] and finished and any(s["response_ids"] for s in in_flight)
+    assert {s["group_id"] for s in finished} - set(state["ready"])  # an incomplete group's finished samples
     resumed, _, resumed_engine = _setup(start_step=2)
     resumed.load_state_dict(state)
     expected = _steps(rollouts, engine, [3, 4, 5, 6])
@@ -136,13 +139,16 @@ def test_an_inconsistent_checkpoint_raises():
     rollouts, fakes, engine = _setup()
     _steps(rollouts, engine, [1, 2])
     state = _checkpoint(rollouts, fakes)
-    pending = [s for s in state["finished"] if s["group_id"] not in state["ready"]][0]
-    twice = dict(state, in_flight=state["in_flight"] + [dict(pending, finish_reason="")])
+    finished = unpacked(state, "finished")
+    pending = [s for s in finished if s["group_id"] not in state["ready"]][0]
+    twice = dict(state, in_flight=pack_json(unpacked(state, "in_flight") + [dict(pending, finish_reason="")]))
     with pytest.raises(ValueError, match="twice"):
         _setup(start_step=2)[0].load_state_dict(twice)
-    stray = dict(state, finished=state["finished"] + [dict(pending, group_id=999)])
+    stray = dict(state, finished=pack_json(finished + [dict(pending, group_id=999)]))
     with pytest.raises(ValueError, match="999:"):
         _setup(start_step=2)[0].load_state_dict(stray)
+    with pytest.raises(ValueError, match="finished samples cannot be decoded"):
+        _setup(start_step=2)[0].load_state_dict(dict(state, finished="not base64 zlib"))
 
 
 def test_sample_state_round_trip_and_bad_versions():
