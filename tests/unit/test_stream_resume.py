@@ -62,7 +62,7 @@ class _StepWorker:
         return out, [snapshot_copy(s) for s in self.samples]
 
 
-def _setup(workers=1, start_step=0):
+def _setup(workers=1, start_step=0, recover=None):
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=N, max_new_tokens=MAX_TOKENS),
                           algo=SimpleNamespace(max_staleness=2))
     engine = SimpleNamespace(version=start_step)
@@ -71,7 +71,13 @@ def _setup(workers=1, start_step=0):
     def sample(step):
         return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer=str(i)) for i in range(2)]
 
-    return StreamRollouts(fakes, lambda ref: ref, sample, None, cfg, start_step), fakes, engine
+    return StreamRollouts(fakes, _wait, sample, None, cfg, start_step, recover), fakes, engine
+
+
+def _wait(ref):
+    if isinstance(ref, Exception):
+        raise ref
+    return ref
 
 
 def _steps(rollouts, engine, steps) -> list[tuple]:
@@ -123,6 +129,26 @@ def test_a_round_trip_keeps_every_sample_once_with_its_tokens_versions_and_logpr
     assert dict(after) == before  # nothing lost, nothing twice, tokens / logprobs / versions bit-exact
     assert [g.group_id for g in resumed.buffer.ready] == state["ready"]  # the trainer takes them in the same order
     assert sum(resumed.outstanding) == sum(len(f.samples) for f in resumed_fakes)
+
+
+def test_a_worker_lost_during_the_snapshot_has_its_groups_generated_again_on_resume():
+    replaced = []
+    rollouts, fakes, engine = _setup(workers=2, recover=lambda w, e: replaced.append(w) or _StepWorker(engine))
+    _steps(rollouts, engine, [1, 2])
+    lost = rollouts.where[min(rollouts.buffer.pending)]  # a worker that holds incomplete groups dies
+    held = sorted(g for g, w in rollouts.where.items() if w == lost)
+    fakes[lost].stream_snapshot = _Call(lambda: RuntimeError("actor died"))
+    state = _checkpoint(rollouts, fakes)
+    assert replaced == [lost]
+    assert not {s["group_id"] for s in unpacked(state, "finished") + unpacked(state, "in_flight")} & set(held)
+    resumed, resumed_fakes, resumed_engine = _setup(workers=2, start_step=2)
+    resumed.load_state_dict(state)
+    fresh = [s for f in resumed_fakes for s in f.samples if s.request.group_id in held]
+    assert sorted(s.key for s in fresh) == [f"{g}:{i}" for g in held for i in range(N)]
+    assert all(not s.response_ids for s in fresh)  # generated again from nothing
+    trained = [g for g, *_ in _steps(resumed, resumed_engine, [3, 4, 5, 6, 7])]
+    assert set(held) <= set(trained)
+    assert all(trained.count(g) == N for g in trained)  # each group once, whole
 
 
 def test_an_older_checkpoint_of_requests_only_regenerates_the_groups():
