@@ -50,6 +50,10 @@ class InterruptibleEngine:
     def running(self) -> int:
         return len(self.active)
 
+    def samples(self) -> list[PartialSample]:
+        """The samples in flight (the engine's requests), in the order they were added."""
+        return [s for s, _ in self.active.values()]
+
     def add(self, samples: list[PartialSample], version: int) -> None:
         """Start (or continue) each unfinished sample as one engine request on weight `version`.
         Raises ValueError for a finished sample or one already in flight."""

@@ -21,6 +21,10 @@ itself as waiting first, and the thread does not start another step while one is
 without this a pause waited behind back-to-back steps). Measured before this split: the trainer waited a
 whole prefill step (3.5-7 s) for a batch that was already finished (benchmarks/async_rl.py). The thread runs
 the engine with the OpenMP pool size of the thread that made the engine.
+`snapshot` (a checkpoint, orchestrator/rollout/stream_source.py) takes the engine like a pause, between two
+steps, and hands over the finished samples (as `drain`) with copies of the unfinished ones; `resume` queues a
+checkpoint's samples again (continuations keep their tokens). The thread takes the queue and hands its finished
+samples on under `engine_lock`, so at a step boundary every sample is in exactly one of queue, engine, done.
 Engine errors stop the thread and are raised by the next `drain`. Metrics:
 `stream/busy_s` (seconds inside engine steps since the last drain), `stream/running`, `stream/queued`,
 `stream/interruptions` (cumulative requests aborted by weight updates).
@@ -33,7 +37,7 @@ from contextlib import contextmanager
 from typing import Callable, Optional
 
 from actors.rollout.interruptible import InterruptibleEngine
-from orchestrator.rollout.partial import PartialSample, samples_of
+from orchestrator.rollout.partial import PartialSample, samples_of, snapshot_copy
 
 
 class StreamingGenerator:
@@ -103,6 +107,27 @@ class StreamingGenerator:
             self.busy_s = 0.0
         return out, metrics
 
+    def resume(self, samples: list[PartialSample]) -> int:
+        """Queue given PartialSamples (a checkpoint's: fresh ones, or continuations whose tokens so far are kept
+        and which continue on `version()` as after a weight update). Returns how many. Raises the thread's error."""
+        with self.cond:
+            self._raise_error()
+            self.queue += list(samples)
+            self.cond.notify_all()
+        return len(samples)
+
+    def snapshot(self) -> tuple[list[PartialSample], list[PartialSample]]:
+        """(finished, in flight) for a checkpoint: the finished samples not drained yet, handed over as `drain`
+        does (so none is counted twice), and copies of every unfinished sample, in the engine or queued, with
+        its tokens, versions and logprobs so far. Taken at a step boundary (waits for the step in progress,
+        holds the engine for microseconds); generation goes on. Raises the thread's error."""
+        with self._engine():
+            with self.cond:
+                self._raise_error()
+                finished, self.done = self.done, []
+                in_flight = [snapshot_copy(s) for s in self.gen.samples()] + [snapshot_copy(s) for s in self.queue]
+        return finished, in_flight
+
     @contextmanager
     def paused(self):
         """Hold the engine idle: the requests in flight are aborted (tokens kept) and continue on `version()`
@@ -157,8 +182,9 @@ class StreamingGenerator:
                     self.cond.wait()
                 if self.closed:
                     return
-                new, self.queue = self.queue, []
-            with self.engine_lock:
+            with self.engine_lock:  # the queue is taken and the finished handed on under it: `snapshot` sees
+                with self.cond:     # every sample in exactly one of queue, engine, done
+                    new, self.queue = self.queue, []
                 try:
                     if new:  # added under the version of this moment (after a pause: the new one)
                         self.gen.add(new, self.version())
@@ -170,9 +196,9 @@ class StreamingGenerator:
                         self.error = e
                         self.cond.notify_all()
                     return
-            with self.cond:
-                self.busy_s += dt
-                self._finished(finished)
+                with self.cond:
+                    self.busy_s += dt
+                    self._finished(finished)
 
     def _finished(self, finished: list[PartialSample]) -> None:
         """Hand finished samples on (engine thread, under `cond`): a turn's to its callback, the others to `drain`."""

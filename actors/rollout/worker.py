@@ -41,16 +41,12 @@ class RolloutWorker:
         """Queue the requests' groups on the engine's stream (started on first use). Returns samples queued.
         env_cfg (the `env` section as a dict, multi-turn tasks): each group is n episodes whose turns stream
         (actors/rollout/stream_episodes.py); worker_id is recorded on their trajectories."""
-        if self.stream is None:
-            from actors.rollout.stream import StreamingGenerator
-
-            self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
         if not env_cfg:
-            return self.stream.submit(requests)
+            return self._stream().submit(requests)
         if self.episodes is None:
             from actors.rollout.stream_episodes import StreamingEpisodes
 
-            self.episodes = StreamingEpisodes(self.stream, self._multiturn_rollout(), self.n, self.max_new_tokens,
+            self.episodes = StreamingEpisodes(self._stream(), self._multiturn_rollout(), self.n, self.max_new_tokens,
                                               worker_id)
         return self.episodes.submit(requests, env_cfg)
 
@@ -64,6 +60,25 @@ class RolloutWorker:
         if self.episodes is not None:
             metrics.update(self.episodes.metrics())
         return samples, metrics
+
+    def stream_snapshot(self) -> tuple[list, list]:
+        """For a checkpoint (single-turn streams): (the finished PartialSamples not drained yet, handed over as
+        `stream_drain` does; copies of the unfinished ones, in the engine or queued, tokens so far kept). Taken
+        between two engine steps; generation goes on (actors/rollout/stream.py `snapshot`)."""
+        return self.stream.snapshot() if self.stream is not None else ([], [])
+
+    def stream_resume(self, samples: list) -> int:
+        """Queue a checkpoint's PartialSamples (fresh, or continuations that keep their tokens and continue on
+        this engine's weights as after a weight sync). Returns how many."""
+        return self._stream().resume(samples)
+
+    def _stream(self):
+        """The engine's StreamingGenerator, started on first use."""
+        if self.stream is None:
+            from actors.rollout.stream import StreamingGenerator
+
+            self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
+        return self.stream
 
     def _idle(self):
         """The engine idle for a weight load, probe or checksum: the stream's requests paused (then continued)."""

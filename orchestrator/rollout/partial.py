@@ -18,6 +18,7 @@ sampled ids, so its KV is computed by the new weights (the engines drop their pr
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -138,6 +139,41 @@ class PartialSample:
                           logprobs=list(self.logprobs), finish_reason=self.finish_reason,
                           text=self.text if text is None else text, answer=r.answer,
                           prompt=r.prompt, weight_version=version, token_versions=list(self.token_versions))
+
+
+def sample_state(sample: PartialSample) -> dict:
+    """A JSON-serialisable copy of `sample` without its request (a checkpoint stores the group's request once):
+    {"group_id", "index", "max_tokens", "response_ids", "logprobs", "versions": [[version, count], ...] (the
+    per-token versions run-length encoded), "finish_reason", "interruptions", "text", "first_seed"}."""
+    runs: list[list[int]] = []
+    for v in sample.token_versions:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([int(v), 1])
+    return {"group_id": sample.request.group_id, "index": sample.index, "max_tokens": sample.max_tokens,
+            "response_ids": list(sample.response_ids), "logprobs": list(sample.logprobs), "versions": runs,
+            "finish_reason": sample.finish_reason, "interruptions": sample.interruptions, "text": sample.text,
+            "first_seed": sample.first_seed}
+
+
+def sample_from_state(state: dict, request: PromptRequest) -> PartialSample:
+    """The PartialSample of `sample_state(s)` for `request` (s's own). Raises ValueError when the versions do
+    not cover the tokens one to one, or the logprobs differ in length."""
+    versions = [int(v) for v, count in state["versions"] for _ in range(count)]
+    ids, logprobs = state["response_ids"], state["logprobs"]
+    if not len(ids) == len(logprobs) == len(versions):
+        raise ValueError(f"sample {request.group_id}:{state['index']} in the checkpoint: {len(ids)} ids, "
+                         f"{len(logprobs)} logprobs and {len(versions)} versions (must be equal)")
+    return PartialSample(request, int(state["index"]), int(state["max_tokens"]), [int(t) for t in ids],
+                         [float(x) for x in logprobs], versions, state["finish_reason"], int(state["interruptions"]),
+                         state.get("text", ""), state.get("first_seed"))
+
+
+def snapshot_copy(sample: PartialSample) -> PartialSample:
+    """An independent copy of `sample` as it is now (its lists copied; the request shared, never mutated)."""
+    return dataclasses.replace(sample, response_ids=list(sample.response_ids), logprobs=list(sample.logprobs),
+                               token_versions=list(sample.token_versions))
 
 
 def samples_of(request: PromptRequest, n: int, max_tokens: int) -> list[PartialSample]:

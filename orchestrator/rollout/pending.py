@@ -62,14 +62,25 @@ def batch_from_dict(d: dict) -> dict:
 def pack(batches: list[dict]) -> str:
     """base64(zlib(compact JSON)) of `batches` (dicts of `batch_to_dict`). Raises TypeError when a
     trajectory's `extra` holds something JSON cannot represent."""
-    raw = json.dumps(batches, separators=(",", ":")).encode()
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+    return pack_json(batches)
 
 
 def unpack(text: str) -> list[dict]:
     """The batches of `pack`, with objects rebuilt (`batch_from_dict`). Raises ValueError on corrupt text."""
+    return [batch_from_dict(b) for b in unpack_json(text, "the pending async batches")]
+
+
+def pack_json(value: Any) -> str:
+    """base64(zlib(compact JSON)) of any JSON-serialisable `value` (one short ASCII line in state.json; floats
+    round-trip exactly). Raises TypeError for what JSON cannot represent."""
+    raw = json.dumps(value, separators=(",", ":")).encode()
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+
+def unpack_json(text: str, what: str) -> Any:
+    """The value of `pack_json` (only JSON is decoded: nothing in it is executed). Raises ValueError naming
+    `what` on corrupt text."""
     try:
-        batches: Any = json.loads(zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True)))
+        return json.loads(zlib.decompress(base64.b64decode(text.encode("ascii"), validate=True)))
     except (ValueError, zlib.error) as e:
-        raise ValueError(f"checkpoint: the pending async batches cannot be decoded ({e})") from None
-    return [batch_from_dict(b) for b in batches]
+        raise ValueError(f"checkpoint: {what} cannot be decoded ({e})") from None

@@ -14,16 +14,25 @@ The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/asy
 Prompts are drawn from the loader a batch (prompts_per_step groups) at a time while the capacity rule of
 `GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1)
 batches started, so the engines hold up to k + 1 batches of work ahead of the trainer. Until the first batch
-is taken (the start of a run or of a resume) one batch is generated alone: k + 1 batches started together
+of a run is taken one batch is generated alone: k + 1 batches started together
 share the engines, and the first step would wait for all of them (77-86 s against 65 s at k = 1-2 in
 benchmarks/RESULTS.md); the k batches ahead start as soon as it is taken, before the step trains. Groups go to the
 worker with the fewest samples outstanding. Groups are trained in the order they complete; one whose
 oldest token is more than k versions older than the policy trained is dropped (counted) and its slot
 refilled.
 
-Checkpoints: a resume regenerates every group not trained yet from its PromptRequest (`state_dict`: their
-requests, the loader after them, the counters): no group lost or trained twice; the tokens they had are
-generated again by the checkpoint's weights.
+Checkpoints (`state_dict`): the requests of every group not trained yet, the loader after them, the counters
+and, single-turn, the generation state exactly (orchestrator/rollout/stream_state.py): each worker hands over,
+between two engine steps, its finished samples not drained yet (into the buffer, as a drain: counted once) and
+copies of its unfinished ones (in the engine or queued; generation goes on); the checkpoint then holds every
+finished sample of every untrained group (complete groups in completion order, and those of incomplete
+groups) and every in-flight sample, each with its ids, per-token versions and behaviour logprobs. A resume
+puts the finished samples back into the buffer and sends the in-flight ones to the workers as continuations
+(tokens kept, continued on the checkpoint's weights as after a weight sync, so versions and staleness stay
+right); an index neither finished nor in flight is generated from nothing. No sample is lost or trained twice,
+and the tokens trained after a resume are the ones the checkpoint held. Multi-turn runs (`env.name`) and
+checkpoints written before this (requests only) regenerate every untrained group from its request with the
+checkpoint's weights: nothing lost or trained twice, but the tokens differ from the uninterrupted run's.
 
 A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
 its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
@@ -55,6 +64,7 @@ from orchestrator.rollout.partial import PartialSample
 from orchestrator.rollout.partial_episode import batch_env_tally
 from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import GroupBuffer
+from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, restore_plan
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 POLL_S = 0.2  # how long one drain call waits on a worker for a finished sample
@@ -77,6 +87,7 @@ class StreamRollouts:
         self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
         self.restarts = self.reissued = 0  # since the last batch taken
         self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
+        self.max_tokens = cfg.rollout.max_new_tokens  # a restored group's samples not started (`restore_plan`)
         self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
         self.buffer.started = start_step * self.per_step  # a resume: the groups trained before count as started
         self.version = start_step
@@ -85,7 +96,9 @@ class StreamRollouts:
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
         self.busy_s = 0.0
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
-        self.taken = False  # a batch was taken (until then one batch at a time: `_first_batch_alone`)
+        # a batch was taken: until then one batch at a time (`_first_batch_alone`), at the start of a run only (a
+        # resume continues as the uninterrupted run would: its checkpoint holds the batches ahead)
+        self.taken = start_step > 0
         self.actor_restarts: Optional[float] = None  # env actors replaced since the last batch (env.placement=actor)
 
     def launch(self, step: int) -> None:
@@ -113,14 +126,17 @@ class StreamRollouts:
             self._submit_to(w, rs)
 
     def _submit_to(self, w: int, requests: list[PromptRequest]) -> None:
-        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key); a
-        lost worker is replaced and its groups issued again (`_lost`)."""
+        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key)."""
+        if self.env_cfg:  # multi-turn: each group is n streamed episodes (actors/rollout/stream_episodes.py)
+            self._call(w, lambda h: h.stream_submit.remote(requests, self.env_cfg, w))
+        else:
+            self._call(w, lambda h: h.stream_submit.remote(requests))
+
+    def _call(self, w: int, call: Callable) -> None:
+        """Wait for `call(worker w's handle)`; a lost worker is replaced and its groups issued again (`_lost`)."""
         handle = self.workers[w]
         try:
-            if self.env_cfg:  # multi-turn: each group is n streamed episodes (actors/rollout/stream_episodes.py)
-                self.wait(handle.stream_submit.remote(requests, self.env_cfg, w))
-            else:
-                self.wait(handle.stream_submit.remote(requests))
+            self.wait(call(handle))
         except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
             self._lost(w, handle, e)
 
@@ -170,21 +186,63 @@ class StreamRollouts:
 
     def state_dict(self) -> Optional[dict]:
         """{"requests": every group started and not trained (JSON), "dropped_groups", "dropped_samples",
-        "batches_drawn"}: a resume submits these groups again before drawing new ones."""
-        return {"requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
-                "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
-                "batches_drawn": self.batches_drawn}
+        "batches_drawn"} and, single-turn, "ready", "finished", "in_flight" (orchestrator/rollout/stream_state.py:
+        the workers' snapshots, their finished samples taken into the buffer first). Generation goes on."""
+        in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
+        state = {"requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
+                 "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
+                 "batches_drawn": self.batches_drawn}
+        if in_flight is not None:
+            state.update(generation_state(self.buffer, in_flight))
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the checkpoint's untrained groups are submitted again (regenerated on the current weights)."""
+        """Resume: the checkpoint's finished samples into the buffer and its in-flight samples continued on the
+        workers (single-turn); without them (multi-turn, older checkpoints) the untrained groups are submitted
+        again (regenerated on the current weights). Raises ValueError for an inconsistent state (`restore_plan`)."""
         from orchestrator.rollout.pending import prompt_request_from_dict
 
         self.buffer.dropped_groups = int(state.get("dropped_groups", 0))
         self.buffer.dropped_samples = int(state.get("dropped_samples", 0))
         self.batches_drawn = int(state.get("batches_drawn", self.batches_drawn))
         requests = [prompt_request_from_dict(r) for r in state.get("requests", [])]
-        if requests:
-            self.submit(requests)
+        if self.env_cfg or not all(k in state for k in STATE_KEYS):
+            if requests:
+                self.submit(requests)
+            return
+        plan = restore_plan(state, {r.group_id: r for r in requests}, self.n, self.max_tokens)
+        sends: dict[int, list] = {}
+        for request, finished, to_run in plan:
+            gid = request.group_id
+            self.buffer.submit(gid, self._size(request))
+            self.requests[gid] = request
+            for sample in finished:
+                self.buffer.add(sample)  # a complete group joins `ready` here, in the checkpoint's order
+            if to_run:
+                w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
+                self.where[gid], self.outstanding[w] = w, self.outstanding[w] + len(to_run)
+                sends.setdefault(w, []).extend(to_run)
+        for w, samples in sends.items():
+            self._call(w, lambda h, samples=samples: h.stream_resume.remote(samples))
+
+    def _snapshot(self) -> list[PartialSample]:
+        """Every worker's snapshot (actors/rollout/stream.py): its finished samples into the buffer, as a drain;
+        returns copies of the unfinished ones of groups in flight. A lost worker's groups start again on its
+        replacement (`_lost`); the checkpoint holds none of their samples then (a resume generates them again)."""
+        for w in range(len(self.workers)):
+            self._reissue_if_replaced(w)
+        handles = list(self.workers)
+        refs = [h.stream_snapshot.remote() for h in handles]
+        in_flight: list[PartialSample] = []
+        for i, ref in enumerate(refs):
+            try:
+                finished, running = self.wait(ref)
+            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+                self._lost(i, handles[i], e)
+                continue
+            self._received(i, finished)
+            in_flight += [s for s in running if s.request.group_id in self.buffer.pending]
+        return in_flight
 
     def discard(self, engine_version: Optional[int] = None) -> list[int]:
         """Forget every untrained group (the engines are being replaced; a restore brings back the checkpoint's
@@ -193,7 +251,7 @@ class StreamRollouts:
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
         self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
-        self.sent_to, self.taken = list(self.workers), False
+        self.sent_to = list(self.workers)
         if engine_version is not None:
             self.version = engine_version
         return ids
@@ -214,9 +272,13 @@ class StreamRollouts:
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
             self.stream = {k: v for k, v in metrics.items() if k.startswith("stream/")} or self.stream
-            for s in samples:
-                self.outstanding[i] -= 1
-                self._add(s)
+            self._received(i, samples)
+
+    def _received(self, w: int, samples: list) -> None:
+        """Finished samples drained from worker w: into the buffer (those of groups still in flight)."""
+        for s in samples:
+            self.outstanding[w] -= 1
+            self._add(s)
 
     def _lost(self, w: int, handle, error: BaseException) -> None:
         """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces

@@ -106,7 +106,8 @@ def test_the_agent_loop_records_the_versions_the_engine_reports():
 def test_the_controller_hands_multi_turn_groups_to_the_workers_with_the_env_section():
     calls = []
     worker = SimpleNamespace(stream_submit=SimpleNamespace(remote=lambda *a: calls.append(a)))
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=1, n=2), algo=SimpleNamespace(max_staleness=1))
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=1, n=2, max_new_tokens=4),
+                          algo=SimpleNamespace(max_staleness=1))
     env = {"name": "guessing", "max_turns": 2, "step_timeout_s": 10.0, "max_failed_frac": 0.5}
     more = lambda step: [PromptRequest(100 + step, [1], "4", prompt="q", seed=step)]  # noqa: E731 - after the take
     rollouts = StreamRollouts([worker], lambda refs: refs, more, None, cfg, env_cfg=env)

@@ -1,7 +1,8 @@
 """The rollout worker's streaming engine loop (actors/rollout/stream.py) over a fake engine whose steps are slow
 (a prefill of a batch of prompts on CPU takes seconds): `submit` and `drain` never wait for a step in progress,
 a pause gets the engine at the next step boundary and the interrupted samples continue on the new version,
-every sample comes back exactly once, and an engine error reaches the next drain.
+every sample comes back exactly once, a snapshot (a checkpoint) sees every sample exactly once and a resumed one
+continues with its tokens, and an engine error reaches the next drain.
 
     .venv/bin/python -m pytest tests/unit/test_stream_generator.py -q
 """
@@ -47,6 +48,9 @@ class _SlowEngine:
                 finished.append(s)
                 del self.active[key]
         return finished
+
+    def samples(self):
+        return [s for s, _ in self.active.values()]
 
     def interrupt(self):
         out = [s for s, _ in self.active.values()]
@@ -144,3 +148,39 @@ def test_an_engine_error_reaches_the_next_drain(monkeypatch):
     finally:
         gen.close()
     assert not gen.thread.is_alive()
+
+
+def test_snapshots_see_every_sample_once_and_resumed_copies_continue(monkeypatch):
+    gen, box = _stream(monkeypatch)
+    finished, keys, partial = {}, {f"{g}:{i}" for g in range(4) for i in range(2)}, []
+    try:
+        gen.submit(_requests(0, 2))
+        for k in range(8):
+            if k == 2:
+                gen.submit(_requests(2, 2))  # queued between two snapshots
+            time.sleep(STEP_S / 3)
+            finished.update((s.key, s) for s in gen.drain(0.0)[0])
+            t0 = time.perf_counter()
+            done, copies = gen.snapshot()
+            assert time.perf_counter() - t0 < 2 * STEP_S  # at most the step in progress, then the engine goes on
+            assert not {s.key for s in done} & set(finished)  # handed over once: a drain never returns them again
+            finished.update((s.key, s) for s in done)
+            seen = list(finished) + [s.key for s in copies]
+            assert sorted(seen) == sorted(keys if k >= 2 else {key for key in keys if int(key[0]) < 2}), (k, seen)
+            assert all(not s.done for s in copies)
+            partial = copies if any(s.response_ids for s in copies) else partial
+    finally:
+        gen.close()
+    copies, held = partial, {s.key: list(s.response_ids) for s in partial}
+    assert copies
+    resumed, box = _stream(monkeypatch)
+    box["version"] = 5
+    try:
+        resumed.resume(copies)
+        got = _drain_all(resumed, len(copies))
+    finally:
+        resumed.close()
+    assert sorted(s.key for s in got) == sorted(held)
+    for s in got:  # the tokens of the snapshot kept, the rest sampled by version 5
+        assert s.response_ids[:len(held[s.key])] == held[s.key] and len(s.response_ids) == 3
+        assert s.token_versions[len(held[s.key]):] == [5] * (3 - len(held[s.key]))

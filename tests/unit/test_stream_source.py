@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.rollout.env_runner import EnvFailure
 from orchestrator.rollout.multiturn import TrajectoryBuilder
-from orchestrator.rollout.partial import samples_of
+from orchestrator.rollout.partial import samples_of, snapshot_copy
 from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally
 from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.types import PromptRequest
@@ -31,6 +31,12 @@ class _FakeWorker:
         self.engine, self.samples = engine, []
         self.stream_submit = _Call(self._submit)
         self.stream_drain = _Call(self._drain)
+        self.stream_snapshot = _Call(lambda: ([], [snapshot_copy(s) for s in self.samples]))
+        self.stream_resume = _Call(self._resume)
+
+    def _resume(self, samples):
+        self.samples += samples
+        return len(samples)
 
     def _submit(self, requests):
         self.samples += [s for r in requests for s in samples_of(r, 2, 4)]
@@ -70,7 +76,7 @@ def _wait(ref):
 
 
 def _setup(k=1, workers=2, start_step=0, recover=None):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, partial_rollout=True),
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
                           algo=SimpleNamespace(max_staleness=k))
     engine, loader = SimpleNamespace(version=0), _Loader()
     fakes = [_FakeWorker(engine) for _ in range(workers)]
@@ -96,7 +102,8 @@ def test_the_first_batch_runs_alone_then_capacity_draws_k_plus_one_batches_over_
     assert loader.drawn == 3 and sorted(rollouts.requests) == [4, 5, 6, 7] and len(submitted) == 4
     rollouts.launch(2)  # version 0 still: (0 + 2 + 1) batches started, no more
     assert loader.drawn == 3
-    assert rollouts.discard() == [4, 5, 6, 7] and not rollouts.taken  # engines replaced: alone again
+    assert rollouts.discard() == [4, 5, 6, 7]
+    assert _setup(k=2, start_step=3)[0].taken  # a resume continues as the uninterrupted run: no batch alone
 
 
 def _recording(submit: _Call, into: list) -> _Call:
@@ -117,17 +124,15 @@ def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_grou
         engine.version = step  # the sync
         rollouts.finish_in_flight(row)
         rollouts.synced(step)
-    state = rollouts.state_dict()
-    untrained = [r["group_id"] for r in state["requests"]]
+    state = {k: v for k, v in rollouts.state_dict().items() if k not in ("ready", "finished", "in_flight")}
+    untrained = [r["group_id"] for r in state["requests"]]  # a checkpoint of requests only (older): regenerated
     assert untrained and state["batches_drawn"] == loader.drawn
     resumed, fakes, resumed_engine, resumed_loader, _ = _setup(k=1, start_step=3)
     resumed_engine.version = 3  # the checkpoint's weights
     resumed.load_state_dict(state)
     assert sorted(resumed.requests) == sorted(untrained) and resumed.batches_drawn == state["batches_drawn"]
     assert sum(len(f.samples) for f in fakes) == 2 * len(untrained)
-    resumed.launch(4)  # the checkpoint's untrained batch first, alone
-    assert resumed.buffer.started == 3 * 2 + len(untrained) and resumed_loader.drawn == 0
-    resumed.take(4, 3, {})  # then the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
+    resumed.launch(4)  # the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
     assert resumed.buffer.started == 5 * 2 and resumed_loader.drawn == 5 - 3 - len(untrained) // 2
     assert rollouts.discard() == sorted(untrained) and rollouts.requests == {}
 
@@ -251,7 +256,7 @@ class _EpisodeWorker:
 
 
 def _multi_turn(plan: dict, max_failed_frac: float = 0.5):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, partial_rollout=True),
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
                           algo=SimpleNamespace(max_staleness=1))
     engine = SimpleNamespace(version=0)
     worker = _EpisodeWorker(engine, plan)
