@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
@@ -229,17 +229,8 @@ class StreamRollouts:
         """Every worker's snapshot (actors/rollout/stream.py): its finished samples into the buffer, as a drain;
         returns copies of the unfinished ones of groups in flight. A lost worker's groups start again on its
         replacement (`_lost`); the checkpoint holds none of their samples then (a resume generates them again)."""
-        for w in range(len(self.workers)):
-            self._reissue_if_replaced(w)
-        handles = list(self.workers)
-        refs = [h.stream_snapshot.remote() for h in handles]
         in_flight: list[PartialSample] = []
-        for i, ref in enumerate(refs):
-            try:
-                finished, running = self.wait(ref)
-            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                self._lost(i, handles[i], e)
-                continue
+        for i, (finished, running) in self._from_each(lambda i, h: h.stream_snapshot.remote()):
             self._received(i, finished)
             in_flight += [s for s in running if s.request.group_id in self.buffer.pending]
         return in_flight
@@ -258,16 +249,7 @@ class StreamRollouts:
 
     def _poll(self, wait_s: float) -> None:
         """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample)."""
-        for w in range(len(self.workers)):
-            self._reissue_if_replaced(w)
-        handles = list(self.workers)
-        refs = [h.stream_drain.remote(wait_s if i == 0 else 0.0) for i, h in enumerate(handles)]
-        for i, ref in enumerate(refs):
-            try:
-                samples, metrics = self.wait(ref)
-            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                self._lost(i, handles[i], e)
-                continue
+        for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0)):
             self.busy_s += metrics.get("stream/busy_s", 0.0)
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
@@ -279,6 +261,21 @@ class StreamRollouts:
         for s in samples:
             self.outstanding[w] -= 1
             self._add(s)
+
+    def _from_each(self, call: Callable) -> Iterator[tuple[int, object]]:
+        """`call(i, handle)` -> a Ray ref, on every worker at once (a replaced worker gets its groups first);
+        yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and skipped."""
+        for w in range(len(self.workers)):
+            self._reissue_if_replaced(w)
+        handles = list(self.workers)
+        refs = [call(i, h) for i, h in enumerate(handles)]
+        for i, ref in enumerate(refs):
+            try:
+                out = self.wait(ref)
+            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
+                self._lost(i, handles[i], e)
+                continue
+            yield i, out
 
     def _lost(self, w: int, handle, error: BaseException) -> None:
         """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces
