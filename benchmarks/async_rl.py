@@ -12,20 +12,30 @@ samples trained.
 
 Options: --only a,b (modes by name, default all of MODES); --steps N (default 16); --target R (the reward whose
 wall time is compared, default 0.7); --out DIR (one run folder per mode and results.json); --resume (keep the
-modes already in DIR/results.json); extra key=value overrides for every mode.
+modes already in DIR/results.json); --report (summarise the runs already in DIR again, run nothing); extra
+key=value overrides for every mode.
 
 Ratios printed: for each mode, wall time to the target reward of the best synchronous mode / its own (the
 issue's target: >= 1.6x), and its step time / max(generation, training) of the synchronous disaggregated run
 (the overlap limit: within 15% is the target).
+
+Two clocks for "wall time to the reward": the batch clock (when the step that trained on the batch ended) and
+the policy clock (when the policy whose samples the batch holds had been trained: the mean weight version of
+the batch's tokens, `async/policy_version_mean`, interpolated on the steps' end times). A synchronous step s
+trains on samples of version s - 1, so both clocks differ by one step there; a batch generated k versions
+back measures a policy k steps older than the one training on it, so the batch clock alone charges the
+asynchronous modes k steps of lag that their policy did not have.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "grpo_arith_cpu.yaml"
@@ -54,12 +64,15 @@ def summarise(rows: list[dict], target: float) -> dict:
     later = rows[1:] or rows
     mean = lambda key: sum(float(r.get(key, 0.0)) for r in later) / len(later)  # noqa: E731
     rewards = [r["reward/mean"] for r in rows]
+    walls = list(itertools.accumulate(float(r["timing/step_s"]) for r in rows))
     wall, reached = 0.0, None
     for i, r in enumerate(rows):
         wall += float(r["timing/step_s"])
         window = rewards[max(0, i - 2):i + 1]
         if reached is None and len(window) == 3 and sum(window) / 3 >= target:
             reached = wall
+    versions = [float(r.get("async/policy_version_mean", r["step"] - 1 - float(r.get("async/staleness", 0.0))))
+                for r in rows]
     hist: dict[str, float] = {}
     for r in rows:
         for k, v in r.items():
@@ -71,8 +84,23 @@ def summarise(rows: list[dict], target: float) -> dict:
             "generate_s": mean("timing/generate_s"), "train_s": mean("timing/train_s"),
             "worker_generate_s": mean("roles/rollout_busy_s"),
             "reward_first5": sum(rewards[:5]) / len(rewards[:5]), "reward_last5": sum(rewards[-5:]) / len(rewards[-5:]),
-            "wall_to_target_s": reached, "staleness": hist, "rewards": rewards,
-            "wall": [sum(float(x["timing/step_s"]) for x in rows[:i + 1]) for i in range(len(rows))]}
+            "wall_to_target_s": reached, "policy_to_target_s": policy_to_target(rewards, versions, walls, target),
+            "staleness": hist, "rewards": rewards, "versions": versions,
+            "wall": walls}
+
+
+def policy_to_target(rewards: list[float], versions: list[float], walls: list[float], target: float) -> Optional[float]:
+    """The policy clock (module docstring): the first 3-step window of mean reward >= `target`, timed at the mean
+    weight version of its batches; version j exists once step j ended (walls[j - 1], seconds), version 0 at 0;
+    a fractional version is interpolated linearly. None when no window reaches `target`."""
+    ends = [0.0, *walls]
+    for i in range(2, len(rewards)):
+        if sum(rewards[i - 2:i + 1]) / 3 >= target:
+            v = min(max(sum(versions[i - 2:i + 1]) / 3, 0.0), len(ends) - 1.0)
+            lo = int(v)
+            hi = min(lo + 1, len(ends) - 1)
+            return ends[lo] + (ends[hi] - ends[lo]) * (v - lo)
+    return None
 
 
 def run_mode(name: str, out: Path, steps: int, target: float, extra: list[str]) -> dict:
@@ -84,30 +112,48 @@ def run_mode(name: str, out: Path, steps: int, target: float, extra: list[str]) 
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1][:300]}
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {**summarise(rows, target), "process_s": time.perf_counter() - t0}
+    return {**summarise(read_rows(folder), target), "process_s": time.perf_counter() - t0}
+
+
+def _best_sync(ok: dict, key: str) -> Optional[float]:
+    """The fastest synchronous mode's seconds to the target on clock `key` (None when none reached it)."""
+    walls = [ok[n][key] for n in SYNC if n in ok and ok[n].get(key)]
+    return min(walls) if walls else None
+
+
+def _to_target(r: dict, key: str, best: Optional[float]) -> str:
+    """'<seconds> (<best sync / seconds>x)' on clock `key`, or 'not reached'."""
+    wall = r.get(key)
+    if not wall:
+        return "not reached"
+    return f"{wall:.0f} ({best / wall:.2f}x)" if best else f"{wall:.0f}"
 
 
 def table(results: dict, target: float) -> str:
+    """The markdown table of `results` (name -> `summarise` output or {"error": ...})."""
     ok = {n: r for n, r in results.items() if "error" not in r}
-    sync_walls = [ok[n]["wall_to_target_s"] for n in SYNC if n in ok and ok[n]["wall_to_target_s"]]
-    best_sync = min(sync_walls) if sync_walls else None
+    best = {key: _best_sync(ok, key) for key in ("wall_to_target_s", "policy_to_target_s")}
     limit = max(ok["sync_disaggregated"]["generate_s"], ok["sync_disaggregated"]["train_s"]) \
         if "sync_disaggregated" in ok else None
-    lines = [f"| mode | s/step | samples/s | generate s | train s | reward first 5 | last 5 | wall to {target} s | "
-             "vs best sync | step / overlap limit | staleness (samples) |", "|---" * 11 + "|"]
+    lines = [f"| mode | s/step | samples/s | generate s | train s | reward first 5 | last 5 | batch clock to {target} s "
+             f"(vs best sync) | policy clock to {target} s (vs best sync) | step / overlap limit | staleness (samples) |",
+             "|---" * 11 + "|"]
     for name, r in results.items():
         if "error" in r:
             lines.append(f"| {name} | not run: {r['error']} |" + " |" * 9)
             continue
-        wall = r["wall_to_target_s"]
-        speed = f"{best_sync / wall:.2f}x" if best_sync and wall else "-"
         lim = f"{r['step_s'] / limit:.2f}" if limit else "-"
         hist = ", ".join(f"{s}: {int(v)}" for s, v in sorted(r["staleness"].items(), key=lambda x: int(x[0]))) or "0: all"
         lines.append(f"| {name} | {r['step_s']:.1f} | {r['samples_s']:.2f} | {r['generate_s']:.1f} | {r['train_s']:.1f} | "
-                     f"{r['reward_first5']:.3f} | {r['reward_last5']:.3f} | {f'{wall:.0f}' if wall else 'not reached'} | "
-                     f"{speed} | {lim} | {hist} |")
+                     f"{r['reward_first5']:.3f} | {r['reward_last5']:.3f} | "
+                     f"{_to_target(r, 'wall_to_target_s', best['wall_to_target_s'])} | "
+                     f"{_to_target(r, 'policy_to_target_s', best['policy_to_target_s'])} | {lim} | {hist} |")
     return "\n".join(lines)
+
+
+def read_rows(folder: Path) -> list[dict]:
+    """The metrics rows of the run in `folder` (its metrics.jsonl)."""
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 def main(argv=None) -> int:
@@ -117,6 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=float, default=0.7)
     ap.add_argument("--out", default="/tmp/rl_orch_async_rl")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--report", action="store_true", help="summarise the runs already in --out again, run nothing")
     ap.add_argument("extra", nargs="*")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODES)
@@ -127,6 +174,10 @@ def main(argv=None) -> int:
     saved = out / "results.json"
     results = json.loads(saved.read_text()) if args.resume and saved.exists() else {}
     for name in names:
+        if args.report:
+            if (out / name / "metrics.jsonl").exists():
+                results[name] = summarise(read_rows(out / name), args.target)
+            continue
         if name in results and "error" not in results[name]:
             continue
         results[name] = run_mode(name, out, args.steps, args.target, args.extra)

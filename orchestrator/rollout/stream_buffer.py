@@ -162,7 +162,8 @@ class GroupBuffer:
         `async/staleness_<s>` (samples of staleness s, s = 0 .. k), `async/buffer_groups` (complete, waiting),
         `async/in_flight_groups`, `async/dropped_groups`, `async/dropped_samples` (cumulative),
         `async/multi_version_samples` and `async/multi_version_tokens` (samples of the batch generated under
-        more than one weight version, and their tokens)."""
+        more than one weight version, and their tokens), `async/policy_version_mean` (the mean weight version of
+        the batch's sampled tokens: the policy whose reward the batch measures, benchmarks/async_rl.py)."""
         stale = [batch.policy_version - s.first_version for s in batch.samples]
         hist = Counter(stale)
         multi = [s for s in batch.samples if s.num_versions > 1]
@@ -173,4 +174,15 @@ class GroupBuffer:
                     "async/dropped_groups": float(self.dropped_groups), "async/dropped_samples": float(self.dropped_samples),
                     "async/multi_version_samples": float(len(multi)),
                     "async/multi_version_tokens": float(sum(len(s.response_ids) for s in multi))})
+        versions = [v for s in batch.samples for v in _sampled_versions(s)]
+        if versions:
+            out["async/policy_version_mean"] = sum(versions) / len(versions)
         return out
+
+
+def _sampled_versions(sample) -> list[int]:
+    """The weight version of each sampled token (a PartialSample's `token_versions`; an EpisodeSample's
+    `sampled_versions`, observation ids left out)."""
+    if hasattr(sample, "sampled_versions"):
+        return sample.sampled_versions
+    return list(sample.token_versions)

@@ -85,6 +85,7 @@ def test_buffer_admits_by_the_oldest_token_and_drops_over_the_bound():
     m = buf.metrics(batch)
     assert (m["async/staleness_1"], m["async/staleness_0"], m["async/staleness_max"]) == (1.0, 1.0, 1.0)
     assert (m["async/multi_version_samples"], m["async/multi_version_tokens"]) == (1.0, 3.0)
+    assert m["async/policy_version_mean"] == 3 / 5  # tokens of versions 0, 0, 1, 1, 1
     buf.add(_finished(2, 0, [0])), buf.add(_finished(2, 1, [2]))
     assert buf.take(1, policy_version=2) is None  # group 2 started at version 0: staleness 2 > 1, dropped
     assert (buf.dropped_groups, buf.dropped_samples, buf.started) == (1, 2, 1)

@@ -1,0 +1,49 @@
+"""benchmarks/async_rl.py's pure parts: the batch clock and the policy clock of "wall time to the reward"
+(a batch generated k versions back measures the policy k steps older), and the table's ratios."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "async_rl.py"
+_spec = importlib.util.spec_from_file_location("bench_async_rl", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+REWARDS = [0.2, 0.4, 0.6, 0.8, 0.8, 0.8]
+
+
+def _rows(step_s: float, extra: list[dict]) -> list[dict]:
+    return [{"step": i + 1, "reward/mean": r, "timing/step_s": step_s, "timing/generate_s": 1.0,
+             "timing/train_s": 2.0, **extra[i]} for i, r in enumerate(REWARDS)]
+
+
+def test_synchronous_rows_time_the_policy_one_step_before_the_batch():
+    out = bench.summarise(_rows(10.0, [{}] * 6), target=0.6)
+    assert out["versions"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # step s trains on version s - 1
+    assert out["wall_to_target_s"] == 40.0  # window of steps 2-4: mean 0.6, step 4 ends at 40 s
+    assert out["policy_to_target_s"] == 20.0  # their versions 1, 2, 3: version 2 exists after step 2
+
+
+def test_streaming_rows_use_the_mean_token_version_and_interpolate():
+    stale = [{"async/policy_version_mean": v} for v in (0.0, 0.0, 0.5, 1.5, 2.5, 3.5)]
+    out = bench.summarise(_rows(10.0, stale), target=0.6)
+    assert out["wall_to_target_s"] == 40.0
+    assert out["policy_to_target_s"] == pytest.approx(6.667, abs=1e-3)  # version (0 + 0.5 + 1.5) / 3 = 2/3 of step 1
+
+
+def test_one_step_off_rows_subtract_their_staleness():
+    out = bench.summarise(_rows(10.0, [{"async/staleness": 0.0}] + [{"async/staleness": 1.0}] * 5), target=0.6)
+    assert out["versions"] == [0.0, 0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_never_reached_is_none_and_the_table_says_so():
+    out = bench.summarise(_rows(10.0, [{}] * 6), target=0.95)
+    assert out["wall_to_target_s"] is None and out["policy_to_target_s"] is None
+    sync = bench.summarise(_rows(10.0, [{}] * 6), target=0.6)
+    fast = bench.summarise(_rows(5.0, [{}] * 6), target=0.6)
+    text = bench.table({"sync_disaggregated": sync, "k1": fast, "k2": out}, 0.6)
+    assert "| k1 |" in text and "20 (2.00x)" in text and "10 (2.00x)" in text  # both clocks, vs the sync mode
+    assert text.count("not reached") == 2  # k2 on both clocks
