@@ -193,12 +193,17 @@ def run_ours(args, work: Path, prompt_tokens: list[int], rep: int) -> dict:
             time.sleep(20)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)  # ~1.6 GB per run otherwise
-    res["steps"] = [{
-        "step": r["step"], "step_s": r["timing/step_s"] - r.get("timing/checkpoint_s", 0.0),
-        "generate_s": r["timing/generate_s"], "train_s": r["timing/train_s"],
-        "completion_tokens": r["rollout/tokens"], "prompt_tokens": prompt_tokens[r["step"] - 1],
-        "reward_mean": r["reward/mean"]} for r in rows]
+    res["steps"] = our_steps(rows, prompt_tokens)
     return res
+
+
+def our_steps(rows: list[dict], prompt_tokens: list[int]) -> list[dict]:
+    """Our per-step numbers from the run's metrics rows (rows without `timing/step_s`, such as the held-out eval's,
+    are not steps): seconds (the final checkpoint's left out), generate / train seconds, tokens, reward."""
+    return [{"step": r["step"], "step_s": r["timing/step_s"] - r.get("timing/checkpoint_s", 0.0),
+             "generate_s": r["timing/generate_s"], "train_s": r["timing/train_s"],
+             "completion_tokens": r["rollout/tokens"], "prompt_tokens": prompt_tokens[r["step"] - 1],
+             "reward_mean": r["reward/mean"]} for r in rows if "timing/step_s" in r]
 
 
 def run_trl(args, work: Path, trl_python: Path, model_path: str, settings, rep: int) -> dict:

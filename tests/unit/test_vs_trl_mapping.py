@@ -137,3 +137,12 @@ def test_mapping_and_report_modules_import_no_trl() -> None:
     for name in ("trl_config", "vs_trl_report"):
         text = (REPO / "benchmarks" / f"{name}.py").read_text()
         assert "import trl" not in text and "from trl" not in text and "import torch" not in text
+
+
+def test_our_steps_skip_rows_that_are_not_steps() -> None:
+    vs = _module("vs_trl")
+    rows = [{"eval/pass_at_1": 0.5, "step": 0},  # the held-out eval's row (an asynchronous run writes one)
+            {"step": 1, "timing/step_s": 12.0, "timing/checkpoint_s": 2.0, "timing/generate_s": 4.0,
+             "timing/train_s": 6.0, "rollout/tokens": 900.0, "reward/mean": 0.5}]
+    (only,) = vs.our_steps(rows, [300])
+    assert (only["step"], only["step_s"], only["prompt_tokens"], only["reward_mean"]) == (1, 10.0, 300, 0.5)
