@@ -24,14 +24,23 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def load_accuracy():
-    """Our `accuracy(completions, answers) -> list[float]`, imported from its file (no orchestrator deps)."""
+    """Our `accuracy(completions, answers) -> list[float]`, imported from its file. The packages above it are bare
+    namespaces here (their __init__ files, which import Ray, omegaconf and pebble, are not run), so the modules
+    functions.py imports (orchestrator.reward.code_tests, .sandbox: the standard library only) load from the repo."""
+    for name, folder in (("orchestrator", REPO / "orchestrator"), ("orchestrator.reward", REPO / "orchestrator" / "reward")):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(folder)]
+            sys.modules[name] = package
     path = REPO / "orchestrator" / "reward" / "functions.py"
     spec = importlib.util.spec_from_file_location("rl_orch_reward_functions", path)
     module = importlib.util.module_from_spec(spec)
