@@ -146,3 +146,17 @@ def test_our_steps_skip_rows_that_are_not_steps() -> None:
              "timing/train_s": 6.0, "rollout/tokens": 900.0, "reward/mean": 0.5}]
     (only,) = vs.our_steps(rows, [300])
     assert (only["step"], only["step_s"], only["prompt_tokens"], only["reward_mean"]) == (1, 10.0, 300, 0.5)
+
+
+def test_trl_side_loads_our_reward_without_the_packages_the_trl_venv_lacks() -> None:
+    """benchmarks/trl_side.py runs in TRL's venv (no Ray, omegaconf, pebble): its `load_accuracy` must not import
+    them (a fresh subprocess where importing them fails)."""
+    import subprocess
+
+    code = ("import sys\nfor m in ('ray', 'omegaconf', 'pebble', 'vllm'):\n    sys.modules[m] = None\n"
+            "import importlib.util\nspec = importlib.util.spec_from_file_location('ts', %r)\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "print(m.load_accuracy()(['3 + 5 = 8.', 'no'], ['8', '8']))" % str(REPO / "benchmarks" / "trl_side.py"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.strip().splitlines()[-1] == "[1.0, 0.0]"
