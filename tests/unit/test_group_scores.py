@@ -19,9 +19,8 @@ from orchestrator.overlap import pump_until
 from orchestrator.reward.failures import FailureTally
 from orchestrator.reward.scorer import RewardResult, RewardScorer, merge_results
 from orchestrator.rollout.group_scores import GroupScores
-from orchestrator.rollout.stream_source import StreamRollouts
-from orchestrator.rollout.types import PromptRequest, Trajectory
-from tests.unit.test_stream_source import _DeadWorker, _FakeWorker, _Loader, _Lost, _wait
+from orchestrator.rollout.types import Trajectory
+from tests.unit.test_stream_source import _DeadWorker, _FakeWorker, _Lost, _setup
 
 HELPERS = "tests.unit.reward_helpers"
 
@@ -105,16 +104,8 @@ def test_group_scores_collect_in_batch_order_forget_dropped_and_name_missing_gro
 
 # ---- StreamRollouts: scored as groups complete, and while the trainer trains ---------------------------------
 def _stream(issued: list, workers=2, k=2, recover=None):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
-                          algo=SimpleNamespace(max_staleness=k))
-    engine, loader = SimpleNamespace(version=0), _Loader()
-    fakes = [_FakeWorker(engine) for _ in range(workers)]
-
-    def sample(step):
-        loader.drawn += 1
-        return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer="") for i in range(2)]
-
-    rollouts = StreamRollouts(fakes, _wait, sample, loader, cfg, 0, recover, score_group=_fake_issue(issued))
+    """Streaming rollouts over fake workers (tests/unit/test_stream_source.py) whose groups are scored by `_fake_issue`."""
+    rollouts, fakes, engine, _, _ = _setup(k, workers, recover=recover, score_group=_fake_issue(issued))
     return rollouts, fakes, engine
 
 
