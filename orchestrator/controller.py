@@ -276,7 +276,8 @@ class GRPOController:
     def score_group(self, trajs: list[Trajectory]) -> tuple:
         """Streaming: a complete group's reward scoring (none multi-turn: the environment's rewards) and reference
         logprobs, issued now: (ref or None, ref or None) (orchestrator/rollout/group_scores.py)."""
-        return None if self.cfg.env.name else self.job.score(trajs, block=False), self.reference_logprobs(trajs, False)
+        reward = None if self.cfg.env.name else self.job.score(trajs, block=False)
+        return reward, self.reference_logprobs(trajs, block=False)
 
     def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[list[float]]:
         """Advantages per response token, [B][len(response_i)], by the registered `algo.estimator`
