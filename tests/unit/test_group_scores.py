@@ -176,8 +176,10 @@ def test_a_worker_lost_while_the_trainer_trains_is_replaced_after_the_train_step
     rollouts.pump()  # skipped after a failure, until the next take
     assert replaced == [] and rollouts.pump_failed and fakes[1].samples == []
     rollouts.synced(1)
-    rollouts.take(2, 1, {})  # the next poll replaces it and its groups start again there
-    assert replaced == [0] and not rollouts.pump_failed
+    row = {}
+    rollouts.take(2, 1, row)  # the next poll replaces it and its groups start again there
+    assert replaced == [0] and not rollouts.pump_failed and row["rollout/worker_restarts"] == 1.0
+    assert row["rollout/groups_reissued"] >= 1
 
 
 # ---- the overlap loop: pump_until, Job.wait(refs, pump) ---------------------------------------------------------
