@@ -202,7 +202,7 @@ class GRPOController:
             scored = self.pipeline.scores(row)
         advantages, ref = self._score(trajs, timer, row, scored=scored)
         with timer.phase("train"):  # streaming: the engines are drained while the trainer trains (`pump`)
-            row.update(self.train(trajs, advantages, ref, self.pipeline.pump))
+            row.update(self.train(trajs, advantages, ref))
         with timer.phase("generate"):  # the next batch's generation not hidden behind this step
             self.pipeline.finish_in_flight(row)
         with timer.phase("weight_sync"):
@@ -302,12 +302,13 @@ class GRPOController:
         masks = [t.multiturn.loss_mask for t in trajs] if self.cfg.env.name else None
         return overlong_filter_masks(trajs, masks, self.cfg)
 
-    def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref, pump=None) -> dict:
-        """One policy update (and the critic's with gae); `pump`: called while the trainer trains (Job.wait)."""
+    def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref) -> dict:
+        """One policy update (and the critic's with gae); streaming: the engines are drained while it trains."""
         batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],
                            rollout_logprobs=[t.logprobs for t in trajs], advantages=advantages, ref_logprobs=ref,
                            response_mask=self._loss_masks(trajs))
         critic = self.critic.start_update(batch)  # gae: the critic trains beside the policy (its own bundle)
+        pump = self.pipeline.pump if self.pipeline is not None else None  # streaming: StreamRollouts.pump
         policy = self.job.wait(self.actors.trainer.train_step.remote(batch), pump)
         return {**policy, **self.critic.finish_update(critic)}
 

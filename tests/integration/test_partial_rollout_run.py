@@ -2,7 +2,7 @@
 the engine streams while the trainer trains, groups started up to k versions back are trained, every trained
 sample is within algo.max_staleness, the verified sync (and its probe) passes every step while the engine
 streams, a resume continues with the checkpoint's untrained groups, and rewards and reference logprobs scored per
-group as the groups complete (algo.kl_coef > 0) reach the trainer in trajectory order. Whether a sync lands inside a generation
+group as the groups complete (algo.kl_coef > 0 in the first run) reach the trainer in trajectory order. Whether a sync lands inside a generation
 depends on timing here (the tiny model generates faster than it trains); tests/integration/test_partial_rollout.py
 interrupts generations deterministically, on the engine and through the worker's weight sync.
 
@@ -25,7 +25,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"rollout.max_new_tokens": 48}) + [
         REWARD, "placement.mode=disaggregated_async", "rollout.partial_rollout=true", "algo.max_staleness=2",
-        "rollout.ignore_eos=true", "checkpoint.every_steps=2", "algo.kl_coef=0.05", *extra])
+        "rollout.ignore_eos=true", "checkpoint.every_steps=2", *extra])
 
 
 def _rows(path) -> list[dict]:
@@ -33,7 +33,7 @@ def _rows(path) -> list[dict]:
 
 
 def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4")
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "algo.kl_coef=0.05")  # a reference, scored per group
     controller = GRPOController(cfg)
     try:
         result = controller.run()
