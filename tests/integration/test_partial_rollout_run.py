@@ -2,9 +2,10 @@
 the engine streams while the trainer trains, groups started up to k versions back are trained, every trained
 sample is within algo.max_staleness, the verified sync (and its probe) passes every step while the engine
 streams, a resume continues with the checkpoint's untrained groups, and rewards and reference logprobs scored per
-group as the groups complete (algo.kl_coef > 0 in the first run) reach the trainer in trajectory order. Whether a sync lands inside a generation
-depends on timing here (the tiny model generates faster than it trains); tests/integration/test_partial_rollout.py
-interrupts generations deterministically, on the engine and through the worker's weight sync.
+group as the groups complete (algo.kl_coef > 0 in the first run) reach the trainer in trajectory order. Whether a
+sync lands inside a generation depends on timing here (the tiny model generates faster than it trains);
+tests/integration/test_partial_rollout.py interrupts generations deterministically, on the engine and through the
+worker's weight sync.
 
     .venv/bin/python -m pytest tests/integration/test_partial_rollout_run.py -q
 """
