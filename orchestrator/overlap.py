@@ -4,8 +4,8 @@ training (orchestrator/rollout/stream_source.py) pumps while the trainer trains:
 samples and issues the scoring of the groups they complete (orchestrator/rollout/group_scores.py), so that most
 groups are scored by the time the next batch is taken.
 
-    left = pump_until(lambda wait_s: refs_ready(refs, wait_s), pump, timeout_s)   # seconds of timeout_s left
-    ray.get(refs, timeout=left)                                                    # 0 left: GetTimeoutError if not ready
+    left = pump_until(lambda wait_s: refs_ready(refs, wait_s), pump, timeout_s)  # seconds of timeout_s left
+    ray.get(refs, timeout=left)  # 0 left: GetTimeoutError unless ready
 
 Pure except `refs_ready`, which imports Ray when it is called.
 """
