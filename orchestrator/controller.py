@@ -11,7 +11,6 @@ module reads top to bottom.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -29,7 +28,7 @@ from orchestrator.guards import RunGuards
 from orchestrator.job import Actors, Job
 from orchestrator.memory.preflight import preflight
 from orchestrator.metrics import METRICS_FILE, SinkContext, plot_run, read_jsonl
-from orchestrator.metrics.phases import ROLE_PHASES, role_utilisation
+from orchestrator.metrics.phases import ROLE_PHASES, PhaseTimer, role_utilisation
 from orchestrator.metrics.registry import build_sinks
 from orchestrator.metrics.samples import ScoredBatch, log_completion_samples
 from orchestrator.models import resolve_model_path
@@ -37,8 +36,10 @@ from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
 from orchestrator.reward.failures import check_reward_failures
 from orchestrator.reward.overlong import add_overlong_penalty, overlong_filter_masks, overlong_filter_metrics
+from orchestrator.reward.scorer import RewardResult
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.group_scores import BatchScores
 from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -57,21 +58,6 @@ class RunResult:
     metrics: str
     plot: str
     rows: list
-
-
-class PhaseTimer:
-    """Wall seconds per named phase of one step: `timing/<phase>_s`."""
-
-    def __init__(self):
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def phase(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.times[f"timing/{name}_s"] = self.times.get(f"timing/{name}_s", 0.0) + time.perf_counter() - t0
 
 
 class GRPOController:
@@ -179,7 +165,9 @@ class GRPOController:
         self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait, self.job.recover_rollout)
         self.pipeline = None
         if self.cfg.placement.mode == "disaggregated_async":
-            self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step)
+            per_group = self.score_group if not self.cfg.env.name or self.actors.reference is not None else None
+            self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step,
+                                           per_group)
             if self.async_state:  # a resume: the checkpoint's generated, untrained batch (exact resume)
                 self.pipeline.load_state_dict(self.async_state)
         self.async_state = None
@@ -210,8 +198,10 @@ class GRPOController:
             self.pipeline.launch(step)
         with timer.phase("generate"):  # the wait for this step's batch (prefetched: usually ready)
             trajs = self.pipeline.take(step, self.version, row)
-        advantages, ref = self._score(trajs, timer, row)
-        with timer.phase("train"):
+        with timer.phase("reward"):  # streaming: its groups were scored as they completed; waits for the rest
+            scored = self.pipeline.scores(row)
+        advantages, ref = self._score(trajs, timer, row, scored=scored)
+        with timer.phase("train"):  # streaming: the engines are drained while the trainer trains (`pump`)
             row.update(self.train(trajs, advantages, ref))
         with timer.phase("generate"):  # the next batch's generation not hidden behind this step
             self.pipeline.finish_in_flight(row)
@@ -220,12 +210,14 @@ class GRPOController:
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
-    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict, rewards=None) -> tuple[list, Optional[list]]:
-        """The reward (unless `rewards` are given), reference and advantages phases: (advantages, reference or None)."""
+    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict, rewards=None,
+               scored: Optional[BatchScores] = None) -> tuple[list, Optional[list]]:
+        """The reward (unless `rewards` are given), reference and advantages phases: (advantages, reference or None);
+        `scored`: the reward result and reference logprobs scored per group (streaming), used where not None."""
         with timer.phase("reward"):
-            rewards = self.score(trajs, row) if rewards is None else rewards
+            rewards = self.score(trajs, row, scored and scored.reward) if rewards is None else rewards
         with timer.phase("reference"):
-            ref = self.reference_logprobs(trajs)
+            ref = scored.reference if scored and scored.reference is not None else self.reference_logprobs(trajs)
         with timer.phase("advantages"):
             advantages = self.advantages(trajs, rewards, row)
         self.scored = ScoredBatch(trajs, rewards, advantages, {} if self.cfg.env.name else self.reward_parts)
@@ -261,22 +253,31 @@ class GRPOController:
         """The step's groups on the rollout workers, through the rollout source (single- or multi-turn)."""
         return self.source.generate(requests, self.version, row)
 
-    def score(self, trajs: list[Trajectory], row: dict) -> list[float]:
+    def score(self, trajs: list[Trajectory], row: dict, result: Optional[RewardResult] = None) -> list[float]:
+        """Rewards of `trajs` (multi-turn: the environment's) and reward/* into `row`; `result`: the reward actor's
+        result when already scored (streaming: per group, merged), else it is scored now."""
         env_rewards = self.source.rewards(trajs, row)  # multi-turn: the environment's (sum over turns)
         if env_rewards is not None:
             return env_rewards
-        result = self.job.score(trajs)
+        result = self.job.score(trajs) if result is None else result
         row.update(result.metrics)
         self.reward_parts = result.per_function  # each reward function's values (completion samples)
         check_reward_failures(result, self.cfg.reward, row["step"])  # past reward.max_failed_frac: stop, naming them
         row["reward/std"] = float(torch.tensor(result.rewards).std()) if len(result.rewards) > 1 else 0.0
         return add_overlong_penalty(result.rewards, trajs, self.cfg, row)  # reward.overlong_penalty (DAPO eq. 13)
 
-    def reference_logprobs(self, trajs: list[Trajectory]) -> Optional[list[list[float]]]:
+    def reference_logprobs(self, trajs: list[Trajectory], block: bool = True):
+        """Reference logprobs of `trajs`, [B][len(response_i)] (None without a reference); block=False: the ref."""
         if self.actors.reference is None:
             return None
-        return self.job.wait(self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs],
-                                                             [t.response_ids for t in trajs]))
+        ref = self.actors.reference.logprobs.remote([t.prompt_ids for t in trajs], [t.response_ids for t in trajs])
+        return self.job.wait(ref) if block else ref
+
+    def score_group(self, trajs: list[Trajectory]) -> tuple:
+        """Streaming: a complete group's reward scoring (none multi-turn: the environment's rewards) and reference
+        logprobs, issued now: (ref or None, ref or None) (orchestrator/rollout/group_scores.py)."""
+        reward = None if self.cfg.env.name else self.job.score(trajs, block=False)
+        return reward, self.reference_logprobs(trajs, block=False)
 
     def advantages(self, trajs: list[Trajectory], rewards: list[float], row: dict) -> list[list[float]]:
         """Advantages per response token, [B][len(response_i)], by the registered `algo.estimator`
@@ -302,11 +303,14 @@ class GRPOController:
         return overlong_filter_masks(trajs, masks, self.cfg)
 
     def train(self, trajs: list[Trajectory], advantages: list[list[float]], ref) -> dict:
+        """One policy update (and the critic's with gae); streaming: the engines are drained while it trains."""
         batch = TrainBatch(prompt_ids=[t.prompt_ids for t in trajs], response_ids=[t.response_ids for t in trajs],
                            rollout_logprobs=[t.logprobs for t in trajs], advantages=advantages, ref_logprobs=ref,
                            response_mask=self._loss_masks(trajs))
         critic = self.critic.start_update(batch)  # gae: the critic trains beside the policy (its own bundle)
-        return {**self.job.wait(self.actors.trainer.train_step.remote(batch)), **self.critic.finish_update(critic)}
+        pump = self.pipeline.pump if self.pipeline is not None else None  # streaming: StreamRollouts.pump
+        policy = self.job.wait(self.actors.trainer.train_step.remote(batch), pump)
+        return {**policy, **self.critic.finish_update(critic)}
 
     def sync_weights(self, step: int, row: dict) -> None:
         """Trainer -> every engine by `weight_sync.strategy`; then every engine's version and checksums

@@ -16,7 +16,6 @@ process died, or whose weight load hung past weight_sync.timeout_s, by a fresh a
 placement-group bundle; it starts from the weights the job started from and is synced to the current
 version before it samples. Every restart counts against `run.max_restarts` (RestartBudget, orchestrator/faults.py).
 
-
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
 `fake_gpu` resources when placement.resource=fake_gpu); with either, it joins that cluster (this is what
 `ray job submit` gives the entrypoint). The groups and slots come from orchestrator/placement/plan.py;
@@ -29,13 +28,14 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
 from orchestrator.critic_step import critic_checkpoint, restore_critic
 from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
+from orchestrator.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
@@ -152,21 +152,24 @@ class Job:
             self.started_ray = False
 
     # ---- calls -------------------------------------------------------------------------------------------
-    def wait(self, refs):
-        """ray.get with `run.phase_timeout_s`: a hung actor stops the run with an error, never a hang."""
+    def wait(self, refs, pump: Optional[Callable[[], None]] = None):
+        """ray.get with `run.phase_timeout_s`: a hung actor stops the run with an error, never a hang. `pump`: called
+        between short waits until `refs` are ready, within the same timeout (orchestrator/overlap.py)."""
         timeout = self.cfg.run.phase_timeout_s
         try:
-            return ray.get(refs, timeout=timeout)
+            left = timeout if pump is None else pump_until(lambda wait_s: refs_ready(refs, wait_s), pump, timeout)
+            return ray.get(refs, timeout=left)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError(f"an actor call did not return within run.phase_timeout_s={timeout:g}s "
                                "(see the per-step phase times for the phase that hung)") from None
 
-    def score(self, trajs: list):
+    def score(self, trajs: list, block: bool = True):
         """The reward actor's RewardResult for `trajs` (their texts, gold answers and group ids; the prompts too
-        when a reward model reads them: reward.model_path), within run.phase_timeout_s."""
+        when a reward model reads them: reward.model_path), within run.phase_timeout_s; block=False: its ObjectRef."""
         prompts = [t.prompt for t in trajs] if self.cfg.reward.model_path else None
-        return self.wait(self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
-                                                         [t.group_id for t in trajs], prompts))
+        ref = self.actors.reward.score.remote([t.text for t in trajs], [t.answer for t in trajs],
+                                              [t.group_id for t in trajs], prompts)
+        return self.wait(ref) if block else ref
 
     def sync_weights(self, version: int) -> dict:
         """Trainer -> every engine by `weight_sync.strategy`, verified (version and checksums); a failed
@@ -345,18 +348,15 @@ def slot_env(slot: ActorSlot) -> dict[str, str]:
 
 def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
     """One TrainerActor, or D = trainer.num_workers ShardedTrainerActor ranks (FSDP2, actors/trainer/sharded.py)
-    that form one torch.distributed group while they start; rank 0 first."""
+    that form one torch.distributed group while they start (`_start_ranks`); rank 0 first."""
     from actors.trainer.trainer import TrainerActor
 
     args = (model_path, cfg.trainer, cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens, pad_id)
-    d = cfg.trainer.num_workers
-    if d == 1:
+    if cfg.trainer.num_workers == 1:
         return [TrainerActor.options(**opts("trainer")).remote(*args)]
     from actors.trainer.sharded import ShardedTrainerActor
 
-    group = f"trainer-{uuid.uuid4().hex[:12]}"
-    return [ShardedTrainerActor.options(**opts("trainer", r)).remote(
-        *args, rank=r, world_size=d, group_name=group, timeout_s=cfg.run.phase_timeout_s) for r in range(d)]
+    return _start_ranks(ShardedTrainerActor, opts, "trainer", cfg.trainer.num_workers, cfg.run.phase_timeout_s, *args)
 
 
 def _start_critic(cfg, opts, model_path: str, pad_id: int) -> list:

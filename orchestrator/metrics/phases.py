@@ -9,8 +9,12 @@ In the synchronous step every role waits while the others work. A role is busy d
 
 and idle for the rest of the step. `roles/<role>_busy_s` and `roles/<role>_idle_frac` go into the
 step's row (JSONL; Prometheus `rl_orch_role_busy_seconds` / `rl_orch_role_idle_ratio{role=...}`).
+The controller times each phase with `PhaseTimer`.
 """
 from __future__ import annotations
+
+import time
+from contextlib import contextmanager
 
 ROLE_PHASES = {
     "rollout": ("generate", "weight_sync"),
@@ -18,6 +22,21 @@ ROLE_PHASES = {
     "reference": ("reference",),
     "trainer": ("train", "weight_sync", "checkpoint"),
 }
+
+
+class PhaseTimer:
+    """Wall seconds per named phase of one step: `timing/<phase>_s` (a phase timed twice adds up)."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[f"timing/{name}_s"] = self.times.get(f"timing/{name}_s", 0.0) + time.perf_counter() - t0
 
 
 def role_utilisation(row: dict, roles: tuple[str, ...] = tuple(ROLE_PHASES),

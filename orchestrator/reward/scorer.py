@@ -330,3 +330,42 @@ def _log_error(name: str, group_id: int, error: BaseException) -> None:
 def _mean(values: list[float]) -> float:
     """Arithmetic mean; 0.0 for an empty list."""
     return sum(values) / len(values) if values else 0.0
+
+
+def merge_results(results: list[RewardResult]) -> RewardResult:
+    """One batch's `RewardResult` from the results of its parts in batch order (streaming scores each group as it
+    completes, orchestrator/rollout/group_scores.py), with the metrics one `RewardScorer.score` call on the whole
+    batch gives: rewards and each per_function list concatenated; failures added up (calls and failed calls by
+    function and kind), so ``reward/timeouts``, ``reward/errors``, ``reward/memory_errors`` and
+    ``reward/failed_frac`` are the batch's; ``reward/mean`` and ``reward/<name>_mean`` recomputed over the batch's
+    samples; any other ``*_mean`` (``reward/model_mean``) the sample-weighted mean of the parts'; seconds (keys
+    ending ``_s``: ``reward/score_s``) summed, the reward actor's busy time.
+
+    Raises ValueError for no results, or parts whose reward functions (per_function names) differ.
+    """
+    if not results:
+        raise ValueError("merge_results needs at least one RewardResult")
+    names = list(results[0].per_function)
+    for r in results:
+        if sorted(r.per_function) != sorted(names):
+            raise ValueError(f"merge_results: parts with different reward functions: {sorted(names)} and "
+                             f"{sorted(r.per_function)}")
+    rewards = [x for r in results for x in r.rewards]
+    per_function = {name: [x for r in results for x in r.per_function[name]] for name in names}
+    failures = FailureTally(calls=sum(r.failures.calls for r in results))
+    for r in results:
+        for name, kinds in r.failures.by_name.items():
+            for kind, count in kinds.items():
+                failures.add(name, kind, count)
+    metrics: dict[str, float] = {}
+    for key in dict.fromkeys(k for r in results for k in r.metrics):
+        parts = [(len(r.rewards), r.metrics[key]) for r in results if key in r.metrics]
+        if key.endswith("_s"):
+            metrics[key] = sum(v for _, v in parts)
+        else:
+            metrics[key] = sum(n * v for n, v in parts) / max(sum(n for n, _ in parts), 1)
+    metrics.update({f"reward/{name}_mean": _mean(per_function[name]) for name in names
+                    if f"reward/{name}_mean" in metrics})
+    metrics["reward/mean"] = _mean(rewards)
+    metrics.update(failure_metrics(failures, "reward"))
+    return RewardResult(rewards=rewards, per_function=per_function, metrics=metrics, failures=failures)

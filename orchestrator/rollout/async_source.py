@@ -87,6 +87,12 @@ class AsyncRollouts:
         row["rollout/queue_depth"] = len(self.batches)  # batches generated or in flight, not yet trained
         return trajs
 
+    pump = None  # nothing to do while the trainer trains (the next batch's generation is waited for below)
+
+    def scores(self, row: dict) -> None:
+        """None: nothing is scored per group here (the step scores the batch it takes)."""
+        return None
+
     def finish_in_flight(self, row: dict) -> None:
         """Wait for every generation still running (call before the weight sync); sets `async/overlap_s`
         and `rollout/worker_generate_s_mean` of the generation that ran during this step."""

@@ -48,6 +48,11 @@ class Group:
     def complete(self) -> bool:
         return len(self.samples) == self.size
 
+    @property
+    def trained(self) -> list[PartialSample]:
+        """The samples to train, by index (failed ones left out)."""
+        return [self.samples[i] for i in sorted(self.samples) if not _failed(self.samples[i])]
+
     def staleness(self, policy_version: int) -> int:
         """policy_version - the oldest first-token version of its trained samples (0 when it has none)."""
         versions = [s.first_version for s in self.samples.values() if not _failed(s)]
@@ -64,7 +69,7 @@ class Batch:
     @property
     def samples(self) -> list[PartialSample]:
         """The samples to train, by group then index (failed ones left out)."""
-        return [g.samples[i] for g in self.groups for i in sorted(g.samples) if not _failed(g.samples[i])]
+        return [s for g in self.groups for s in g.trained]
 
     @property
     def failed(self) -> list:

@@ -7,7 +7,8 @@ The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/asy
     rollouts = StreamRollouts(workers, wait, sample, loader, cfg, start_step)
     rollouts.launch(step)                     # top the engines up to the capacity rule (k = algo.max_staleness)
     trajs = rollouts.take(step, version, row) # waits for prompts_per_step complete admissible groups
-    ... reward, reference, advantages, train ...
+    scores = rollouts.scores(row)             # their rewards and reference logprobs, scored per group (or None)
+    ... advantages, train: job.wait(train ref, pump=rollouts.pump) ...
     rollouts.finish_in_flight(row)            # nothing to wait for: the sync interrupts the engines
     ... sync_weights(step) ...; rollouts.synced(step)
 
@@ -20,6 +21,13 @@ benchmarks/RESULTS.md); the k batches ahead start as soon as it is taken, before
 worker with the fewest samples outstanding. Groups are trained in the order they complete; one whose
 oldest token is more than k versions older than the policy trained is dropped (counted) and its slot
 refilled.
+
+Scoring is pipelined per group (orchestrator/rollout/group_scores.py): each group is scored as soon as it is
+complete in the buffer (every drain issues the reward actor's call for the groups it completed, and, with a
+reference actor, their reference logprobs), and the controller drains while the trainer trains (`pump`, through
+`Job.wait`: orchestrator/overlap.py), so the groups completing then are scored before their batch is taken; the
+step waits only for the calls still running (`stream/score_wait_s`). Multi-turn groups keep the environment's
+rewards (reference logprobs only). The reward failure policy, overlong penalty and reward/* stay per batch.
 
 Checkpoints (`state_dict`): the requests of every group not trained yet, the loader after them, the counters
 and, single-turn, the generation state exactly (orchestrator/rollout/stream_state.py): each worker hands over,
@@ -59,6 +67,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
 from orchestrator.rollout.partial_episode import batch_env_tally
@@ -76,10 +85,12 @@ class StreamRollouts:
     workers: the job's rollout worker handles (its list: a replacement's handle is set in it); wait: the job's
     bounded ray.get; sample: step -> one batch of PromptRequests from `loader`; cfg: the run config
     (algo.max_staleness, rollout.prompts_per_step, rollout.n); recover: the job's hook for a lost worker (None:
-    its error is raised)."""
+    its error is raised); score_group: starts one complete group's reward and reference calls (None: nothing is
+    scored per group)."""
 
     def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
-                 recover: Optional[Recover] = None, env_cfg: Optional[dict] = None):
+                 recover: Optional[Recover] = None, env_cfg: Optional[dict] = None,
+                 score_group: Optional[Issue] = None):
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
         self.recover = recover  # the job's hook for a lost worker (orchestrator/rollout/source.py's Recover)
         self.env_cfg = env_cfg  # multi-turn tasks (env.name): the `env` section the workers run episodes with
@@ -100,6 +111,9 @@ class StreamRollouts:
         # resume continues as the uninterrupted run would: its checkpoint holds the batches ahead)
         self.taken = start_step > 0
         self.actor_restarts: Optional[float] = None  # env actors replaced since the last batch (env.placement=actor)
+        self.group_scores = GroupScores(score_group, wait) if score_group is not None else None
+        self.taken_scores: Optional[list] = None  # the last batch's groups' calls, until `scores` waits for them
+        self.pump_failed = False  # a worker call failed while the trainer trains: no more pumps until `take`
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
@@ -151,7 +165,9 @@ class StreamRollouts:
             self._poll(POLL_S)
             self.launch(step)
             batch = self.buffer.take(self.per_step, version)
-        samples, self.taken = batch.samples, True
+        samples, self.taken, self.pump_failed = batch.samples, True, False
+        if self.group_scores is not None:
+            self.taken_scores = self.group_scores.pop([g.group_id for g in batch.groups])
         self._forget_dropped()  # the batch's groups and any dropped on the way
         if self.env_cfg:  # multi-turn: env/* and the failure policy of the batch (may stop the run)
             self._env_row(batch, step, row)
@@ -160,6 +176,20 @@ class StreamRollouts:
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
         self.restarts = self.reissued = 0
         return [s.to_trajectory() for s in samples]
+
+    def scores(self, row: dict) -> Optional[BatchScores]:
+        """The rewards and reference logprobs of the batch taken last, scored per group as each completed, waited
+        for here (`stream/score_wait_s` into `row`); None when nothing is scored per group. Raises what the wait
+        raises (see `GroupScores.collect`)."""
+        taken, self.taken_scores = self.taken_scores, None
+        return None if taken is None else self.group_scores.collect(taken, row)
+
+    def pump(self) -> None:
+        """While the trainer trains (`Job.wait`'s pump): drain every worker once without waiting, scoring the groups
+        completed. A worker call that fails is left to the polls after the train step (`take` replaces a lost
+        worker, or the weight sync does): a replacement is synced from the trainer, busy training now."""
+        if not self.pump_failed:
+            self._poll(0.0, recover=False)
 
     def _env_row(self, batch, step: int, row: dict) -> None:
         """env/* of a multi-turn batch into `row`, then env.max_failed_frac (see the module docstring).
@@ -242,19 +272,28 @@ class StreamRollouts:
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
         self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
+        if self.group_scores is not None:
+            self.group_scores.retain(())
+        self.taken_scores = None
         self.sent_to = list(self.workers)
         if engine_version is not None:
             self.version = engine_version
         return ids
 
-    def _poll(self, wait_s: float) -> None:
-        """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample)."""
-        for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0)):
+    def _poll(self, wait_s: float, recover: bool = True) -> None:
+        """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample), then issue the
+        scoring of the groups completed (`recover`: see `_from_each`)."""
+        for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0),
+                                                     recover):
             self.busy_s += metrics.get("stream/busy_s", 0.0)
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
             self.stream = {k: v for k, v in metrics.items() if k.startswith("stream/")} or self.stream
             self._received(i, samples)
+        if self.group_scores is not None:
+            for g in self.buffer.ready:
+                if g.group_id not in self.group_scores:
+                    self.group_scores.issue(g.group_id, [s.to_trajectory() for s in g.trained])
 
     def _received(self, w: int, samples: list) -> None:
         """Finished samples drained from worker w: into the buffer (those of groups still in flight)."""
@@ -262,9 +301,10 @@ class StreamRollouts:
             self.outstanding[w] -= 1
             self._add(s)
 
-    def _from_each(self, call: Callable) -> Iterator[tuple[int, object]]:
+    def _from_each(self, call: Callable, recover: bool = True) -> Iterator[tuple[int, object]]:
         """`call(i, handle)` -> a Ray ref, on every worker at once (a replaced worker gets its groups first);
-        yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and skipped."""
+        yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and skipped (not
+        `recover`: any failed one is skipped, and `pump_failed` set)."""
         for w in range(len(self.workers)):
             self._reissue_if_replaced(w)
         handles = list(self.workers)
@@ -273,7 +313,9 @@ class StreamRollouts:
             try:
                 out = self.wait(ref)
             except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                self._lost(i, handles[i], e)
+                if recover:
+                    self._lost(i, handles[i], e)
+                self.pump_failed = self.pump_failed or not recover
                 continue
             yield i, out
 
@@ -316,6 +358,8 @@ class StreamRollouts:
         live = set(self.buffer.pending) | {g.group_id for g in self.buffer.ready}
         for gid in [g for g in self.requests if g not in live]:
             self.requests.pop(gid)
+        if self.group_scores is not None:
+            self.group_scores.retain(live)
         for gid in [g for g in self.where if g not in self.buffer.pending]:
             self.where.pop(gid)
 
@@ -345,10 +389,11 @@ def _episode_metrics(samples: list) -> dict[str, float]:
             "rollout/truncated_frac": sum(e.truncated for e in episodes) / n}
 
 
-def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
-    """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout, else the
-    one-step-off `AsyncRollouts` over `source`."""
+def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
+                   score_group: Optional[Issue] = None):
+    """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout (each
+    complete group scored by `score_group`), else the one-step-off `AsyncRollouts` over `source`."""
     if cfg.rollout.partial_rollout:
         return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover,
-                              env_cfg=getattr(source, "env_cfg", None))
+                              env_cfg=getattr(source, "env_cfg", None), score_group=score_group)
     return AsyncRollouts(source, sample, loader, cfg, start_step)

@@ -1,8 +1,8 @@
 """Phase times of real runs (metrics.jsonl) -> a Workload of fitted scaling laws. Pure Python.
 
-The controller writes one JSON row per step with `timing/<phase>_s` (orchestrator/controller.py,
-PhaseTimer) and `rollout/tokens`. Per run, the first step (warm-up: compilation, caches, allocator)
-is dropped; each phase is the median over the remaining steps, except the checkpoint, which is the mean
+The controller writes one JSON row per step with `timing/<phase>_s` (orchestrator/controller.py, PhaseTimer of
+orchestrator/metrics/phases.py) and `rollout/tokens`. Per run, the first step (warm-up: compilation, caches,
+allocator) is dropped; each phase is the median over the remaining steps, except the checkpoint, which is the mean
 (a checkpoint every N steps costs its time / N per step). The GPUs each role held come from the run's
 config file beside metrics.jsonl when there is one, otherwise from `--measured-gpus`.
 

@@ -1,9 +1,11 @@
 """Fully asynchronous GRPO with partial rollouts (rollout.partial_rollout=true) on Ray (local, CPU), tiny model:
 the engine streams while the trainer trains, groups started up to k versions back are trained, every trained
 sample is within algo.max_staleness, the verified sync (and its probe) passes every step while the engine
-streams, and a resume continues with the checkpoint's untrained groups. Whether a sync lands inside a generation
-depends on timing here (the tiny model generates faster than it trains); tests/integration/test_partial_rollout.py
-interrupts generations deterministically, on the engine and through the worker's weight sync.
+streams, a resume continues with the checkpoint's untrained groups, and rewards and reference logprobs scored per
+group as the groups complete (algo.kl_coef > 0 in the first run) reach the trainer in trajectory order. Whether a
+sync lands inside a generation depends on timing here (the tiny model generates faster than it trains);
+tests/integration/test_partial_rollout.py interrupts generations deterministically, on the engine and through the
+worker's weight sync.
 
     .venv/bin/python -m pytest tests/integration/test_partial_rollout_run.py -q
 """
@@ -32,7 +34,7 @@ def _rows(path) -> list[dict]:
 
 
 def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4")
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "algo.kl_coef=0.05")  # a reference, scored per group
     controller = GRPOController(cfg)
     try:
         result = controller.run()
@@ -46,6 +48,9 @@ def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model
     assert sum(r[f"async/staleness_{s}"] for s in range(3) for r in rows) == 4 * cfg.rollout.prompts_per_step * cfg.rollout.n
     assert max(r["async/staleness_max"] for r in rows) == 2  # k batches ahead: groups started 2 versions back trained
     assert all(r["rollout/tokens"] == 48 * 8 for r in rows)  # ignore_eos: every sample ran its whole budget
+    assert all(r["stream/score_wait_s"] >= 0 and "reward/mean" in r for r in rows)  # scored per group
+    # step 1 trains the initial policy, which the reference is: ~0 only with each sample's own reference logprobs
+    assert abs(rows[0]["actor/kl"]) < 1e-3 and max(abs(r["actor/kl"]) for r in rows) > 0
     untrained = state["async"]["requests"]  # started, not trained at the end: kept for a resume
     assert len(untrained) > 0 and state["async"]["batches_drawn"] >= 4
 

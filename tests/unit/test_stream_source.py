@@ -75,7 +75,7 @@ def _wait(ref):
     return ref
 
 
-def _setup(k=1, workers=2, start_step=0, recover=None):
+def _setup(k=1, workers=2, start_step=0, recover=None, score_group=None):
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
                           algo=SimpleNamespace(max_staleness=k))
     engine, loader = SimpleNamespace(version=0), _Loader()
@@ -85,7 +85,7 @@ def _setup(k=1, workers=2, start_step=0, recover=None):
         loader.drawn += 1
         return [PromptRequest(group_id=step * 2 + i, prompt_ids=[1, 2], answer="") for i in range(2)]
 
-    rollouts = StreamRollouts(fakes, _wait, sample, loader, cfg, start_step, recover)
+    rollouts = StreamRollouts(fakes, _wait, sample, loader, cfg, start_step, recover, score_group=score_group)
     return rollouts, fakes, engine, loader, cfg
 
 
