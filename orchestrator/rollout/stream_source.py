@@ -62,6 +62,7 @@ from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
 from orchestrator.rollout.partial_episode import batch_env_tally
+from orchestrator.rollout.resume_mode import STREAM, check_written_by
 from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import GroupBuffer
 from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, restore_plan
@@ -185,11 +186,11 @@ class StreamRollouts:
         return None  # the loader's own state: `state_dict` carries the groups drawn and not trained
 
     def state_dict(self) -> Optional[dict]:
-        """{"requests": every group started and not trained (JSON), "dropped_groups", "dropped_samples",
-        "batches_drawn"} and, single-turn, "ready", "finished", "in_flight" (orchestrator/rollout/stream_state.py:
+        """{"mode": "stream" (orchestrator/rollout/resume_mode.py), "requests": every group started and not trained
+        (JSON), "dropped_groups", "dropped_samples", "batches_drawn"} and, single-turn, "ready", "finished", "in_flight" (orchestrator/rollout/stream_state.py:
         the workers' snapshots, their finished samples taken into the buffer first). Generation goes on."""
         in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
-        state = {"requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
+        state = {"mode": STREAM, "requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
                  "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
                  "batches_drawn": self.batches_drawn}
         if in_flight is not None:
@@ -199,8 +200,11 @@ class StreamRollouts:
     def load_state_dict(self, state: dict) -> None:
         """Resume: the checkpoint's finished samples into the buffer and its in-flight samples continued on the
         workers (single-turn); without them (multi-turn, older checkpoints) the untrained groups are submitted
-        again (regenerated on the current weights). Raises ValueError for an inconsistent state (`restore_plan`)."""
+        again (regenerated on the current weights). Raises ValueError for an inconsistent state (`restore_plan`),
+        ResumeModeError for a state another mode wrote (GRPOController.restore drops a one-step-off one)."""
         from orchestrator.rollout.pending import prompt_request_from_dict
+
+        check_written_by(state, STREAM, "StreamRollouts.load_state_dict")
 
         self.buffer.dropped_groups = int(state.get("dropped_groups", 0))
         self.buffer.dropped_samples = int(state.get("dropped_samples", 0))
