@@ -3,7 +3,10 @@ checkpointed, stopped (placement group removed), started again in a forced new s
 
 Checks that the trainer's weights and AdamW state (step, exp_avg, exp_avg_sq, param groups) are exactly the
 same before and after, that every engine passes the verified weight sync, that the run finishes with
-continuous step numbers, and that a placement the cluster cannot hold falls back to the old one.
+continuous step numbers, and that a placement the cluster cannot hold falls back to the old one. A one-step-off
+(disaggregated_async) run switched into streaming (the sizer's stream split: rollout.partial_rollout=true,
+algo.max_staleness=k) trains every step after it from the streaming pipeline, drawing the pending batch's prompts
+again (dropped from the checkpoint, whose loader is before them): none skipped, none trained twice.
 """
 from __future__ import annotations
 
@@ -121,7 +124,7 @@ def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local
     assert not (tmp_path / "config_replaced_step_2.yaml").exists()
 
 
-def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_path, monkeypatch):
+def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_path, monkeypatch, capsys):
     # the overrides decide() would give for the sizer's stream split at k = 2 (replace.to_overrides)
     cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "placement.mode=disaggregated_async",
                "algo.max_staleness=2")
@@ -139,6 +142,9 @@ def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_p
         controller.shutdown()
     _assert_same_state(seen["before"], seen["after"])
     assert seen["fields"]["sizing/replaced"] == 1
+    pending = json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["async"]
+    assert pending["mode"] == "one_step_off" and pending["batches"]  # batch 3, generated: dropped deliberately
+    assert "was written by a one-step-off (asynchronous) run; this streaming" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["sync/version"] for r in rows] == [1, 2, 3, 4]
     assert [r["async/staleness"] for r in rows[:2]] == [0, 1]  # one step off before the switch
