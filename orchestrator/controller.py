@@ -22,7 +22,7 @@ from orchestrator.algo import AdvantageInputs, TrainBatch, response_mask_tensor,
 from orchestrator.checkpoint import checkpoint_due, prune_checkpoints, step_folder
 from orchestrator.checkpoint.resume import resume_checkpoint, resume_line
 from orchestrator.critic_step import CriticStep
-from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
+from orchestrator.data import StatefulLoader, load_examples, render_row
 from orchestrator.eval.runner import Evaluator
 from orchestrator.guards import RunGuards
 from orchestrator.job import Actors, Job
@@ -40,6 +40,7 @@ from orchestrator.reward.scorer import RewardResult
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores
+from orchestrator.rollout.resume_mode import check_resumable, state_to_load
 from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -71,13 +72,15 @@ class GRPOController:
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         # verified against its manifest, and of this model: else refused here, before any actor starts
         self.resume_from = resume_checkpoint(cfg.checkpoint, self.model_path, cfg.model.path)
+        check_resumable(self.resume_from, cfg)  # pending rollouts of a mode this config cannot resume: refused now
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         examples = load_examples(cfg.data)
         # render every prompt once, now: an over-long row fails before any actor starts, naming the row
-        self.prompt_ids = [self._render(i, ex) for i, ex in enumerate(examples)]
+        self.prompt_ids = [render_row(self.tokenizer, cfg.data, ex.prompt, f"data.source={cfg.data.source!r} row {i}")
+                           for i, ex in enumerate(examples)]
         self.evaluator = Evaluator(cfg, examples, self.tokenizer)  # eval.*: held-out prompts (orchestrator/eval)
         self.loader = StatefulLoader(self.evaluator.train_items, cfg.rollout.prompts_per_step, seed=cfg.data.seed,
                                      shuffle=cfg.data.shuffle)
@@ -103,13 +106,6 @@ class GRPOController:
     def actors(self) -> Optional[Actors]:
         """The job's actor handles (read-only; the job owns them)."""
         return self.job.actors
-
-    def _render(self, i: int, ex) -> list[int]:
-        d = self.cfg.data
-        try:
-            return render_prompt_ids(self.tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
-        except ValueError as e:
-            raise ValueError(f"data.source={d.source!r} row {i}: {e}") from None
 
     # ---- the run --------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -323,9 +319,8 @@ class GRPOController:
     def checkpoint(self, step: int) -> str:
         """Trainer state, step, weight version and the prompt loader's position into
         `<checkpoint.dir>/step_<step>`; older checkpoints beyond checkpoint.keep_last are pruned."""
-        folder = step_folder(self.cfg.checkpoint.dir, step)
-        # disaggregated_async: the loader before the pending batch's prompts (regenerated on resume)
-        pending = self.pipeline.loader_state() if self.pipeline is not None else None
+        folder, pipe = step_folder(self.cfg.checkpoint.dir, step), self.pipeline
+        pending = pipe.loader_state() if pipe is not None else None  # async: before the pending batch's prompts
         extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
         if self.pipeline is not None and (batches := self.pipeline.state_dict()):  # generated, not trained yet
             extra["async"] = batches
@@ -335,11 +330,14 @@ class GRPOController:
         return path
 
     def restore(self, folder: Path) -> None:
-        """Trainer state and loader position from checkpoint `folder`, then a verified weight sync: every
-        engine holds the checkpoint's weights."""
+        """Trainer state, loader position and the pending rollouts this config resumes (another mode's are dropped
+        or refused: orchestrator/rollout/resume_mode.py) from checkpoint `folder`, then a verified weight sync."""
         state = self.job.restore(folder)
         self.loader.load_state_dict(state["loader"])
-        self.start_step, self.async_state = state["step"], state.get("async")
+        pending, note = state_to_load(state.get("async"), self.cfg, f"checkpoint {folder}")
+        self.start_step, self.async_state = state["step"], pending
+        if note:
+            print(note, flush=True)
         self.sync_weights(self.start_step, {})
 
     # ---- placement.auto (the decision: orchestrator/placement/replace.py, pure) ----------------------
@@ -356,15 +354,16 @@ class GRPOController:
         return fields
 
     def _replace(self, step: int, overrides: dict, ckpt: Optional[str] = None) -> dict:
-        """Checkpoint step `step` (or use `ckpt`), stop every actor, start them in the config with `overrides`
-        (the old one again when the new placement cannot be reserved), restore, restart the rollouts.
-        Returns {"sizing/replaced", "sizing/replace_s"} (+ "sizing/replace_failed" on the fallback). Raises
-        ConfigError before anything stops for invalid overrides; any later failure carries a note naming the
-        checkpoint, which stays on disk."""
+        """Checkpoint step `step` (or use `ckpt`), stop every actor, start them in the config with `overrides` (the old
+        one again when the new placement cannot be reserved), restore, restart the rollouts. Returns {"sizing/replaced",
+        "sizing/replace_s"} (+ "sizing/replace_failed" on the fallback). Raises, before anything stops, ConfigError for
+        invalid overrides and ResumeModeError when the new config cannot resume the checkpoint's pending rollouts
+        (orchestrator/rollout/resume_mode.py); past the checkpoint a failure carries a note naming it (kept on disk)."""
         t0 = time.perf_counter()
         old_cfg, new_cfg = self.cfg, replace.with_overrides(self.cfg, overrides)
         folder = Path(ckpt or self.checkpoint(step))
         try:
+            check_resumable(folder, new_cfg)
             placed = self.restart(folder, new_cfg)
         except BaseException as e:
             e.add_note(f"placement.auto: the run's state after step {step} is in the checkpoint {folder}; "
@@ -379,10 +378,9 @@ class GRPOController:
         return fields
 
     def restart(self, folder: Optional[Path], new_cfg=None) -> bool:
-        """Stop every actor and start them again from checkpoint `folder` (None: the base model at step 0) in
-        `new_cfg` when given (the current config again when it cannot be reserved), restore the trainer state,
-        loader and weight version (a verified weight sync), restart the rollouts. Returns whether `new_cfg` runs.
-        Used by placement.auto and the supervisor (orchestrator/supervisor.py)."""
+        """Stop every actor, start them again from checkpoint `folder` (None: the base model at step 0) in `new_cfg`
+        when given (the current config when not, or when it cannot be reserved), `restore` (a verified weight sync),
+        restart the rollouts. Returns whether `new_cfg` runs. Used by placement.auto and orchestrator/supervisor.py."""
         if self.pipeline is not None:  # disaggregated_async: pending batches are regenerated
             self.pipeline.discard()
         self.cfg, placed = self.job.replace(new_cfg or self.cfg, folder)

@@ -23,3 +23,12 @@ def render_prompt_ids(tokenizer, prompt: str, system_prompt: Optional[str] = Non
     if max_tokens and len(ids) > max_tokens:
         raise ValueError(f"prompt {prompt[:60]!r}... renders to {len(ids)} tokens > data.max_prompt_tokens={max_tokens}")
     return ids
+
+
+def render_row(tokenizer, data_cfg, prompt: str, where: str) -> list[int]:
+    """`render_prompt_ids` with the `data` section's system_prompt and max_prompt_tokens; its ValueError is raised
+    again prefixed with `where` (the row, e.g. "data.source='arith' row 3"), so the error names the input."""
+    try:
+        return render_prompt_ids(tokenizer, prompt, data_cfg.system_prompt, data_cfg.max_prompt_tokens)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None

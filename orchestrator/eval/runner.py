@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from orchestrator.config.source_reward import answer_kind
-from orchestrator.data import Example, render_prompt_ids
+from orchestrator.data import Example, render_row
 from orchestrator.eval.checks import pass_function
 from orchestrator.eval.majority import majority_inputs
 from orchestrator.eval.metrics import response_stats, summarize
@@ -40,16 +40,10 @@ class Evaluator:
         self.dropped = split.dropped
         e = cfg.eval
         sampling = SamplingOverride(e.n, float(e.temperature), e.max_new_tokens or cfg.rollout.max_new_tokens)
-        self.requests = [PromptRequest(group_id=-(i + 1), prompt_ids=self._render(tokenizer, i, ex), answer=ex.answer,
-                                       prompt=ex.prompt, seed=eval_seed(e.seed, i), sampling=sampling)
-                         for i, ex in enumerate(split.prompts)]
-
-    def _render(self, tokenizer, i: int, ex: Example) -> list[int]:
-        d = self.cfg.data
-        try:
-            return render_prompt_ids(tokenizer, ex.prompt, d.system_prompt, d.max_prompt_tokens)
-        except ValueError as e:
-            raise ValueError(f"eval prompt {i} ({ex.prompt[:60]!r}): {e}") from None
+        self.requests = [PromptRequest(group_id=-(i + 1), answer=ex.answer, prompt=ex.prompt, seed=eval_seed(e.seed, i),
+                                       prompt_ids=render_row(tokenizer, cfg.data, ex.prompt,
+                                                             f"eval prompt {i} ({ex.prompt[:60]!r})"),
+                                       sampling=sampling) for i, ex in enumerate(split.prompts)]
 
     @property
     def enabled(self) -> bool:

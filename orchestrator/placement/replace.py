@@ -31,9 +31,10 @@ removed, the new config's actors and weight syncer started) -> `GRPOController.r
 optimizer, scheduler, RNG, loader; then a verified weight sync to every engine) -> rollouts restarted. When the new placement
 cannot be reserved (PlacementError), the old config is started again from the same checkpoint; any other
 failure propagates with a note naming the checkpoint, which stays on disk (checkpoint.resume=<it>).
-Async -> stream: the one-step-off checkpoint's loader is before its pending batch's prompts, and the streaming
-pipeline reads only streamed requests from the checkpoint (StreamRollouts.load_state_dict), so it draws those
-prompts again: none lost or trained twice.
+Async -> stream: the one-step-off checkpoint's loader is before its pending batch's prompts, and the restore drops
+that batch deliberately (orchestrator/rollout/resume_mode.py `state_to_load`), so the streaming pipeline draws those
+prompts again: none lost or trained twice. Stream -> any other mode is refused (`to_overrides` here; and
+`check_resumable` before anything stops): a streamed checkpoint's loader is past its untrained groups.
 """
 from __future__ import annotations
 

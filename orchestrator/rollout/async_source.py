@@ -39,6 +39,7 @@ from typing import Callable, Optional
 
 from orchestrator.rollout.async_pipeline import AsyncPipeline, Ticket
 from orchestrator.rollout.pending import batch_to_dict, pack, unpack
+from orchestrator.rollout.resume_mode import ONE_STEP_OFF, check_written_by
 from orchestrator.rollout.source import Launched, RolloutSource
 
 
@@ -120,8 +121,9 @@ class AsyncRollouts:
         return self.batches[min(self.batches)].loader_state
 
     def state_dict(self) -> Optional[dict]:
-        """The pending batches for a checkpoint: {"loader": the loader's state now, "counters": the pipeline's,
-        "batches": packed (orchestrator/rollout/pending.py)}; None when no batch is pending or one is still
+        """The pending batches for a checkpoint: {"mode": "one_step_off" (orchestrator/rollout/resume_mode.py),
+        "loader": the loader's state now, "counters": the pipeline's, "batches": packed
+        (orchestrator/rollout/pending.py)}; None when no batch is pending or one is still
         generating (a resume then regenerates from `loader_state()`)."""
         if not self.batches or any(b.launched.results is None for b in self.batches.values()):
             return None
@@ -131,11 +133,14 @@ class AsyncRollouts:
         except TypeError as e:  # a trajectory's `extra` JSON cannot hold: the resume regenerates the batch
             print(f"checkpoint: the pending async batch is not kept ({e}); a resume regenerates it", flush=True)
             return None
-        return {"loader": self.loader.state_dict(), "counters": self.pipe.counters(), "batches": packed}
+        return {"mode": ONE_STEP_OFF, "loader": self.loader.state_dict(), "counters": self.pipe.counters(),
+                "batches": packed}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the checkpoint's pending batches in flight again (arrived), the loader after them, the
-        pipeline's counters. Call before the first `launch`. Batches past trainer.total_steps are dropped."""
+        pipeline's counters. Call before the first `launch`. Batches past trainer.total_steps are dropped. Raises
+        ResumeModeError for a state another mode wrote (a streaming run's: orchestrator/rollout/resume_mode.py)."""
+        check_written_by(state, ONE_STEP_OFF, "AsyncRollouts.load_state_dict")
         for b in unpack(state["batches"]):
             if b["step"] > self.pipe.total_steps:  # resumed with fewer total steps: never trained
                 continue

@@ -158,3 +158,17 @@ class EpisodeSample:
         t.multiturn.rollout_worker = self.rollout_worker
         t.text, t.answer, t.prompt = self.text, self.request.answer, self.request.prompt
         return t
+
+
+def episode_metrics(samples: list) -> dict[str, float]:
+    """Multi-turn samples (EpisodeSamples; {} for single-turn): rollout/trajectories, rollout/turns_mean,
+    rollout/turns_max, rollout/sampled_len_mean and rollout/truncated_frac (max_turns or max_tokens reached, as in
+    the non-streaming row: an episode an env error ended is not truncated)."""
+    episodes = [s.episode for s in samples if hasattr(s, "episode")]
+    if not episodes:
+        return {}
+    n = len(episodes)
+    return {"rollout/trajectories": float(n), "rollout/turns_mean": sum(e.num_turns for e in episodes) / n,
+            "rollout/turns_max": float(max(e.num_turns for e in episodes)),
+            "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / n,
+            "rollout/truncated_frac": sum(e.truncated for e in episodes) / n}

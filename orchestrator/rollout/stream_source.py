@@ -70,7 +70,8 @@ from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
-from orchestrator.rollout.partial_episode import batch_env_tally
+from orchestrator.rollout.partial_episode import batch_env_tally, episode_metrics
+from orchestrator.rollout.resume_mode import STREAM, check_written_by
 from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import GroupBuffer
 from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, restore_plan
@@ -215,11 +216,11 @@ class StreamRollouts:
         return None  # the loader's own state: `state_dict` carries the groups drawn and not trained
 
     def state_dict(self) -> Optional[dict]:
-        """{"requests": every group started and not trained (JSON), "dropped_groups", "dropped_samples",
-        "batches_drawn"} and, single-turn, "ready", "finished", "in_flight" (orchestrator/rollout/stream_state.py:
+        """{"mode": "stream" (orchestrator/rollout/resume_mode.py), "requests": every group started and not trained
+        (JSON), "dropped_groups", "dropped_samples", "batches_drawn"} and, single-turn, "ready", "finished", "in_flight" (orchestrator/rollout/stream_state.py:
         the workers' snapshots, their finished samples taken into the buffer first). Generation goes on."""
         in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
-        state = {"requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
+        state = {"mode": STREAM, "requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
                  "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
                  "batches_drawn": self.batches_drawn}
         if in_flight is not None:
@@ -229,8 +230,11 @@ class StreamRollouts:
     def load_state_dict(self, state: dict) -> None:
         """Resume: the checkpoint's finished samples into the buffer and its in-flight samples continued on the
         workers (single-turn); without them (multi-turn, older checkpoints) the untrained groups are submitted
-        again (regenerated on the current weights). Raises ValueError for an inconsistent state (`restore_plan`)."""
+        again (regenerated on the current weights). Raises ValueError for an inconsistent state (`restore_plan`),
+        ResumeModeError for a state another mode wrote (GRPOController.restore drops a one-step-off one)."""
         from orchestrator.rollout.pending import prompt_request_from_dict
+
+        check_written_by(state, STREAM, "StreamRollouts.load_state_dict")
 
         self.buffer.dropped_groups = int(state.get("dropped_groups", 0))
         self.buffer.dropped_samples = int(state.get("dropped_samples", 0))
@@ -364,7 +368,7 @@ class StreamRollouts:
             self.where.pop(gid)
 
     def _row_metrics(self, samples: list, wait_s: float) -> dict[str, float]:
-        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: `_episode_metrics`; rollout/tokens
+        """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: `episode_metrics`, orchestrator/rollout/partial_episode.py; rollout/tokens
         counts their observation ids too) and the workers' stream/*."""
         tokens = sum(len(s.response_ids) for s in samples)
         stale = max(self.version - s.first_version for s in samples)
@@ -372,21 +376,7 @@ class StreamRollouts:
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
-                **_episode_metrics(samples), **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
-
-
-def _episode_metrics(samples: list) -> dict[str, float]:
-    """Multi-turn samples (EpisodeSamples; {} for single-turn): rollout/trajectories, rollout/turns_mean,
-    rollout/turns_max, rollout/sampled_len_mean and rollout/truncated_frac (max_turns or max_tokens reached, as in
-    the non-streaming row: an episode an env error ended is not truncated)."""
-    episodes = [s.episode for s in samples if hasattr(s, "episode")]
-    if not episodes:
-        return {}
-    n = len(episodes)
-    return {"rollout/trajectories": float(n), "rollout/turns_mean": sum(e.num_turns for e in episodes) / n,
-            "rollout/turns_max": float(max(e.num_turns for e in episodes)),
-            "rollout/sampled_len_mean": sum(sum(e.loss_mask) for e in episodes) / n,
-            "rollout/truncated_frac": sum(e.truncated for e in episodes) / n}
+                **episode_metrics(samples), **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
 
 
 def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,

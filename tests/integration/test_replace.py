@@ -3,7 +3,10 @@ checkpointed, stopped (placement group removed), started again in a forced new s
 
 Checks that the trainer's weights and AdamW state (step, exp_avg, exp_avg_sq, param groups) are exactly the
 same before and after, that every engine passes the verified weight sync, that the run finishes with
-continuous step numbers, and that a placement the cluster cannot hold falls back to the old one.
+continuous step numbers, and that a placement the cluster cannot hold falls back to the old one. A one-step-off
+(disaggregated_async) run switched into streaming (the sizer's stream split: rollout.partial_rollout=true,
+algo.max_staleness=k) trains every step after it from the streaming pipeline, drawing the pending batch's prompts
+again (dropped from the checkpoint, whose loader is before them): none skipped, none trained twice.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import torch
 import orchestrator.placement.replace as replace
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
+from orchestrator.rollout.stream_source import StreamRollouts
 from orchestrator.sizing.workload import Split
 from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
@@ -118,3 +122,60 @@ def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[1]["sizing/replace_failed"] == 1
     assert not (tmp_path / "config_replaced_step_2.yaml").exists()
+
+
+def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_path, monkeypatch, capsys):
+    # the overrides decide() would give for the sizer's stream split at k = 2 (replace.to_overrides)
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "placement.mode=disaggregated_async",
+               "algo.max_staleness=2")
+    split = Split("stream", 1, 1, 0)
+    overrides, why = replace.to_overrides(cfg, split, k=2)
+    assert why == "" and overrides["rollout.partial_rollout"] is True and overrides["algo.max_staleness"] == 2
+    seen = _force(monkeypatch, overrides, split)
+    drawn, trained = _record_groups(monkeypatch)
+    controller = GRPOController(cfg)
+    try:
+        result = controller.run()
+        assert controller.cfg.rollout.partial_rollout and isinstance(controller.pipeline, StreamRollouts)
+        _assert_engines_hold_trainer_weights(controller)
+    finally:
+        controller.shutdown()
+    _assert_same_state(seen["before"], seen["after"])
+    assert seen["fields"]["sizing/replaced"] == 1
+    pending = json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["async"]
+    assert pending["mode"] == "one_step_off" and pending["batches"]  # batch 3, generated: dropped deliberately
+    assert "was written by a one-step-off (asynchronous) run; this streaming" in capsys.readouterr().out
+    rows = [json.loads(line) for line in open(result.metrics)]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["sync/version"] for r in rows] == [1, 2, 3, 4]
+    assert [r["async/staleness"] for r in rows[:2]] == [0, 1]  # one step off before the switch
+    assert not any("async/staleness_max" in r or "stream/running" in r for r in rows[:2])
+    per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
+    for r in rows[2:]:  # streaming after it: the buffer's staleness histogram and the engines' stream/* keys
+        assert "stream/running" in r and "async/staleness" not in r and r["async/staleness_max"] <= 2
+        assert sum(r[f"async/staleness_{s}"] for s in range(3)) == per_step
+    # the one-step-off batch of step 3 pending at the checkpoint is drawn again by the streaming pipeline (the
+    # checkpoint's loader is before it): the same groups and prompts, none skipped; no group trained twice
+    before, after = drawn[:3], drawn[3:]
+    assert [step for step, _ in before] == [1, 2, 3] and after[0] == before[2]
+    groups = [g for step in trained for g in step]
+    assert len(trained) == 4 and all(len(set(step)) == cfg.rollout.prompts_per_step for step in trained)
+    assert len(groups) == len(set(groups)) and trained[:2] == [sorted(g for g, _ in d) for _, d in before[:2]]
+
+
+def _record_groups(monkeypatch) -> tuple[list, list]:
+    """Every draw of prompts (step, [(group id, prompt)]) and each trained batch's group ids, in order."""
+    drawn, trained = [], []
+    sample, train = GRPOController.sample_prompts, GRPOController.train
+
+    def sample_spy(ctl, step, round_=0):
+        requests = sample(ctl, step, round_)
+        drawn.append((step, [(r.group_id, r.prompt) for r in requests]))
+        return requests
+
+    def train_spy(ctl, trajs, advantages, ref):
+        trained.append(sorted({t.group_id for t in trajs}))
+        return train(ctl, trajs, advantages, ref)
+
+    monkeypatch.setattr(GRPOController, "sample_prompts", sample_spy)
+    monkeypatch.setattr(GRPOController, "train", train_spy)
+    return drawn, trained

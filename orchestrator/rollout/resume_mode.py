@@ -1,0 +1,118 @@
+"""Which rollout mode wrote a checkpoint's pending rollouts (its extra state "async"), and whether a config may
+resume them. Checked before any actor starts (GRPOController.__init__), before placement.auto re-places the
+actors, and at every restore (where the state the new pipeline loads is chosen).
+
+    pending, note = state_to_load(extra.get("async"), cfg, where="checkpoint runs/x/ckpt/step_000008")
+    check_written_by(state, ONE_STEP_OFF, "AsyncRollouts")   # a pipeline's own guard in load_state_dict
+
+Modes: STREAM (placement.mode=disaggregated_async + rollout.partial_rollout=true: StreamRollouts,
+orchestrator/rollout/stream_source.py), ONE_STEP_OFF (placement.mode=disaggregated_async without partial rollouts:
+AsyncRollouts, orchestrator/rollout/async_source.py), SYNCHRONOUS (colocated, disaggregated: nothing pending, no
+state). Each pipeline writes its mode into its state (key "mode"); checkpoints written before that are recognised by
+their keys ("requests": STREAM, "batches": ONE_STEP_OFF).
+
+What decides is the checkpoint's prompt-loader position:
+- the same mode: the state as written (exact resume).
+- ONE_STEP_OFF resumed by STREAM or SYNCHRONOUS: the state is dropped, with a note. The checkpoint's loader is
+  before the pending batches' prompts (`AsyncRollouts.loader_state`), so those prompts are drawn again and
+  regenerated with the checkpoint's weights: none lost or trained twice. placement.auto's async -> stream switch
+  (orchestrator/placement/replace.py) takes this path.
+- STREAM resumed by ONE_STEP_OFF or SYNCHRONOUS: refused (ResumeModeError) when the state holds untrained groups:
+  the checkpoint's loader is past them (they were drawn), the one-step-off pipeline cannot read streamed groups and
+  a synchronous run would skip their prompts. A state with none is dropped (nothing is pending).
+- no state (a synchronous checkpoint, or a one-step-off one written while its batch generated): any mode.
+Pure: no Ray, no torch.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+STREAM, ONE_STEP_OFF, SYNCHRONOUS = "stream", "one_step_off", "synchronous"
+LEGACY_KEYS = (("requests", STREAM), ("batches", ONE_STEP_OFF))  # checkpoints without "mode"
+SETTINGS = {STREAM: "placement.mode=disaggregated_async rollout.partial_rollout=true",
+            ONE_STEP_OFF: "placement.mode=disaggregated_async rollout.partial_rollout=false"}
+NAMES = {STREAM: "streaming (fully asynchronous)", ONE_STEP_OFF: "one-step-off (asynchronous)",
+         SYNCHRONOUS: "synchronous"}
+
+
+class ResumeModeError(ValueError):
+    """A checkpoint's pending rollouts cannot be resumed in the configured rollout mode."""
+
+
+def config_mode(cfg) -> str:
+    """The rollout mode of run config `cfg`: STREAM, ONE_STEP_OFF or SYNCHRONOUS (see the module docstring)."""
+    if cfg.placement.mode != "disaggregated_async":
+        return SYNCHRONOUS
+    return STREAM if cfg.rollout.partial_rollout else ONE_STEP_OFF
+
+
+def written_mode(state: Optional[dict], where: str = "the checkpoint") -> str:
+    """The mode that wrote `state` (a checkpoint's "async" state): its "mode", else recognised by its keys;
+    SYNCHRONOUS for None or {}. Raises ResumeModeError naming `where` for an unknown mode or unrecognised keys."""
+    if not state:
+        return SYNCHRONOUS
+    mode = state.get("mode")
+    if mode is None:
+        mode = next((m for key, m in LEGACY_KEYS if key in state), None)
+    if mode not in (STREAM, ONE_STEP_OFF):
+        raise ResumeModeError(f"{where}: its pending rollouts (state.json \"async\", keys {sorted(state)}) were "
+                              f"written by an unknown rollout mode {mode!r}; known: {STREAM!r}, {ONE_STEP_OFF!r}")
+    return mode
+
+
+def describe_mode(cfg_or_mode) -> str:
+    """"streaming (fully asynchronous): placement.mode=disaggregated_async rollout.partial_rollout=true" and the
+    like, for a mode name or a run config (whose placement.mode names the synchronous modes)."""
+    mode = cfg_or_mode if isinstance(cfg_or_mode, str) else config_mode(cfg_or_mode)
+    settings = SETTINGS.get(mode) or ("placement.mode=colocated or disaggregated" if isinstance(cfg_or_mode, str)
+                                      else f"placement.mode={cfg_or_mode.placement.mode}")
+    return f"{NAMES[mode]}: {settings}"
+
+
+def state_to_load(state: Optional[dict], cfg, where: str = "the checkpoint") -> tuple[Optional[dict], str]:
+    """(the state the rollouts of `cfg` load, or None; a note to print, or "") for a checkpoint's "async" state
+    `state`, by the rules of the module docstring. Raises ResumeModeError (naming `where`, the mode that wrote it,
+    this config's rollout.partial_rollout and placement.mode, and how to resume it) for a streamed state with
+    untrained groups resumed by a non-streaming config, and for a state `written_mode` does not recognise."""
+    written, resumed = written_mode(state, where), config_mode(cfg)
+    if written == resumed or written == SYNCHRONOUS:
+        return state, ""
+    if written == ONE_STEP_OFF:
+        return None, (f"resume: {where} was written by a {NAMES[ONE_STEP_OFF]} run; this {NAMES[resumed]} run draws "
+                      "its pending batch's prompts again (the checkpoint's loader is before them) and generates "
+                      "them with the checkpoint's weights")
+    groups = len(state.get("requests", []))
+    if not groups:
+        return None, ""
+    why = ("the one-step-off pipeline cannot read streamed groups" if resumed == ONE_STEP_OFF
+           else "a synchronous run would skip their prompts")
+    raise ResumeModeError(
+        f"{where} was written by a {describe_mode(STREAM)} run and holds {groups} untrained groups that run drew "
+        f"from the prompt loader (its saved position is past them); this config ({describe_mode(cfg)}) cannot "
+        f"resume them: {why}. Resume it with {SETTINGS[STREAM]} (algo.max_staleness >= 1), or start a new run "
+        "(checkpoint.resume=none)")
+
+
+def check_written_by(state: dict, mode: str, reader: str) -> None:
+    """Raises ResumeModeError unless `state` (a checkpoint's "async" state) was written in `mode`, naming `reader`
+    (the pipeline's load_state_dict) and the mode that wrote it."""
+    written = written_mode(state)
+    if written != mode:
+        raise ResumeModeError(f"{reader}: the checkpoint's pending rollouts were written by a "
+                              f"{describe_mode(written)} run; this pipeline reads {describe_mode(mode)} state only "
+                              "(GRPOController.restore chooses what to load: resume_mode.state_to_load)")
+
+
+def read_async_state(folder: Path) -> Optional[dict]:
+    """The "async" state of checkpoint `folder`'s state.json (None when it has none). Raises OSError /
+    json.JSONDecodeError for a missing or unreadable state.json."""
+    return json.loads((Path(folder) / "state.json").read_text()).get("async")
+
+
+def check_resumable(folder: Optional[Path], cfg) -> None:
+    """`state_to_load` on checkpoint `folder`'s "async" state for `cfg` (nothing for None: a fresh start), before
+    any actor starts or stops: raises ResumeModeError when `cfg` cannot resume it (see the module docstring)."""
+    if folder is not None:
+        state_to_load(read_async_state(folder), cfg, f"checkpoint {folder}")
