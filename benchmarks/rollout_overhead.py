@@ -33,12 +33,12 @@ def start_worker(cfg, model_path: str):
     import ray
 
     from actors.rollout.worker import RolloutWorkerActor
-    from orchestrator.job import _QUIET_ENV
+    from orchestrator.ray_connect import QUIET_ENV
 
     ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": _QUIET_ENV})
+             runtime_env={"env_vars": QUIET_ENV})
     opts = {"num_cpus": cfg.placement.rollout_per_worker if cfg.placement.resource == "CPU" else 0,
-            "runtime_env": {"env_vars": _QUIET_ENV}}
+            "runtime_env": {"env_vars": QUIET_ENV}}
     w = RolloutWorkerActor.options(**opts).remote(model_path, cfg.rollout, cfg.rollout.seed)
     ray.get(w.ready.remote())
     return w
@@ -75,9 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from orchestrator.job import _QUIET_ENV
+    from orchestrator.ray_connect import QUIET_ENV
 
-    os.environ.update(_QUIET_ENV)  # what the actor gets: B logs no more than A
+    os.environ.update(QUIET_ENV)  # what the actor gets: B logs no more than A
     from orchestrator.config.load import load_config
     from orchestrator.controller import GRPOController
 

@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from orchestrator.job import _QUIET_ENV
+    from orchestrator.ray_connect import QUIET_ENV
 
-    os.environ.update(_QUIET_ENV)
+    os.environ.update(QUIET_ENV)
     from vllm import LLM
 
     from actors.rollout.vllm_engine import engine_kwargs, generation_inputs

@@ -124,6 +124,7 @@ class GRPOController:
         self.last_checkpoint_t = time.monotonic()
         with StopOnSignal(self.cfg.run.stop_grace_s) as self.stop:  # SIGTERM/SIGINT: RunStopped after a step
             supervise(self, self.run_steps)  # a dead trainer/reference/reward actor: restart from the checkpoint
+        self.job.settle_sync()  # weight_sync.overlap: the last sync verified too
         if self.last_checkpoint is None:  # e.g. resumed at the final step: nothing new to save
             self.checkpoint(self.start_step)
         rows = self.rows()
@@ -163,7 +164,7 @@ class GRPOController:
         if self.cfg.placement.mode == "disaggregated_async":
             per_group = self.score_group if not self.cfg.env.name or self.actors.reference is not None else None
             self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step,
-                                           per_group)
+                                           per_group, on_poll=self.job.pump_sync)
             if self.async_state:  # a resume: the checkpoint's generated, untrained batch (exact resume)
                 self.pipeline.load_state_dict(self.async_state)
         self.async_state = None
@@ -201,8 +202,8 @@ class GRPOController:
             row.update(self.train(trajs, advantages, ref))
         with timer.phase("generate"):  # the next batch's generation not hidden behind this step
             self.pipeline.finish_in_flight(row)
-        with timer.phase("weight_sync"):
-            self.sync_weights(step, row)
+        with timer.phase("weight_sync"):  # streaming: overlapped with the next step (weight_sync.overlap)
+            self.sync_weights(step, row, overlap=self.cfg.rollout.partial_rollout and self.cfg.weight_sync.overlap)
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
@@ -308,11 +309,12 @@ class GRPOController:
         policy = self.job.wait(self.actors.trainer.train_step.remote(batch), pump)
         return {**policy, **self.critic.finish_update(critic)}
 
-    def sync_weights(self, step: int, row: dict) -> None:
+    def sync_weights(self, step: int, row: dict, overlap: bool = False) -> None:
         """Trainer -> every engine by `weight_sync.strategy`; then every engine's version and checksums
         must equal the trainer's; a failed verification is redone up to weight_sync.retries times (counted in
-        sync/failures), then the step stops with an error naming the tensor group."""
-        row.update(self.job.sync_weights(step))
+        sync/failures), then the step stops with an error naming the tensor group. overlap: verified while the
+        next step trains (orchestrator/weight_sync/overlapped.py)."""
+        row.update(self.job.sync_weights(step, overlap))
         self.version = step
 
     # ---- checkpoints ----------------------------------------------------------------------------

@@ -23,8 +23,6 @@ pinned actors (fake GPUs) get their cores in RL_ORCH_CPU_CORES (actors/pinning.p
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,34 +37,8 @@ from orchestrator.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
-from orchestrator.ray_security import loopback_node_ip, secure_auth_token
-
-# vLLM's CPU backend repeats harmless warnings every step; users can set VLLM_LOGGING_LEVEL themselves.
-_QUIET_ENV = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false"}
-
-
-def connect_ray(cfg) -> bool:
-    """Join `run.ray_address` / $RAY_ADDRESS, or start a local Ray with `run.num_cpus` CPUs (and, with
-    placement.resource=fake_gpu and placement.fake_gpus=N > 0, the custom resource {"fake_gpu": N}; its metrics
-    agent serves Prometheus on metrics.ray_export_port when that is set). A local Ray listens on 127.0.0.1 only
-    (run.ray_loopback) and its auth token file is made readable by this user only (orchestrator/ray_security.py).
-    Returns whether it started a local Ray (False when Ray was already initialised or a cluster was joined)."""
-    if ray.is_initialized():
-        return False
-    address = cfg.run.ray_address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-        return False
-    else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
-        p = cfg.placement
-        fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
-        secure_auth_token()  # Ray's token file readable by this user only (orchestrator/ray_security.py)
-        with loopback_node_ip() if cfg.run.ray_loopback else contextlib.nullcontext({}) as bind:
-            ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
-                     runtime_env={"env_vars": _QUIET_ENV}, resources=fake,
-                     _metrics_export_port=cfg.metrics.ray_export_port or None, **bind)
-        return True
-
+from orchestrator.ray_connect import QUIET_ENV, connect_ray
+from orchestrator.weight_sync.overlapped import OverlappedSyncs
 
 @dataclass
 class Actors:
@@ -105,6 +77,7 @@ class Job:
         self.cfg, self.model_path, self.pad_id = cfg, Path(model_path), pad_id
         self.actors: Optional[Actors] = None
         self.syncer = None
+        self.overlapped: Optional[OverlappedSyncs] = None  # weight_sync.overlap (streaming runs)
         self.restarts = RestartBudget(cfg.run.max_restarts)  # over the whole run, every role
         self.version: Optional[int] = None  # the weight version every engine holds (None before the first sync)
         self.resume_from: Optional[Path] = None
@@ -118,6 +91,7 @@ class Job:
         self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
         self.resume_from, self.version = resume_from, None
         self.syncer = self._make_syncer()
+        self.overlapped = OverlappedSyncs(self.syncer, self.cfg.weight_sync.retries)
 
     def replace(self, new_cfg, folder: Path) -> tuple[object, bool]:
         """Re-place: stop every actor and group, then start `new_cfg`'s from checkpoint `folder`. When the new
@@ -139,7 +113,7 @@ class Job:
         """Kill every actor and remove every placement group (idempotent)."""
         if self.actors is not None:
             self.actors.shutdown()
-        self.actors, self.syncer = None, None
+        self.actors, self.syncer, self.overlapped = None, None, None
 
     def close(self) -> None:
         """`shutdown()`, then `ray.shutdown()` when `start` started a local Ray: its raylet, GCS and agent
@@ -171,16 +145,21 @@ class Job:
                                               [t.group_id for t in trajs], prompts)
         return self.wait(ref) if block else ref
 
-    def sync_weights(self, version: int) -> dict:
+    def sync_weights(self, version: int, overlap: bool = False) -> dict:
         """Trainer -> every engine by `weight_sync.strategy`, verified (version and checksums); a failed
         verification is redone up to weight_sync.retries times. An engine that died or hung past
-        weight_sync.timeout_s is replaced (`replace_rollout`) and the sync redone. Returns `sync/*` metrics
-        with `sync/engine_restarts` (engines replaced during this sync) and `faults/restarts_total` (over
-        the run). Raises RestartsExhausted past run.max_restarts."""
-        replaced = 0
+        weight_sync.timeout_s is replaced (`replace_rollout`) and the sync redone. overlap: return once the trainer
+        has sent (orchestrator/weight_sync/overlapped.py: the engines load, are verified and released while the next
+        step trains; `pump_sync`, `settle_sync`). Returns `sync/*` metrics with `sync/engine_restarts` (engines
+        replaced during this sync) and `faults/restarts_total` (over the run). Raises RestartsExhausted past
+        run.max_restarts."""
+        replaced, overlap = 0, overlap and not self.syncer.strategy.concurrent  # a collective: synchronous
+        if not overlap:
+            self.settle_sync()
         while True:
             try:
-                metrics = self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries)
+                metrics = (self.overlapped.start(version) if overlap
+                           else self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries))
                 break
             except EnginesLost as e:
                 for k in e.engines:
@@ -189,6 +168,16 @@ class Job:
         self.version = version
         metrics.update({"sync/engine_restarts": replaced, "faults/restarts_total": self.restarts.used})
         return metrics
+
+    def pump_sync(self) -> None:
+        """Verify and release the engines of an overlapped sync whose calls have returned (does not wait)."""
+        if self.overlapped is not None:
+            self.overlapped.pump()
+
+    def settle_sync(self) -> dict:
+        """Wait for an overlapped sync in flight and verify it (before eval, a re-placement, the end of the run).
+        Returns its `sync/*` metrics ({} when none was settled since the last sync started)."""
+        return self.overlapped.settle() if self.overlapped is not None else {}
 
     def recover_rollout(self, k: int, error: BaseException):
         """The rollout sources' hook for a failed call on worker k: None when `error` does not say the actor
@@ -204,6 +193,7 @@ class Job:
         Returns the new handle. Raises RestartsExhausted past the budget, RuntimeError for a strategy that cannot
         take a new engine (nccl), PlacementError when its bundle is not placed within placement.timeout_s."""
         self.syncer.check_replaceable(k, why)
+        self.overlapped.forget(k)
         self.restarts.spend(f"rollout worker {k}", why)
         old = self.actors.rollout[k]
         ray.kill(old)  # a hung actor frees its bundle; a dead one: a no-op
@@ -331,7 +321,7 @@ def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0) -> dict:
     """`.options(...)` of the k-th actor of `role`: its placement group and bundle, its resources and its
     environment (pinned cores with fake GPUs, vLLM's worker bundles for a tensor-parallel engine)."""
     slot = plan.slots[role][k]
-    return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**_QUIET_ENV, **slot_env(slot)}}}
+    return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**QUIET_ENV, **slot_env(slot)}}}
 
 
 def slot_env(slot: ActorSlot) -> dict[str, str]:

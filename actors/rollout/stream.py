@@ -7,6 +7,8 @@ interrupts the requests in flight and continues them on the new weights (actors/
     samples, metrics = stream.drain(0.5)     # finished PartialSamples (waits up to 0.5 s for one)
     with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
         ...                                  # on exit the interrupted samples continue on version()
+    stream.hold(); ...; stream.release()     # the same across calls: an overlapped weight sync holds the engine
+                                             # from before its load until the controller verified it
 
 Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same engine thread: each policy turn is
 one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
@@ -52,6 +54,7 @@ class StreamingGenerator:
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
         self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
+        self.held = False  # `hold` until `release`: the thread starts no step
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
         self.closed = False
@@ -140,6 +143,23 @@ class StreamingGenerator:
                 with self.cond:
                     self.queue = interrupted + self.queue
 
+    def hold(self) -> int:
+        """Like entering `paused`, across calls: the requests in flight are aborted (tokens kept) and queued first;
+        the engine starts no step until `release` (submits, drains and pauses go on). Returns the requests
+        interrupted. Idempotent."""
+        with self._engine():
+            interrupted = self.gen.interrupt()
+            with self.cond:
+                self.queue = interrupted + self.queue
+                self.held = True
+        return len(interrupted)
+
+    def release(self) -> None:
+        """End a `hold`: the queued requests continue on `version()` (a no-op when not held)."""
+        with self.cond:
+            self.held = False
+            self.cond.notify_all()
+
     @contextmanager
     def _engine(self):
         """The engine for a caller: the thread starts no new step while a caller waits, so it gets the engine
@@ -178,7 +198,7 @@ class StreamingGenerator:
         torch._C.set_num_threads(self.threads)
         while True:
             with self.cond:
-                while not self.closed and (self.waiting or not (self.queue or self.gen.running)):
+                while not self.closed and (self.waiting or self.held or not (self.queue or self.gen.running)):
                     self.cond.wait()
                 if self.closed:
                     return

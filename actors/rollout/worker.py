@@ -34,6 +34,7 @@ class RolloutWorker:
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
         self.env_actors = list(env_actors or [])
         self.stream = None  # StreamingGenerator (rollout.partial_rollout), made on the first stream_submit
+        self.stream_held = False  # between `stream_hold` and `stream_release` (an overlapped weight sync)
         self.episodes = None  # StreamingEpisodes (partial_rollout with env.name), made on the first multi-turn submit
 
     # ---- streaming generation with partial rollouts (actors/rollout/stream.py) -------------------
@@ -72,12 +73,27 @@ class RolloutWorker:
         this engine's weights as after a weight sync). Returns how many."""
         return self._stream().resume(samples)
 
+    def stream_hold(self) -> int:
+        """Hold the engine's stream idle across calls (an overlapped weight sync: from before its load until the
+        controller verified it; actors/rollout/stream.py `hold`). Returns the requests interrupted (0 without a
+        stream)."""
+        self.stream_held = True  # a stream made before `stream_release` starts held
+        return self.stream.hold() if self.stream is not None else 0
+
+    def stream_release(self) -> None:
+        """End `stream_hold`: the held requests continue on this engine's weight version."""
+        self.stream_held = False
+        if self.stream is not None:
+            self.stream.release()
+
     def _stream(self):
         """The engine's StreamingGenerator, started on first use."""
         if self.stream is None:
             from actors.rollout.stream import StreamingGenerator
 
             self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
+            if self.stream_held:
+                self.stream.hold()
         return self.stream
 
     def _idle(self):

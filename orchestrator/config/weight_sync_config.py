@@ -50,6 +50,10 @@ class WeightSyncConfig:
     # max |engine - trainer| logprob in nats over the probe's tokens; 0 = by rollout.dtype (float32 1e-3,
     # bfloat16/float16 4.0: ten times the differences measured, docs/weight-sync.md)
     probe_tolerance: float = number(0.0, ge=0, finite=True)
+    # Streaming runs (rollout.partial_rollout): the engines load, are verified and probed while the next step trains;
+    # the trainer waits only for its own send (orchestrator/weight_sync/overlapped.py). Each engine samples nothing
+    # until it is verified. Ignored by a concurrent strategy (nccl), whose syncs hold the trainer on the wire.
+    overlap: bool = True
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
     fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)

@@ -87,11 +87,12 @@ class StreamRollouts:
     bounded ray.get; sample: step -> one batch of PromptRequests from `loader`; cfg: the run config
     (algo.max_staleness, rollout.prompts_per_step, rollout.n); recover: the job's hook for a lost worker (None:
     its error is raised); score_group: starts one complete group's reward and reference calls (None: nothing is
-    scored per group)."""
+    scored per group); on_poll: called before every drain of the workers (weight_sync.overlap: `Job.pump_sync`)."""
 
     def __init__(self, workers: list, wait: Callable, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
                  recover: Optional[Recover] = None, env_cfg: Optional[dict] = None,
-                 score_group: Optional[Issue] = None):
+                 score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
+        self.on_poll = on_poll  # before every drain: the job's overlapped weight sync verified as it returns
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
         self.recover = recover  # the job's hook for a lost worker (orchestrator/rollout/source.py's Recover)
         self.env_cfg = env_cfg  # multi-turn tasks (env.name): the `env` section the workers run episodes with
@@ -191,6 +192,8 @@ class StreamRollouts:
         worker, or the weight sync does): a replacement is synced from the trainer, busy training now."""
         if not self.pump_failed:
             self._poll(0.0, recover=False)
+        elif self.on_poll is not None:
+            self.on_poll()
 
     def _env_row(self, batch, step: int, row: dict) -> None:
         """env/* of a multi-turn batch into `row`, then env.max_failed_frac (see the module docstring).
@@ -286,7 +289,9 @@ class StreamRollouts:
 
     def _poll(self, wait_s: float, recover: bool = True) -> None:
         """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample), then issue the
-        scoring of the groups completed (`recover`: see `_from_each`)."""
+        scoring of the groups completed (`recover`: see `_from_each`). `on_poll` first."""
+        if self.on_poll is not None:
+            self.on_poll()
         for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0),
                                                      recover):
             self.busy_s += metrics.get("stream/busy_s", 0.0)
@@ -380,10 +385,10 @@ class StreamRollouts:
 
 
 def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
-                   score_group: Optional[Issue] = None):
+                   score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
     """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout (each
-    complete group scored by `score_group`), else the one-step-off `AsyncRollouts` over `source`."""
+    complete group scored by `score_group`, `on_poll` before every drain), else the one-step-off `AsyncRollouts`."""
     if cfg.rollout.partial_rollout:
         return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover,
-                              env_cfg=getattr(source, "env_cfg", None), score_group=score_group)
+                              env_cfg=getattr(source, "env_cfg", None), score_group=score_group, on_poll=on_poll)
     return AsyncRollouts(source, sample, loader, cfg, start_step)

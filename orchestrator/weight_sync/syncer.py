@@ -16,6 +16,13 @@ scores a fixed token sequence and its logprobs must match the trainer's within w
 repacks weights into its own kernels can make differ from what it loaded. Every call waits at most
 `weight_sync.timeout_s`.
 
+Overlapped syncs (`start` / `ready` / `finish_each`, driven by orchestrator/weight_sync/overlapped.py for streaming
+runs): `start` returns once the trainer has sent `version`; every engine's stream is held first (it generates
+nothing more), then loads and, when due, scores the probe, in that order on the engine, while the trainer goes on
+(its own probe logprobs are computed right after its send, before any later call on it). `finish_each` verifies
+each engine on its own and releases the ones verified; a failed or lost one stays held, its verified version
+forgotten, so the next sync sends it full weights and probes it. Not for a concurrent strategy.
+
 Lost engines (docs/faults.md): an engine whose load dies or does not answer within `weight_sync.timeout_s`
 raises `EnginesLost` naming it (the job replaces it and syncs again); `replace_engine(k, handle, version)`
 connects a fresh engine k and brings it to `version`. A concurrent strategy (the nccl/gloo collective group)
@@ -25,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import ray
 
@@ -37,6 +45,24 @@ from orchestrator.weight_sync.probe import ProbeMismatchError, compare_probe, pr
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingSync:
+    """A sync `WeightSyncer.start` started and `finish_each` has not verified: the refs of every engine's load
+    (its checksum report) and, when the probe is due, of the trainer's and every engine's probe logprobs.
+    `send_s`: seconds `start` blocked (the trainer's send); `t0`: its perf_counter at the start."""
+
+    version: int
+    t0: float
+    send_s: float
+    meta: dict
+    loads: dict[int, Any]
+    trainer_probe: Any = None
+    probes: dict[int, Any] = field(default_factory=dict)
+
+    def refs(self) -> list:
+        return [*self.loads.values(), *self.probes.values(), *([self.trainer_probe] if self.trainer_probe else [])]
 
 
 class WeightSyncer:
@@ -59,6 +85,7 @@ class WeightSyncer:
         self.info: dict = {}
         self.probe_ids: Optional[tuple[list[int], list[int]]] = None  # (prompt, continuation), made at setup
         self.syncs = 0  # syncs that passed verification (weight_sync.probe_every counts them)
+        self.cleanup_due: Optional[int] = None  # an overlapped sync's version whose `after_verified` is still due
 
     def _get(self, refs, what: str):
         try:
@@ -163,6 +190,87 @@ class WeightSyncer:
             metrics["sync/failures"] = attempt
             return metrics
         raise AssertionError("unreachable")
+
+    # ---- overlapped syncs (orchestrator/weight_sync/overlapped.py) ----------------------------------------
+    def start(self, version: int) -> PendingSync:
+        """Start syncing every engine to `version`; return once the trainer has sent it (module docstring).
+        Raises ValueError for a concurrent strategy, NonFiniteWeightsError for the trainer's own non-finite
+        weights (before any engine loads), TimeoutError past weight_sync.timeout_s for the send."""
+        if self.strategy.concurrent:
+            raise ValueError(f"weight_sync.strategy={self.name} is a concurrent (collective) strategy: its syncs "
+                             "cannot overlap the next step (the trainer is on the wire); use weight_sync.overlap=false")
+        t0 = time.perf_counter()
+        if self.cleanup_due is not None:  # the last overlapped sync's clean-up: the trainer is free now
+            self._after_verified(self.cleanup_due)
+            self.cleanup_due = None
+        ids = list(range(len(self.engines)))
+        due = self.probe_ids is not None and (any(v is None for v in self.engine_versions)
+                                              or probe_due(self.syncs, self.ws.probe_every))
+        for i in ids:
+            self.engines[i].stream_hold.remote()  # before its load: nothing sampled on unverified weights
+        versions = {i: self.engine_versions[i] for i in ids}
+        payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
+                                                                                     versions)
+        trainer_probe = self.trainer.probe_logprobs.remote(*self.probe_ids) if due else None
+        meta = self._get(meta_ref, "the trainer's send")
+        check_finite_checksums(meta.get("groups", {}))
+        loads = {i: self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids}
+        probes = {i: self.engines[i].probe_logprobs.remote(*self.probe_ids) for i in ids} if due else {}
+        return PendingSync(version, t0, time.perf_counter() - t0, meta, loads, trainer_probe, probes)
+
+    def ready(self, pending: PendingSync) -> bool:
+        """Whether every call of `pending` has returned (does not wait)."""
+        refs = pending.refs()
+        return len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
+
+    def finish_each(self, pending: PendingSync) -> tuple[dict, dict[int, str], dict[int, str]]:
+        """Verify every engine of `pending` on its own (waiting up to weight_sync.timeout_s) and release the
+        verified ones. Returns (`sync/*` metrics, {engine: why its verification failed}, {engine: why it is lost});
+        a failed or lost engine stays held with its verified version forgotten. Raises TimeoutError when the
+        trainer's probe does not return."""
+        v, lost, failed = pending.version, {}, {}
+        reports = self._collect(pending.loads, lost)
+        want = self._get(pending.trainer_probe, "the trainer's probe") if pending.trainer_probe else None
+        probes = self._collect({i: pending.probes[i] for i in reports}, lost) if want is not None else {}
+        largest = 0.0
+        for i, rep in reports.items():
+            try:
+                self.strategy.check_reports(v, {i: rep})
+                self._verify(v, pending.meta, {i: rep})
+                if i in probes:
+                    tol = tolerance_for(self.ws.probe_tolerance, self.dtype)
+                    largest = max(largest, compare_probe(probes[i], want, tol, where=f"rollout worker {i}"))
+                elif want is not None:
+                    continue  # lost during its probe
+            except WeightMismatchError as e:
+                failed[i] = str(e)
+                continue
+            self.engines[i].stream_release.remote()
+        for i in (*failed, *lost):
+            self.engine_versions[i] = None
+        if not failed and not lost:
+            self.syncs += 1
+            self.cleanup_due = v
+        metrics = {**self.strategy.metrics(pending.meta, reports), "sync/version": v, "sync/overlapped": 1.0,
+                   "sync/seconds": time.perf_counter() - pending.t0, "sync/blocking_s": pending.send_s,
+                   "sync/bytes_full": pending.meta["bytes"]}
+        metrics.setdefault("sync/bytes", pending.meta["bytes"])
+        if want is not None:
+            metrics["sync/probe_max_abs_diff"] = largest
+        return metrics, failed, lost
+
+    def _collect(self, refs: dict, lost: dict[int, str]) -> dict[int, Any]:
+        """{engine: result} of the engines' calls `refs` that returned; the others (died, or no answer within
+        weight_sync.timeout_s) into `lost` with the reason. Errors other than a lost actor are raised."""
+        try:
+            return self._loads(refs)
+        except EnginesLost as e:
+            lost.update(e.reasons)
+        out = {}
+        for i, ref in refs.items():
+            if i not in lost:
+                out[i] = ray.get(ref)
+        return out
 
     def _transfer(self, version: int, ids: list[int]) -> tuple[dict, dict[int, dict]]:
         """The sender's send, then every engine's load (or both at once for a concurrent strategy);

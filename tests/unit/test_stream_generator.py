@@ -75,6 +75,14 @@ def _requests(start: int, count: int) -> list[PromptRequest]:
     return [PromptRequest(group_id=start + i, prompt_ids=[1, 2, 3], answer="") for i in range(count)]
 
 
+def _submit_and_step(gen) -> None:
+    """Submit 2 groups (4 samples of 3 tokens) and wait until the engine ran a step."""
+    gen.submit(_requests(0, 2))
+    deadline = time.monotonic() + 10
+    while gen.gen.steps < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def _drain_all(gen, expected: int, timeout_s: float = 20.0) -> list:
     got, deadline = [], time.monotonic() + timeout_s
     while len(got) < expected and time.monotonic() < deadline:
@@ -102,10 +110,7 @@ def test_submit_and_drain_do_not_wait_for_an_engine_step(monkeypatch):
 def test_a_pause_interrupts_and_the_samples_continue_on_the_new_version(monkeypatch):
     gen, box = _stream(monkeypatch)
     try:
-        gen.submit(_requests(0, 2))  # 4 samples of 3 tokens
-        deadline = time.monotonic() + 10
-        while gen.gen.steps < 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _submit_and_step(gen)  # 4 samples of 3 tokens, one step run
         with gen.paused():
             assert gen.gen.running == 0  # the engine holds no request during the pause
             box["version"] = 1
@@ -118,6 +123,28 @@ def test_a_pause_interrupts_and_the_samples_continue_on_the_new_version(monkeypa
             assert s.token_versions[0] == 0 and s.token_versions[-1] == 1, s.token_versions
             assert s.token_versions == sorted(s.token_versions) and len(s.response_ids) == 3
         assert gen.drain(0.0)[1]["stream/interruptions"] == 4.0
+    finally:
+        gen.close()
+
+
+def test_a_hold_lasts_across_calls_and_the_samples_continue_on_the_version_set_before_the_release(monkeypatch):
+    gen, box = _stream(monkeypatch)
+    try:
+        _submit_and_step(gen)  # 4 samples of 3 tokens, one step run
+        assert gen.hold() == 4 and gen.gen.running == 0  # an overlapped weight sync: from before the load ...
+        steps = gen.gen.steps
+        gen.submit(_requests(2, 1))  # submits, drains and pauses go on while held
+        with gen.paused():
+            box["version"] = 1  # the load
+        time.sleep(STEP_S * 1.5)
+        assert gen.gen.steps == steps and gen.drain(0.0)[0] == []  # nothing sampled on unverified weights
+        gen.release()  # ... until the controller verified the engine
+        got = _drain_all(gen, 6)
+        assert len(got) == 6 and len({s.key for s in got}) == 6
+        held = [s for s in got if s.token_versions[0] == 0]
+        assert len(held) == 4 and all(s.token_versions[-1] == 1 and s.token_versions == sorted(s.token_versions)
+                                       for s in held), [s.token_versions for s in held]
+        assert all(s.token_versions == [1, 1, 1] for s in got if s not in held)
     finally:
         gen.close()
 
