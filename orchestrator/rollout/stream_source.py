@@ -13,14 +13,13 @@ The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/asy
     ... sync_weights(step) ...; rollouts.synced(step)
 
 Prompts are drawn from the loader a batch (prompts_per_step groups) at a time while the capacity rule of
-`GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1)
-batches started, so the engines hold up to k + 1 batches of work ahead of the trainer. Until the first batch
-of a run is taken one batch is generated alone: k + 1 batches started together
-share the engines, and the first step would wait for all of them (77-86 s against 65 s at k = 1-2 in
-benchmarks/RESULTS.md); the k batches ahead start as soon as it is taken, before the step trains. Groups go to the
-worker with the fewest samples outstanding. Groups are trained in the order they complete; one whose
-oldest token is more than k versions older than the policy trained is dropped (counted) and its slot
-refilled.
+`GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1) batches
+started (up to k + 1 batches of work ahead of the trainer). Until the first batch of a run is taken it is generated
+alone (k + 1 batches sharing the engines made the first step wait for all: benchmarks/RESULTS.md); the k batches
+ahead start as soon as it is taken. Groups go to the worker with the fewest samples outstanding and are trained in
+the order they complete; one whose oldest token is more than k versions older than the policy trained is dropped
+(counted) and its slot refilled. Submits are not waited for, and a batch already complete is taken without a call
+to the workers: a weight load queued on them (weight_sync.overlap) does not hold the step.
 
 Scoring is pipelined per group (orchestrator/rollout/group_scores.py): each group is scored as soon as it is
 complete in the buffer (every drain issues the reward actor's call for the groups it completed, and, with a
@@ -116,6 +115,7 @@ class StreamRollouts:
         self.group_scores = GroupScores(score_group, wait) if score_group is not None else None
         self.taken_scores: Optional[list] = None  # the last batch's groups' calls, until `scores` waits for them
         self.pump_failed = False  # a worker call failed while the trainer trains: no more pumps until `take`
+        self.submits: dict[int, list] = {}  # worker -> its stream_submit refs not read yet (`_submit_to`)
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
@@ -142,28 +142,23 @@ class StreamRollouts:
             self._submit_to(w, rs)
 
     def _submit_to(self, w: int, requests: list[PromptRequest]) -> None:
-        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key)."""
-        if self.env_cfg:  # multi-turn: each group is n streamed episodes (actors/rollout/stream_episodes.py)
-            self._call(w, lambda h: h.stream_submit.remote(requests, self.env_cfg, w))
-        else:
-            self._call(w, lambda h: h.stream_submit.remote(requests))
-
-    def _call(self, w: int, call: Callable) -> None:
-        """Wait for `call(worker w's handle)`; a lost worker is replaced and its groups issued again (`_lost`)."""
-        handle = self.workers[w]
-        try:
-            self.wait(call(handle))
-        except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-            self._lost(w, handle, e)
+        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key), not
+        waited for: a weight load queued on the worker must not hold the step. Its result is read after worker w's
+        next drain returns (`_from_each`: the worker ran the submit first); a lost worker is found by that drain."""
+        h = self.workers[w]
+        ref = h.stream_submit.remote(requests, self.env_cfg, w) if self.env_cfg else h.stream_submit.remote(requests)
+        self.submits.setdefault(w, []).append(ref)
 
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
         groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
         self.version = version
         t0 = time.perf_counter()
-        self._poll(0.0)  # every step: finished samples in, the engines' busy seconds counted in the step they ran
-        batch = self.buffer.take(self.per_step, version)
-        while batch is None:
+        if self.pump_failed:  # a worker call failed while the trainer trained: replaced now
+            self._poll(0.0)
+        self._score_ready()  # groups a checkpoint's snapshot or a resume put into the buffer
+        batch = self.buffer.take(self.per_step, version)  # drained while the trainer trained: no worker call
+        while batch is None:  # (a weight load queued on the workers, weight_sync.overlap, does not hold the step)
             self._poll(POLL_S)
             self.launch(step)
             batch = self.buffer.take(self.per_step, version)
@@ -260,7 +255,7 @@ class StreamRollouts:
                 self.where[gid], self.outstanding[w] = w, self.outstanding[w] + len(to_run)
                 sends.setdefault(w, []).extend(to_run)
         for w, samples in sends.items():
-            self._call(w, lambda h, samples=samples: h.stream_resume.remote(samples))
+            self.submits.setdefault(w, []).append(self.workers[w].stream_resume.remote(samples))  # read as submits
 
     def _snapshot(self) -> list[PartialSample]:
         """Every worker's snapshot (actors/rollout/stream.py): its finished samples into the buffer, as a drain;
@@ -299,6 +294,10 @@ class StreamRollouts:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
             self.stream = {k: v for k, v in metrics.items() if k.startswith("stream/")} or self.stream
             self._received(i, samples)
+        self._score_ready()
+
+    def _score_ready(self) -> None:
+        """Issue the scoring of every complete group not scored yet (drained, or put back by a checkpoint or a resume)."""
         if self.group_scores is not None:
             for g in self.buffer.ready:
                 if g.group_id not in self.group_scores:
@@ -323,9 +322,12 @@ class StreamRollouts:
                 out = self.wait(ref)
             except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
                 if recover:
+                    self.submits.pop(i, None)  # its groups are issued again to the replacement
                     self._lost(i, handles[i], e)
                 self.pump_failed = self.pump_failed or not recover
                 continue
+            for submitted in self.submits.pop(i, []):  # ran before this drain: returned already
+                self.wait(submitted)
             yield i, out
 
     def _lost(self, w: int, handle, error: BaseException) -> None:
