@@ -198,7 +198,8 @@ class RewardScorer:
     def score(
         self, completions: list[str], answers: list[str], group_ids: list[int]
     ) -> RewardResult:
-        """Score a batch: every function once per group, all calls submitted at once.
+        """Score a batch: every function once per group, all calls submitted at once. Thread-safe: calls from
+        several threads share the pool (its `schedule` is a queue put) and keep their own state.
 
         Args:
             completions: B completion texts.
@@ -217,7 +218,8 @@ class RewardScorer:
                 f"{len(completions)} completions, {len(answers)} answers, "
                 f"{len(group_ids)} group ids"
             )
-        if self._pool is None:
+        pool = self._pool  # read once: calls may run in threads (RewardActor) while close() clears it
+        if pool is None:
             raise RuntimeError("RewardScorer.score called after close()")
         start = time.perf_counter()
         groups = _group_positions(list(group_ids))
@@ -225,7 +227,7 @@ class RewardScorer:
         for name, _ in self.functions:
             for group_id, positions in groups.items():
                 args = (name, [completions[i] for i in positions], [answers[i] for i in positions])
-                futures[(name, group_id)] = self._pool.schedule(
+                futures[(name, group_id)] = pool.schedule(
                     _call_reward_fn, args=args, timeout=self.timeout_s
                 )
         try:
@@ -339,7 +341,7 @@ def merge_results(results: list[RewardResult]) -> RewardResult:
     function and kind), so ``reward/timeouts``, ``reward/errors``, ``reward/memory_errors`` and
     ``reward/failed_frac`` are the batch's; ``reward/mean`` and ``reward/<name>_mean`` recomputed over the batch's
     samples; any other ``*_mean`` (``reward/model_mean``) the sample-weighted mean of the parts'; seconds (keys
-    ending ``_s``: ``reward/score_s``) summed, the reward actor's busy time.
+    ending ``_s``: ``reward/score_s``) summed, the reward calls' seconds (overlapping calls each count in full).
 
     Raises ValueError for no results, or parts whose reward functions (per_function names) differ.
     """
