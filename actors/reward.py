@@ -11,9 +11,9 @@ Concurrency: the job starts it with `start_reward_actor`, which lets it run `rew
 at once (a threaded actor). Streaming rollouts issue one call per completed group (orchestrator/rollout/
 group_scores.py), so a slow reward function (a code sandbox) would otherwise score the groups one after another.
 That is safe without a reward model: the reward functions run in the scorer's worker processes, and a call's
-state (its futures, positions, tally) is its own; the pool's `schedule` is thread-safe (a queue). A reward
-model runs in this process on one device, so with one the actor stays sequential (and its calls are also
-serialised by a lock, should it be created with more concurrency anyway).
+state (its futures, positions, tally) is its own; the scorer schedules under a lock (the pool starts lazily on
+its first schedule) and waits outside it. A reward model runs in this process on one device, so with one the
+actor stays sequential (and its forwards are also serialised by a lock, should it get more concurrency anyway).
 """
 
 from __future__ import annotations

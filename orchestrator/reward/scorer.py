@@ -37,6 +37,7 @@ import multiprocessing
 import numbers
 import resource
 import signal
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -192,6 +193,7 @@ class RewardScorer:
         context = multiprocessing.get_context(mp_start_method)
         if mp_start_method == "forkserver":
             context.set_forkserver_preload(["orchestrator.reward.functions"])
+        self._lock = threading.Lock()  # score may be called from several threads (RewardActor's max_concurrency)
         self._pool: ProcessPool | None = ProcessPool(max_workers=num_workers, context=context,
                                                      initializer=_limit_memory, initargs=(self.memory_limit_mb,))
 
@@ -199,7 +201,7 @@ class RewardScorer:
         self, completions: list[str], answers: list[str], group_ids: list[int]
     ) -> RewardResult:
         """Score a batch: every function once per group, all calls submitted at once. Thread-safe: calls from
-        several threads share the pool (its `schedule` is a queue put) and keep their own state.
+        several threads share the pool (scheduling under a lock, waiting outside it) and keep their own state.
 
         Args:
             completions: B completion texts.
@@ -218,18 +220,16 @@ class RewardScorer:
                 f"{len(completions)} completions, {len(answers)} answers, "
                 f"{len(group_ids)} group ids"
             )
-        pool = self._pool  # read once: calls may run in threads (RewardActor) while close() clears it
-        if pool is None:
-            raise RuntimeError("RewardScorer.score called after close()")
         start = time.perf_counter()
         groups = _group_positions(list(group_ids))
         futures: dict[tuple[str, int], Future] = {}
-        for name, _ in self.functions:
-            for group_id, positions in groups.items():
-                args = (name, [completions[i] for i in positions], [answers[i] for i in positions])
-                futures[(name, group_id)] = pool.schedule(
-                    _call_reward_fn, args=args, timeout=self.timeout_s
-                )
+        with self._lock:  # the pool starts on its first schedule: not twice from two threads; not while closing
+            if self._pool is None:
+                raise RuntimeError("RewardScorer.score called after close()")
+            for name, _ in self.functions:
+                for group_id, positions in groups.items():
+                    args = (name, [completions[i] for i in positions], [answers[i] for i in positions])
+                    futures[(name, group_id)] = self._pool.schedule(_call_reward_fn, args=args, timeout=self.timeout_s)
         try:
             per_function, failures = self._collect(futures, groups, len(completions))
         finally:
@@ -285,10 +285,11 @@ class RewardScorer:
 
     def close(self) -> None:
         """Stop the worker processes. Idempotent; `score` raises RuntimeError afterwards."""
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool.join()
-            self._pool = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join()
 
     def __enter__(self) -> RewardScorer:
         return self

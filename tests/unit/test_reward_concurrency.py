@@ -45,6 +45,14 @@ def _reward_cfg(model_path=None) -> SimpleNamespace:
                            memory_limit_mb=512, model_path=model_path, model_weight=0.5, model_batch_size=4)
 
 
+def test_a_closed_scorer_refuses_calls():
+    scorer = RewardScorer([("accuracy", 1.0)], num_workers=1)
+    scorer.close()
+    scorer.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        scorer.score(["4"], ["4"], [0])
+
+
 @pytest.mark.parametrize("model_path, expected", [(None, 3), ("/models/rm", 1)])
 def test_start_reward_actor_sets_max_concurrency(monkeypatch, model_path, expected):
     fake = _FakeActorClass()
@@ -58,7 +66,9 @@ def test_start_reward_actor_sets_max_concurrency(monkeypatch, model_path, expect
 
 def test_scorer_calls_from_two_threads_overlap():
     with RewardScorer([(SLEEP, 1.0)], timeout_s=10.0, num_workers=2) as scorer:
-        scorer.score(["warm", "up"], ["", ""], [0, 1])  # both workers started
+        with ThreadPoolExecutor(2) as pool:  # two first calls at once: the pool starts once (on its first schedule)
+            warm = list(pool.map(lambda c: scorer.score([c], [""], [0]), ["warm", "up"]))
+        assert [r.rewards for r in warm] == [[4.0], [2.0]]
         batches = [(["a", "bb"], ["", ""], [0, 0]), (["ccc"], [""], [7])]
         start = time.perf_counter()
         with ThreadPoolExecutor(2) as pool:
