@@ -6,17 +6,47 @@ controller can call it remotely::
 
     actor = RewardActor.remote([("accuracy", 1.0)], timeout_s=10.0)
     result = ray.get(actor.score.remote(completions, answers, group_ids))   # RewardResult
+
+Concurrency: the job starts it with `start_reward_actor`, which lets it run `reward_concurrency(...)` `score` calls
+at once (a threaded actor). Streaming rollouts issue one call per completed group (orchestrator/rollout/
+group_scores.py), so a slow reward function (a code sandbox) would otherwise score the groups one after another.
+That is safe without a reward model: the reward functions run in the scorer's worker processes, and a call's
+state (its futures, positions, tally) is its own; the scorer schedules under a lock (the pool starts lazily on
+its first schedule) and waits outside it. A reward model runs in this process on one device, so with one the
+actor stays sequential (and its forwards are also serialised by a lock, should it get more concurrency anyway).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import threading
+from typing import Any, Optional
 
 import ray
 
 from actors.pinning import pin_from_env_count
 from orchestrator.reward.model import RewardModelScorer
 from orchestrator.reward.scorer import RewardResult, RewardScorer, StartMethod
+
+
+def reward_concurrency(num_workers: int, has_model: bool) -> int:
+    """How many `score` calls the reward actor runs at once: 1 with a reward model in the actor (one device, one
+    forward at a time), else `num_workers` (reward.num_workers, the scorer's processes: more calls would only
+    queue in the pool). Raises ValueError for num_workers < 1."""
+    if num_workers < 1:
+        raise ValueError(f"reward num_workers must be >= 1, got {num_workers}")
+    return 1 if has_model else int(num_workers)
+
+
+def start_reward_actor(reward_cfg: Any, options: dict) -> Any:
+    """The job's reward actor (not waited for) from the typed `reward` config, with Ray `options` (placement,
+    runtime_env) and `max_concurrency` from `reward_concurrency`."""
+    functions = [(f.name, f.weight) for f in reward_cfg.functions]
+    rm = reward_cfg.model_path
+    rm_spec = {"path": rm, "weight": reward_cfg.model_weight, "batch_size": reward_cfg.model_batch_size} if rm else None
+    concurrency = reward_concurrency(reward_cfg.num_workers, has_model=rm_spec is not None)
+    return RewardActor.options(**options, max_concurrency=concurrency).remote(
+        functions, reward_cfg.timeout_s, reward_cfg.num_workers, reward_model=rm_spec,
+        memory_limit_mb=reward_cfg.memory_limit_mb)
 
 
 @ray.remote
@@ -45,6 +75,7 @@ class RewardActor:
         self._scorer = RewardScorer(functions, timeout_s, num_workers, mp_start_method, memory_limit_mb)
         self._model = None
         self._model_weight = 0.0
+        self._model_lock = threading.Lock()  # one forward at a time, whatever the actor's max_concurrency
         if reward_model:  # {"path", "weight", "batch_size"}
             import torch
 
@@ -57,7 +88,8 @@ class RewardActor:
         self, completions: list[str], answers: list[str], group_ids: list[int],
         prompts: Optional[list[str]] = None,
     ) -> RewardResult:
-        """Score a batch; see `RewardScorer.score` (ValueError on bad reward output).
+        """Score a batch; see `RewardScorer.score` (ValueError on bad reward output). Thread-safe: calls may
+        overlap (see the module docstring).
 
         With a reward model configured, `prompts` (B texts) are required and
         `reward_model_weight * score` is added to every reward (`reward/model_mean` in the metrics).
@@ -67,7 +99,8 @@ class RewardActor:
             return result
         if prompts is None:
             raise ValueError("the reward model needs the prompt texts; pass prompts=[...]")
-        scores = self._model.score(prompts, completions)
+        with self._model_lock:
+            scores = self._model.score(prompts, completions)
         result.per_function["reward_model"] = scores
         result.rewards = [r + self._model_weight * s for r, s in zip(result.rewards, scores)]
         result.metrics["reward/model_mean"] = sum(scores) / max(len(scores), 1)

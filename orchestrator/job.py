@@ -279,7 +279,7 @@ def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int
 
 
 def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
-    from actors.reward import RewardActor
+    from actors.reward import start_reward_actor
 
     def opts(role: str, k: int = 0) -> dict:
         return actor_options(plan, pgs, role, k)
@@ -289,11 +289,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     rollout = [start_rollout_worker(cfg, plan, pgs, k, model_path, resume_from) for k in range(cfg.rollout.num_workers)]
     references = _start_reference(cfg, opts, str(model_path), pad_id) if cfg.algo.kl_coef > 0 else []
     reference = references[0] if references else None
-    functions = [(f.name, f.weight) for f in cfg.reward.functions]
-    rm = cfg.reward.model_path
-    rm_spec = {"path": rm, "weight": cfg.reward.model_weight, "batch_size": cfg.reward.model_batch_size} if rm else None
-    reward = RewardActor.options(**opts("reward")).remote(functions, cfg.reward.timeout_s, cfg.reward.num_workers,
-                                                          reward_model=rm_spec, memory_limit_mb=cfg.reward.memory_limit_mb)
+    reward = start_reward_actor(cfg.reward, opts("reward"))  # concurrent calls unless a reward model is loaded
     critics = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else []
     everyone = [*ranks, *rollout, reward, *references, *critics]
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,

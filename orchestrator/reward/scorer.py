@@ -37,6 +37,7 @@ import multiprocessing
 import numbers
 import resource
 import signal
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -192,13 +193,15 @@ class RewardScorer:
         context = multiprocessing.get_context(mp_start_method)
         if mp_start_method == "forkserver":
             context.set_forkserver_preload(["orchestrator.reward.functions"])
+        self._lock = threading.Lock()  # score may be called from several threads (RewardActor's max_concurrency)
         self._pool: ProcessPool | None = ProcessPool(max_workers=num_workers, context=context,
                                                      initializer=_limit_memory, initargs=(self.memory_limit_mb,))
 
     def score(
         self, completions: list[str], answers: list[str], group_ids: list[int]
     ) -> RewardResult:
-        """Score a batch: every function once per group, all calls submitted at once.
+        """Score a batch: every function once per group, all calls submitted at once. Thread-safe: calls from
+        several threads share the pool (scheduling under a lock, waiting outside it) and keep their own state.
 
         Args:
             completions: B completion texts.
@@ -217,17 +220,16 @@ class RewardScorer:
                 f"{len(completions)} completions, {len(answers)} answers, "
                 f"{len(group_ids)} group ids"
             )
-        if self._pool is None:
-            raise RuntimeError("RewardScorer.score called after close()")
         start = time.perf_counter()
         groups = _group_positions(list(group_ids))
         futures: dict[tuple[str, int], Future] = {}
-        for name, _ in self.functions:
-            for group_id, positions in groups.items():
-                args = (name, [completions[i] for i in positions], [answers[i] for i in positions])
-                futures[(name, group_id)] = self._pool.schedule(
-                    _call_reward_fn, args=args, timeout=self.timeout_s
-                )
+        with self._lock:  # the pool starts on its first schedule: not twice from two threads; not while closing
+            if self._pool is None:
+                raise RuntimeError("RewardScorer.score called after close()")
+            for name, _ in self.functions:
+                for group_id, positions in groups.items():
+                    args = (name, [completions[i] for i in positions], [answers[i] for i in positions])
+                    futures[(name, group_id)] = self._pool.schedule(_call_reward_fn, args=args, timeout=self.timeout_s)
         try:
             per_function, failures = self._collect(futures, groups, len(completions))
         finally:
@@ -283,10 +285,11 @@ class RewardScorer:
 
     def close(self) -> None:
         """Stop the worker processes. Idempotent; `score` raises RuntimeError afterwards."""
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool.join()
-            self._pool = None
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+            pool.join()
 
     def __enter__(self) -> RewardScorer:
         return self
@@ -339,7 +342,7 @@ def merge_results(results: list[RewardResult]) -> RewardResult:
     function and kind), so ``reward/timeouts``, ``reward/errors``, ``reward/memory_errors`` and
     ``reward/failed_frac`` are the batch's; ``reward/mean`` and ``reward/<name>_mean`` recomputed over the batch's
     samples; any other ``*_mean`` (``reward/model_mean``) the sample-weighted mean of the parts'; seconds (keys
-    ending ``_s``: ``reward/score_s``) summed, the reward actor's busy time.
+    ending ``_s``: ``reward/score_s``) summed, the reward calls' seconds (overlapping calls each count in full).
 
     Raises ValueError for no results, or parts whose reward functions (per_function names) differ.
     """

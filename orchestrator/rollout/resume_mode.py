@@ -21,6 +21,22 @@ What decides is the checkpoint's prompt-loader position:
   the checkpoint's loader is past them (they were drawn), the one-step-off pipeline cannot read streamed groups and
   a synchronous run would skip their prompts. A state with none is dropped (nothing is pending).
 - no state (a synchronous checkpoint, or a one-step-off one written while its batch generated): any mode.
+
+A streamed state resumed by a streaming config is also checked against the two settings it records (key
+"multi_turn": env.name was set; "max_staleness": algo.max_staleness; `stream_settings`). Checkpoints written before
+they were recorded lack the keys: unknown, accepted as written.
+- single-turn <-> multi-turn (env.name set or not): refused (ResumeModeError) when the state holds untrained groups.
+  A single-turn state's requests are prompts with their finished and in-flight samples; a multi-turn state holds
+  requests only (episodes are regenerated). The other pipeline would run them as the wrong kind: a multi-turn run
+  would play single-turn prompts as environment episodes (dropping their samples), a single-turn run would generate
+  the episodes' tasks as plain prompts. A state with no untrained group resumes (only counters are restored).
+- algo.max_staleness k raised: accepted with a note. The capacity rule ((policy_version + k + 1) * prompts_per_step
+  groups started) only allows more, and the drop rule drops fewer: nothing restored breaks a larger bound.
+- k lowered: accepted with a note. The restored groups count as started, so while they exceed the new capacity
+  `GroupBuffer.capacity` is 0 and no batch starts until the trainer catches up (no error, no deadlock: every
+  take frees slots); the drop rule applies the new k to every group taken, so a restored group whose oldest token
+  is more than k versions old is dropped (counted in async/dropped_groups, its prompts not trained) and no sample
+  staler than the new k is ever trained. That is the same loss a run with that k has, so it is not refused.
 Pure: no Ray, no torch.
 """
 from __future__ import annotations
@@ -75,8 +91,11 @@ def state_to_load(state: Optional[dict], cfg, where: str = "the checkpoint") -> 
     """(the state the rollouts of `cfg` load, or None; a note to print, or "") for a checkpoint's "async" state
     `state`, by the rules of the module docstring. Raises ResumeModeError (naming `where`, the mode that wrote it,
     this config's rollout.partial_rollout and placement.mode, and how to resume it) for a streamed state with
-    untrained groups resumed by a non-streaming config, and for a state `written_mode` does not recognise."""
+    untrained groups resumed by a non-streaming config, and for a state `written_mode` does not recognise; a streamed
+    state resumed by a streaming config goes through `check_stream_settings` (its note, or its ResumeModeError)."""
     written, resumed = written_mode(state, where), config_mode(cfg)
+    if written == resumed == STREAM:
+        return state, check_stream_settings(state, cfg, where)
     if written == resumed or written == SYNCHRONOUS:
         return state, ""
     if written == ONE_STEP_OFF:
@@ -93,6 +112,42 @@ def state_to_load(state: Optional[dict], cfg, where: str = "the checkpoint") -> 
         f"from the prompt loader (its saved position is past them); this config ({describe_mode(cfg)}) cannot "
         f"resume them: {why}. Resume it with {SETTINGS[STREAM]} (algo.max_staleness >= 1), or start a new run "
         "(checkpoint.resume=none)")
+
+
+def stream_settings(cfg) -> dict:
+    """{"multi_turn": env.name is set, "max_staleness": algo.max_staleness} of run config `cfg`: what a streamed
+    state records (StreamRollouts.state_dict) for `check_stream_settings`."""
+    return {"multi_turn": bool(cfg.env.name), "max_staleness": int(cfg.algo.max_staleness)}
+
+
+def _turns(multi_turn: bool) -> str:
+    return "multi-turn (env.name set)" if multi_turn else "single-turn (env.name unset)"
+
+
+def check_stream_settings(state: dict, cfg, where: str = "the checkpoint") -> str:
+    """A note to print ("" when none) for resuming streamed `state` with streaming config `cfg`, by the rules of the
+    module docstring: a changed algo.max_staleness is noted. Raises ResumeModeError (naming `where`, the setting,
+    the checkpoint's and the config's values, and how to resume) for single-turn <-> multi-turn with untrained
+    groups. A key the state lacks (older checkpoints) is not checked."""
+    now, groups = stream_settings(cfg), len(state.get("requests", []))
+    was_multi = state.get("multi_turn")
+    if was_multi is not None and bool(was_multi) != now["multi_turn"] and groups:
+        why = ("a multi-turn run would play its prompts as environment episodes and drop their generated samples"
+               if now["multi_turn"] else "a single-turn run would generate its episodes' tasks as plain prompts")
+        raise ResumeModeError(
+            f"{where} was written by a {_turns(bool(was_multi))} streaming run and holds {groups} untrained groups "
+            f"of that kind; this config is {_turns(now['multi_turn'])} (env.name={cfg.env.name!r}): {why}. Resume it "
+            f"with the checkpoint's env.name ({'the same environment' if was_multi else 'unset'}), or start a new "
+            "run (checkpoint.resume=none)")
+    k_was, k = state.get("max_staleness"), now["max_staleness"]
+    if k_was is None or int(k_was) == k:
+        return ""
+    if k > int(k_was):
+        return (f"resume: {where} was written with algo.max_staleness={k_was}; this run's {k} lets more batches start "
+                "ahead of the trainer and drops fewer groups (its untrained groups resume as written)")
+    return (f"resume: {where} was written with algo.max_staleness={k_was}; with this run's {k}, no new batch starts "
+            f"until its {groups} untrained groups fit the smaller capacity, and any of them more than {k} versions "
+            "stale when taken is dropped (async/dropped_groups), never trained")
 
 
 def check_written_by(state: dict, mode: str, reader: str) -> None:

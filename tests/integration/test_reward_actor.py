@@ -68,3 +68,22 @@ def test_memory_eater_fails_alone_inside_actor(ray_local: None) -> None:
     assert result.metrics["reward/memory_errors"] == 1.0 and result.metrics["reward/failed_frac"] == 0.5
     assert ray.get(actor.score.remote(["c"], [""], [0]), timeout=60).rewards == [pid]  # and it goes on
     ray.get(actor.close.remote(), timeout=60)
+
+
+def test_streaming_calls_overlap_in_actor(ray_local: None) -> None:
+    """Two slow per-group calls (1 s each) run at once in the job's reward actor (no reward model)."""
+    from types import SimpleNamespace
+
+    from actors.reward import start_reward_actor
+
+    cfg = SimpleNamespace(functions=[SimpleNamespace(name="tests.unit.reward_helpers:sleep_one_second", weight=1.0)],
+                          timeout_s=10.0, num_workers=2, memory_limit_mb=0, model_path=None)
+    actor = start_reward_actor(cfg, {"num_cpus": 0})
+    ray.get(actor.score.remote(["warm", "up"], ["", ""], [0, 1]), timeout=120)  # actor and both workers up
+    start = time.perf_counter()
+    refs = [actor.score.remote(["ab"], [""], [0]), actor.score.remote(["abc"], [""], [1])]
+    results = ray.get(refs, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert [r.rewards for r in results] == [[2.0], [3.0]]
+    assert elapsed < 1.8, f"two 1 s reward calls took {elapsed:.2f} s in the actor: they did not overlap"
+    ray.get(actor.close.remote(), timeout=60)

@@ -84,3 +84,9 @@ def data_limit(completions: list[str], answers: list[str]) -> list[float]:
 
 
 NOT_CALLABLE = 3
+
+
+def sleep_one_second(completions: list[str], answers: list[str]) -> list[float]:
+    """Sleeps 1 s, then scores len(completion) per completion (a slow reward: the concurrency tests)."""
+    time.sleep(1.0)
+    return [float(len(c)) for c in completions]

@@ -2,6 +2,8 @@
 checkpoint with untrained groups is refused by one-step-off and synchronous configs (naming the settings and how to
 resume it), a one-step-off checkpoint's pending batch is dropped (its loader is before the batch's prompts), the
 same mode resumes the state as written; the mode is read from the state's "mode" or, in older checkpoints, its keys.
+A streamed checkpoint resumed by a streaming config: single-turn <-> multi-turn with untrained groups is refused, a
+changed algo.max_staleness resumes with a note (a smaller one: the drop rule keeps every trained sample within it).
 Real pipeline states come from the fakes of tests/unit/test_async_rollouts.py and tests/unit/test_stream_resume.py.
 
     .venv/bin/python -m pytest tests/unit/test_resume_mode.py -q
@@ -16,12 +18,15 @@ import pytest
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout.resume_mode import (ONE_STEP_OFF, STREAM, SYNCHRONOUS, ResumeModeError, check_resumable,
                                               config_mode, state_to_load, written_mode)
+from orchestrator.rollout.stream_state import STATE_KEYS
 from tests.unit.test_async_rollouts import FakeController, _rollouts, _run_to
 from tests.unit.test_stream_resume import _checkpoint, _setup, _steps
 
 
-def _cfg(mode: str, partial: bool = False):
-    return SimpleNamespace(placement=SimpleNamespace(mode=mode), rollout=SimpleNamespace(partial_rollout=partial))
+def _cfg(mode: str, partial: bool = False, env: str | None = None, k: int = 2):
+    """A run config's parts resume_mode reads (k = 2 and single-turn: the streamed fakes' settings)."""
+    return SimpleNamespace(placement=SimpleNamespace(mode=mode), rollout=SimpleNamespace(partial_rollout=partial),
+                           env=SimpleNamespace(name=env), algo=SimpleNamespace(max_staleness=k))
 
 
 STREAMING, ONE_OFF = _cfg("disaggregated_async", True), _cfg("disaggregated_async")
@@ -158,3 +163,71 @@ def test_the_controllers_restore_loads_what_the_config_resumes(capsys):
     state["async"] = _stream_state()
     with pytest.raises(ResumeModeError, match="checkpoint ck/step_000002 was written by a streaming"):
         ctl.restore("ck/step_000002")
+
+
+# ---- a streamed checkpoint resumed by a streaming config with other settings -------------------------------
+def _multi_turn_state() -> dict:
+    """What a multi-turn streaming run writes: the untrained groups' requests only (episodes are regenerated)."""
+    state = {k: v for k, v in _stream_state().items() if k not in STATE_KEYS}
+    return {**state, "multi_turn": True}
+
+
+def test_a_streamed_state_records_its_settings_and_older_ones_without_them_resume_as_written():
+    stream = _stream_state()
+    assert (stream["multi_turn"], stream["max_staleness"]) == (False, 2)
+    legacy = {k: v for k, v in stream.items() if k not in ("multi_turn", "max_staleness")}
+    for cfg in (STREAMING, _cfg("disaggregated_async", True, env="countdown", k=1)):  # unknown: not checked
+        assert state_to_load(legacy, cfg) == (legacy, "")
+
+
+def test_single_turn_and_multi_turn_do_not_resume_each_others_untrained_groups():
+    single, multi = _stream_state(), _multi_turn_state()
+    to_multi = _cfg("disaggregated_async", True, env="countdown")
+    with pytest.raises(ResumeModeError) as e:
+        state_to_load(single, to_multi, "checkpoint ck/step_000003")
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint ck/step_000003 was written by a single-turn (env.name unset) streaming run and "
+                          f"holds {len(single['requests'])} untrained groups")
+    assert "this config is multi-turn (env.name set) (env.name='countdown')" in msg
+    assert "Resume it with the checkpoint's env.name (unset), or start a new run (checkpoint.resume=none)" in msg
+    with pytest.raises(ResumeModeError, match=r"written by a multi-turn \(env.name set\) streaming run .* this config "
+                                              r"is single-turn \(env.name unset\) \(env.name=None\): a single-turn run "
+                                              r"would generate its episodes' tasks as plain prompts. Resume it with the "
+                                              r"checkpoint's env.name \(the same environment\)"):
+        state_to_load(multi, STREAMING)
+    assert state_to_load(multi, to_multi) == (multi, "")
+    empty = {**multi, "requests": []}  # nothing untrained: only counters are restored
+    assert state_to_load(empty, STREAMING) == (empty, "")
+
+
+def test_a_changed_max_staleness_resumes_with_a_note():
+    stream = _stream_state()
+    groups = len(stream["requests"])
+    state, note = state_to_load(stream, _cfg("disaggregated_async", True, k=4), "checkpoint c3")
+    assert state is stream
+    assert note == ("resume: checkpoint c3 was written with algo.max_staleness=2; this run's 4 lets more batches start "
+                    "ahead of the trainer and drops fewer groups (its untrained groups resume as written)")
+    state, note = state_to_load(stream, _cfg("disaggregated_async", True, k=1), "checkpoint c3")
+    assert state is stream
+    assert note == ("resume: checkpoint c3 was written with algo.max_staleness=2; with this run's 1, no new batch "
+                    f"starts until its {groups} untrained groups fit the smaller capacity, and any of them more than 1 "
+                    "versions stale when taken is dropped (async/dropped_groups), never trained")
+
+
+def test_a_smaller_max_staleness_resume_trains_nothing_staler_than_the_new_bound():
+    """The reason a smaller k is accepted: the drop rule applies it to the restored groups."""
+    state = _stream_state()  # k = 2, after step 3
+    resumed, _, engine = _setup(start_step=3, max_staleness=1)
+    resumed.load_state_dict(state)
+    engine.version = 3
+    staleness, dropped = [], 0
+    for step in (4, 5, 6, 7):  # as _steps, keeping each batch's staleness (the trained policy is version step - 1)
+        resumed.launch(step)
+        row: dict = {}
+        staleness += [step - 1 - min(t.token_versions) for t in resumed.take(step, step - 1, row)]
+        dropped = row.get("async/dropped_groups", dropped)
+        engine.version = step
+        resumed.synced(step)
+    assert staleness and max(staleness) <= 1, staleness
+    assert dropped > 0  # the restored groups 2 versions stale (trained by a k=2 resume) were dropped
+    assert resumed.buffer.k == 1 and resumed.state_dict()["max_staleness"] == 1

@@ -62,9 +62,9 @@ class _StepWorker:
         return out, [snapshot_copy(s) for s in self.samples]
 
 
-def _setup(workers=1, start_step=0, recover=None):
+def _setup(workers=1, start_step=0, recover=None, max_staleness=2):
     cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=N, max_new_tokens=MAX_TOKENS),
-                          algo=SimpleNamespace(max_staleness=2))
+                          algo=SimpleNamespace(max_staleness=max_staleness))
     engine = SimpleNamespace(version=start_step)
     fakes = [_StepWorker(engine) for _ in range(workers)]
 
