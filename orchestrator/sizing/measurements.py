@@ -176,7 +176,8 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
     for phase, key in PHASE_KEYS.items():
         # async runs (placement.mode=disaggregated_async): timing/generate_s is only the wait for the
         # prefetched batch; async/generate_s is the whole generation, the cost the sizer needs
-        values = [float(_generate_s(r) if phase == "generate" else r[key]) for r in used if key in r]
+        values = [float(_generate_s(r) if phase == "generate" else _sync_s(r) if phase == "sync" else r[key])
+                  for r in used if key in r]
         per_step[phase] = values
         if values:
             phases[phase] = statistics.fmean(values) if phase == "checkpoint" else statistics.median(values)
@@ -204,6 +205,14 @@ def _generate_s(row: dict) -> float:
     if STREAM_ROW_KEY in row and STREAM_GENERATE_KEY in row:
         return row[STREAM_GENERATE_KEY]
     return row.get(ASYNC_GENERATE_KEY, row[PHASE_KEYS["generate"]])
+
+
+def _sync_s(row: dict) -> float:
+    """A row's weight-sync seconds: the whole sync (`sync/seconds`: send, load, verification, probe) when it was
+    overlapped with the next step (weight_sync.overlap), whose timing/weight_sync_s is the send alone."""
+    if row.get("sync/overlapped") and "sync/seconds" in row:
+        return row["sync/seconds"]
+    return row[PHASE_KEYS["sync"]]
 
 
 def _token_scales(runs: list[RunMeasurement], notes: list[str]) -> list[float]:

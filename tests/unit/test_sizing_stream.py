@@ -187,6 +187,15 @@ def test_stream_rows_are_measured_by_the_engines_busy_seconds():
     assert run.phases["generate"] == pytest.approx(4.0) and run.generate_steps == [3.0, 4.0, 5.0]
 
 
+def test_an_overlapped_sync_is_measured_whole_not_by_the_send_the_step_waited_for():
+    """weight_sync.overlap: timing/weight_sync_s is the trainer's send; the sync's cost is sync/seconds."""
+    rows = [{"timing/generate_s": 0.1, "timing/train_s": 5.0, "timing/weight_sync_s": 0.2, "sync/overlapped": 1.0,
+             "sync/seconds": s} for s in (3.0, 1.0, 1.2, 1.4)]
+    rows.append({"timing/generate_s": 0.1, "timing/train_s": 5.0, "timing/weight_sync_s": 1.3})  # a synchronous sync
+    run = measure_rows(rows, {"rollout": 1, "trainer": 1, "reference": 0}, "run", "test", {})
+    assert run.phases["sync"] == pytest.approx(1.25)  # median of 1.0, 1.2, 1.4, 1.3
+
+
 def test_evaluate_uses_the_workload_k_search_and_recompute():
     w = Workload(constant(10.0), constant(6.0), constant(1.0), recompute_s=0.5, max_k=2)
     r = evaluate(w, Split("stream", 1, 1))
