@@ -280,6 +280,9 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
         def start(self, resume_from=None):
             pass
 
+        def settle_sync(self):  # no overlapped sync in flight: the stub steps sync nothing
+            return {}
+
     monkeypatch.setitem(registry.SINKS, "prometheus", SpyExporter)
     monkeypatch.setattr(controller_mod, "preflight", lambda *a, **k: None)  # the memory plan has its own tests
     monkeypatch.setattr(controller_mod, "plot_run", lambda rows, path, title="": path)
