@@ -174,10 +174,11 @@ class Job:
         if self.overlapped is not None:
             self.overlapped.pump()
 
-    def settle_sync(self) -> dict:
+    def settle_sync(self, keep: bool = False) -> dict:
         """Wait for an overlapped sync in flight and verify it (before eval, a re-placement, the end of the run).
-        Returns its `sync/*` metrics ({} when none was settled since the last sync started)."""
-        return self.overlapped.settle() if self.overlapped is not None else {}
+        Returns its `sync/*` metrics ({} when none was settled since the last sync started); keep=True (eval):
+        returns {} and hands them to the next sync's row instead."""
+        return self.overlapped.settle(keep) if self.overlapped is not None else {}
 
     def recover_rollout(self, k: int, error: BaseException):
         """The rollout sources' hook for a failed call on worker k: None when `error` does not say the actor

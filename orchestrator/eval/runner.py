@@ -72,7 +72,7 @@ class Evaluator:
         if not self.requests:
             raise RuntimeError("no eval prompts: set eval.data or eval.holdout (docs/eval.md)")
         t0 = time.perf_counter()
-        run.job.settle_sync()  # an overlapped weight sync verified first (weight_sync.overlap)
+        run.job.settle_sync(keep=True)  # an overlapped weight sync verified first; its metrics go to the next row
         scratch: dict = {}  # the source's rollout/* metrics: not the step's
         source = SingleTurnSource(self.cfg, run.actors.rollout, run.job.wait, run.job.recover_rollout)
         trajs = source.generate(self.requests, run.version, scratch)

@@ -18,7 +18,8 @@ replaced meanwhile.
     syncs = OverlappedSyncs(syncer, retries=cfg.weight_sync.retries)
     row.update(syncs.start(version))   # the previous sync settled first (its sync/* metrics), then this one sent
     syncs.pump()                       # while the trainer trains: verify and release what has returned
-    row.update(syncs.settle())         # before anything else uses the engines (eval, a re-placement, the end)
+    syncs.settle(keep=True)            # before eval uses the engines: its metrics go to the next start's row
+    row.update(syncs.settle())         # before a re-placement, the end of the run
 """
 from __future__ import annotations
 
@@ -58,11 +59,15 @@ class OverlappedSyncs:
         if self.pending is not None and self.syncer.ready(self.pending):
             self.settled = self._finish()
 
-    def settle(self) -> dict:
+    def settle(self, keep: bool = False) -> dict:
         """Wait for the sync in flight (up to weight_sync.timeout_s) and verify it. Returns the `sync/*` metrics of
-        the sync settled since the last call ({} when none). Raises WeightMismatchError past the retries."""
+        the sync settled since the last call ({} when none); keep=True: returns {} and keeps them for the next
+        `start` (a mid-run settle, before eval: they land in the next step's row). Raises WeightMismatchError past
+        the retries."""
         if self.pending is not None:
             self.settled = self._finish()
+        if keep:
+            return {}
         metrics, self.settled = self.settled, {}
         return metrics
 

@@ -115,6 +115,14 @@ def test_start_settles_the_previous_sync_and_returns_its_metrics_with_the_send_t
     assert syncs.settle() == {"sync/version": 2, "sync/failures": 0} and syncs.settle() == {}
 
 
+def test_a_sync_settled_for_eval_hands_its_metrics_to_the_next_start():
+    syncs = OverlappedSyncs(_FakeSyncer([({}, {}), ({}, {})]), retries=1)
+    syncs.start(1)
+    assert syncs.settle(keep=True) == {} and syncs.pending is None  # verified now (eval uses the engines next)
+    assert syncs.settle(keep=True) == {}  # nothing in flight: still kept
+    assert syncs.start(2) == {"sync/verified_version": 1, "sync/failures": 0, "sync/version": 2, "sync/send_s": 0.1}
+
+
 def test_one_engine_failing_more_than_retries_times_in_a_row_stops_the_run():
     fail = ({1: "rollout worker 1: tensor group 'lm_head' differs"}, {})
     syncs = OverlappedSyncs(_FakeSyncer([fail, ({}, {}), fail, fail]), retries=1)
