@@ -22,14 +22,17 @@ What decides is the checkpoint's prompt-loader position:
   a synchronous run would skip their prompts. A state with none is dropped (nothing is pending).
 - no state (a synchronous checkpoint, or a one-step-off one written while its batch generated): any mode.
 
-A streamed state resumed by a streaming config is also checked against the two settings it records (key
-"multi_turn": env.name was set; "max_staleness": algo.max_staleness; `stream_settings`). Checkpoints written before
+A streamed state resumed by a streaming config is also checked against the settings it records (key
+"multi_turn": env.name was set; "env": env.name; "max_staleness": algo.max_staleness; `stream_settings`). Checkpoints written before
 they were recorded lack the keys: unknown, accepted as written.
 - single-turn <-> multi-turn (env.name set or not): refused (ResumeModeError) when the state holds untrained groups.
   A single-turn state's requests are prompts with their finished and in-flight samples; a multi-turn state holds
   requests only (episodes are regenerated). The other pipeline would run them as the wrong kind: a multi-turn run
   would play single-turn prompts as environment episodes (dropping their samples), a single-turn run would generate
   the episodes' tasks as plain prompts. A state with no untrained group resumes (only counters are restored).
+- one environment -> another (env.name changed, both multi-turn; key "env"): refused (ResumeModeError) when the
+  state holds untrained groups: their requests are the first environment's tasks, which the other would play as
+  its own episodes. A state with none resumes.
 - algo.max_staleness k raised: accepted with a note. The capacity rule ((policy_version + k + 1) * prompts_per_step
   groups started) only allows more, and the drop rule drops fewer: nothing restored breaks a larger bound.
 - k lowered: accepted with a note. The restored groups count as started, so while they exceed the new capacity
@@ -115,9 +118,9 @@ def state_to_load(state: Optional[dict], cfg, where: str = "the checkpoint") -> 
 
 
 def stream_settings(cfg) -> dict:
-    """{"multi_turn": env.name is set, "max_staleness": algo.max_staleness} of run config `cfg`: what a streamed
-    state records (StreamRollouts.state_dict) for `check_stream_settings`."""
-    return {"multi_turn": bool(cfg.env.name), "max_staleness": int(cfg.algo.max_staleness)}
+    """{"multi_turn": env.name is set, "env": env.name (None single-turn), "max_staleness": algo.max_staleness} of
+    run config `cfg`: what a streamed state records (StreamRollouts.state_dict) for `check_stream_settings`."""
+    return {"multi_turn": bool(cfg.env.name), "env": cfg.env.name or None, "max_staleness": int(cfg.algo.max_staleness)}
 
 
 def _turns(multi_turn: bool) -> str:
@@ -127,8 +130,8 @@ def _turns(multi_turn: bool) -> str:
 def check_stream_settings(state: dict, cfg, where: str = "the checkpoint") -> str:
     """A note to print ("" when none) for resuming streamed `state` with streaming config `cfg`, by the rules of the
     module docstring: a changed algo.max_staleness is noted. Raises ResumeModeError (naming `where`, the setting,
-    the checkpoint's and the config's values, and how to resume) for single-turn <-> multi-turn with untrained
-    groups. A key the state lacks (older checkpoints) is not checked."""
+    the checkpoint's and the config's values, and how to resume) for single-turn <-> multi-turn, or another
+    env.name, with untrained groups. A key the state lacks (older checkpoints) is not checked."""
     now, groups = stream_settings(cfg), len(state.get("requests", []))
     was_multi = state.get("multi_turn")
     if was_multi is not None and bool(was_multi) != now["multi_turn"] and groups:
@@ -139,6 +142,12 @@ def check_stream_settings(state: dict, cfg, where: str = "the checkpoint") -> st
             f"of that kind; this config is {_turns(now['multi_turn'])} (env.name={cfg.env.name!r}): {why}. Resume it "
             f"with the checkpoint's env.name ({'the same environment' if was_multi else 'unset'}), or start a new "
             "run (checkpoint.resume=none)")
+    env_was = state.get("env")
+    if env_was and now["env"] and env_was != now["env"] and groups:
+        raise ResumeModeError(
+            f"{where} was written by a multi-turn streaming run of env.name={env_was!r} and holds {groups} untrained "
+            f"groups of its tasks; this config runs env.name={now['env']!r}, which would play them as its own "
+            f"episodes. Resume it with env.name={env_was}, or start a new run (checkpoint.resume=none)")
     k_was, k = state.get("max_staleness"), now["max_staleness"]
     if k_was is None or int(k_was) == k:
         return ""

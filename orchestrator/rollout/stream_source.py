@@ -215,15 +215,16 @@ class StreamRollouts:
 
     def state_dict(self) -> Optional[dict]:
         """{"mode": "stream" (orchestrator/rollout/resume_mode.py), "requests": every group started and not trained
-        (JSON), "dropped_groups", "dropped_samples", "batches_drawn", "multi_turn" (env.name set), "max_staleness"
-        (k; both checked by resume_mode.check_stream_settings)} and, single-turn, "ready", "finished", "in_flight"
+        (JSON), "dropped_groups", "dropped_samples", "batches_drawn", "multi_turn" (env.name set), "env" (env.name),
+        "max_staleness" (k; all checked by resume_mode.check_stream_settings)} and, single-turn, "ready", "finished", "in_flight"
         (orchestrator/rollout/stream_state.py: the workers' snapshots, their finished samples taken into the buffer
         first). Generation goes on."""
         in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
         state = {"mode": STREAM, "requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
                  "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
                  "batches_drawn": self.batches_drawn,
-                 "multi_turn": bool(self.env_cfg), "max_staleness": self.buffer.k}
+                 "multi_turn": bool(self.env_cfg), "env": self.env_cfg["name"] if self.env_cfg else None,
+                 "max_staleness": self.buffer.k}
         if in_flight is not None:
             state.update(generation_state(self.buffer, in_flight))
         return state

@@ -169,13 +169,13 @@ def test_the_controllers_restore_loads_what_the_config_resumes(capsys):
 def _multi_turn_state() -> dict:
     """What a multi-turn streaming run writes: the untrained groups' requests only (episodes are regenerated)."""
     state = {k: v for k, v in _stream_state().items() if k not in STATE_KEYS}
-    return {**state, "multi_turn": True}
+    return {**state, "multi_turn": True, "env": "countdown"}
 
 
 def test_a_streamed_state_records_its_settings_and_older_ones_without_them_resume_as_written():
     stream = _stream_state()
-    assert (stream["multi_turn"], stream["max_staleness"]) == (False, 2)
-    legacy = {k: v for k, v in stream.items() if k not in ("multi_turn", "max_staleness")}
+    assert (stream["multi_turn"], stream["env"], stream["max_staleness"]) == (False, None, 2)
+    legacy = {k: v for k, v in stream.items() if k not in ("multi_turn", "env", "max_staleness")}
     for cfg in (STREAMING, _cfg("disaggregated_async", True, env="countdown", k=1)):  # unknown: not checked
         assert state_to_load(legacy, cfg) == (legacy, "")
 
@@ -198,6 +198,21 @@ def test_single_turn_and_multi_turn_do_not_resume_each_others_untrained_groups()
     assert state_to_load(multi, to_multi) == (multi, "")
     empty = {**multi, "requests": []}  # nothing untrained: only counters are restored
     assert state_to_load(empty, STREAMING) == (empty, "")
+
+
+def test_another_environment_does_not_resume_the_untrained_episodes_of_the_first():
+    multi = _multi_turn_state()  # env.name=countdown
+    groups = len(multi["requests"])
+    with pytest.raises(ResumeModeError) as e:
+        state_to_load(multi, _cfg("disaggregated_async", True, env="guessing_game"), "checkpoint ck/step_000003")
+    assert str(e.value) == (
+        f"checkpoint ck/step_000003 was written by a multi-turn streaming run of env.name='countdown' and holds "
+        f"{groups} untrained groups of its tasks; this config runs env.name='guessing_game', which would play them "
+        "as its own episodes. Resume it with env.name=countdown, or start a new run (checkpoint.resume=none)")
+    empty = {**multi, "requests": []}  # nothing untrained: resumes
+    assert state_to_load(empty, _cfg("disaggregated_async", True, env="guessing_game")) == (empty, "")
+    legacy = {k: v for k, v in multi.items() if k != "env"}  # written before "env" was recorded: not checked
+    assert state_to_load(legacy, _cfg("disaggregated_async", True, env="guessing_game")) == (legacy, "")
 
 
 def test_a_changed_max_staleness_resumes_with_a_note():
