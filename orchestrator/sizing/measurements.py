@@ -57,6 +57,7 @@ class RunMeasurement:
     gpus_source: str
     config: dict = field(default_factory=dict)  # rollout_unit / staleness read from the config, if any
     generate_steps: list[float] = field(default_factory=list)  # seconds of each used step's generation
+    sync_hidden_frac: Optional[float] = None  # overlapped runs: the sync's part the trainer did not wait for
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -183,7 +184,19 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
             phases[phase] = statistics.fmean(values) if phase == "checkpoint" else statistics.median(values)
     tokens = [float(r["rollout/tokens"]) for r in used if "rollout/tokens" in r]
     return RunMeasurement(path, gpus, phases, statistics.median(tokens) if tokens else None, len(used),
-                          len(rows), source, extra, per_step["generate"])
+                          len(rows), source, extra, per_step["generate"], sync_hidden_frac(rows))
+
+
+def sync_hidden_frac(rows: list[dict]) -> Optional[float]:
+    """The median fraction of an overlapped weight sync (weight_sync.overlap) the trainer did not wait for:
+    1 - send / whole, pairing each sync's `sync/send_s` (the row of its `sync/version`) with its `sync/seconds`
+    (start to verified: the engines held meanwhile; the row whose `sync/verified_version` names it). None when
+    no overlapped sync was settled in `rows` (synchronous syncs, or an older run)."""
+    sends = {r["sync/version"]: float(r["sync/send_s"]) for r in rows if "sync/send_s" in r and "sync/version" in r}
+    fracs = [1.0 - min(sends[v], whole) / whole for r in rows
+             if (v := r.get("sync/verified_version")) in sends and r.get("sync/overlapped")
+             and (whole := float(r.get("sync/seconds", 0.0))) > 0]
+    return statistics.median(fracs) if fracs else None
 
 
 def generate_variation(runs: list[RunMeasurement]) -> tuple[float, ...]:
@@ -213,6 +226,19 @@ def _sync_s(row: dict) -> float:
     if row.get("sync/overlapped") and "sync/seconds" in row:
         return row["sync/seconds"]
     return row[PHASE_KEYS["sync"]]
+
+
+def _hidden_frac(runs: list[RunMeasurement], notes: list[str]) -> float:
+    """The mean sync_hidden_frac of the runs that overlapped their syncs, with a note; 0 when none did."""
+    measured = [r.sync_hidden_frac for r in runs if r.sync_hidden_frac is not None]
+    if not measured:
+        notes.append("weight sync: no overlapped sync measured; stream mode charges the whole sync to the trainer "
+                     "(a bound on the safe side: weight_sync.overlap hides the engines' part)")
+        return 0.0
+    frac = statistics.fmean(measured)
+    notes.append(f"weight sync: {frac:.0%} of it hidden behind training in stream mode (weight_sync.overlap, "
+                 f"measured in {len(measured)} run(s)); the trainer waits for the send")
+    return frac
 
 
 def _token_scales(runs: list[RunMeasurement], notes: list[str]) -> list[float]:
@@ -263,7 +289,8 @@ def fit_workload(runs: list[RunMeasurement], *, switch_s: float = 0.0, rollout_u
                         rollout_unit=rollout_unit or int(first.get("rollout_unit", 1)),
                         trainer_unit=trainer_unit, reference_unit=reference_unit,
                         staleness=staleness or int(first.get("staleness", 1)), critic_s=critic,
-                        generate_scale=generate_variation(runs) if variation else ())
+                        generate_scale=generate_variation(runs) if variation else (),
+                        sync_hidden_frac=_hidden_frac(runs, notes))
     if workload.generate_scale:
         sc = workload.generate_scale
         cv = statistics.pstdev(sc) / statistics.fmean(sc)

@@ -25,6 +25,9 @@ class StepCosts:
     (algo.estimator=gae) on its own device (colocated: the shared GPUs, after train); 0 = no critic.
     recompute_s: stream mode only, rollout seconds to re-prefill the requests a weight sync interrupted
     (their KV was computed by the old weights), paid after each sync that lands during a generation.
+    sync_hidden_s: stream mode only, the part of sync_s the trainer does not wait for (weight_sync.overlap: the
+    engines' load, verification and probe run behind the next step; the trainer waits for the send alone);
+    0 = the whole sync on the trainer. At most sync_s.
     """
 
     generate_s: float
@@ -36,9 +39,17 @@ class StepCosts:
     switch_s: float = 0.0
     critic_s: float = 0.0
     recompute_s: float = 0.0
+    sync_hidden_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_finite_nonnegative(self)  # ValueError "StepCosts.<field>: must be a finite number >= 0 (got ...)"
+        if self.sync_hidden_s > self.sync_s:
+            raise ValueError(f"StepCosts.sync_hidden_s: must be at most sync_s={self.sync_s} (got {self.sync_hidden_s})")
+
+    @property
+    def sync_on_trainer_s(self) -> float:
+        """The seconds of a sync the trainer waits for: sync_s - sync_hidden_s."""
+        return self.sync_s - self.sync_hidden_s
 
 
 @dataclass

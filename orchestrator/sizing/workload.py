@@ -63,7 +63,9 @@ class Workload:
     Stream mode (orchestrator.sizing.stream_sim): max_k, the largest k tried; k_tolerance, the fraction of
     the best step time within which the smallest k is chosen; recompute_s, rollout seconds to re-prefill
     the requests a weight sync interrupts (0 = not counted: one prefill of the tokens in flight, small
-    against their decode).
+    against their decode). sync_hidden_frac: the fraction of the weight sync the trainer does not wait for in
+    stream mode (weight_sync.overlap: measured from overlapped runs, `measurements.sync_hidden_frac`); 0 = the
+    whole sync on the trainer (a bound on the safe side).
     """
 
     generate: Law
@@ -82,6 +84,7 @@ class Workload:
     max_k: int = 4
     k_tolerance: float = 0.02
     recompute_s: float = 0.0
+    sync_hidden_frac: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("rollout_unit", "trainer_unit", "reference_unit"):
@@ -92,7 +95,9 @@ class Workload:
             raise SizingError(f"staleness: must be an integer >= 1 (got {self.staleness!r})")
         if isinstance(self.max_k, bool) or not isinstance(self.max_k, int) or self.max_k < 1:
             raise SizingError(f"max_k: must be an integer >= 1 (got {self.max_k!r})")
-        check_finite_nonnegative(self, ("k_tolerance", "recompute_s"), SizingError)
+        check_finite_nonnegative(self, ("k_tolerance", "recompute_s", "sync_hidden_frac"), SizingError)
+        if self.sync_hidden_frac > 1:
+            raise SizingError(f"sync_hidden_frac: must be at most 1 (got {self.sync_hidden_frac!r})")
         try:
             check_scale(self.generate_scale)
         except ValueError as e:
@@ -109,11 +114,13 @@ class Workload:
         r = split.rollout
         t = split.rollout if split.mode == "colocated" else split.trainer
         f = split.reference if split.mode != "colocated" and split.reference > 0 else t
-        return StepCosts(generate_s=self.generate(r), train_s=self.train(t), sync_s=self.sync(r),
+        sync = self.sync(r)
+        return StepCosts(generate_s=self.generate(r), train_s=self.train(t), sync_s=sync,
                          reward_s=self.reward_s, reference_s=self.reference(f) if self.reference else 0.0,
                          checkpoint_s=self.checkpoint_s,
                          switch_s=self.switch_s if split.mode == "colocated" else 0.0, critic_s=self.critic_s,
-                         recompute_s=self.recompute_s if split.mode == "stream" else 0.0)
+                         recompute_s=self.recompute_s if split.mode == "stream" else 0.0,
+                         sync_hidden_s=sync * self.sync_hidden_frac if split.mode == "stream" else 0.0)
 
     def min_gpus(self, mode: str) -> int:
         """The fewest GPUs a split of `mode` needs (colocated: lcm of the units, roles share them)."""

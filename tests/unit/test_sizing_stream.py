@@ -10,15 +10,17 @@ from orchestrator.sizing.measurements import fit_workload, generate_variation, m
 from orchestrator.sizing.recommend import config_keys, format_sizing
 from orchestrator.sizing.scaling import Law, constant
 from orchestrator.sizing.simulator import StepCosts, simulate
-from orchestrator.sizing.sizer import size
+from orchestrator.sizing.sizer import proxy_step_s, size
 from orchestrator.sizing.stream_sim import build_stream_schedule, choose_k, overlap_limit_s, simulate_stream
 from orchestrator.sizing.workload import SizingError, Split, Workload, evaluate
 
 
 def _random_costs(rng: random.Random) -> StepCosts:
-    return StepCosts(generate_s=rng.uniform(0.1, 10), train_s=rng.uniform(0.1, 10), sync_s=rng.uniform(0, 3),
+    sync = rng.uniform(0, 3)
+    return StepCosts(generate_s=rng.uniform(0.1, 10), train_s=rng.uniform(0.1, 10), sync_s=sync,
                      reward_s=rng.uniform(0, 3), reference_s=rng.uniform(0, 3), checkpoint_s=rng.uniform(0, 1),
-                     critic_s=rng.choice([0.0, rng.uniform(0, 5)]), recompute_s=rng.choice([0.0, rng.uniform(0, 1)]))
+                     critic_s=rng.choice([0.0, rng.uniform(0, 5)]), recompute_s=rng.choice([0.0, rng.uniform(0, 1)]),
+                     sync_hidden_s=rng.choice([0.0, rng.uniform(0, sync)]))
 
 
 @pytest.mark.parametrize("gen,train,k", [(10, 6, 1), (6, 10, 1), (8, 8, 1), (10, 6, 3), (6, 10, 4)])
@@ -194,6 +196,52 @@ def test_an_overlapped_sync_is_measured_whole_not_by_the_send_the_step_waited_fo
     rows.append({"timing/generate_s": 0.1, "timing/train_s": 5.0, "timing/weight_sync_s": 1.3})  # a synchronous sync
     run = measure_rows(rows, {"rollout": 1, "trainer": 1, "reference": 0}, "run", "test", {})
     assert run.phases["sync"] == pytest.approx(1.25)  # median of 1.0, 1.2, 1.4, 1.3
+
+
+def test_an_overlapped_sync_holds_the_trainer_for_its_send_and_the_engines_for_the_whole_sync():
+    """weight_sync.overlap: the trainer sends (0.3 s) and trains on; the engines pause for the whole 2 s sync.
+    Train-bound (12 > 10): the period drops from train + sync = 14 to train + send = 12.3, and the trainer's
+    busy time holds no hidden part; rollout-bound (gen 13): generate + sync = 15 either way."""
+    whole, hidden = StepCosts(generate_s=10, train_s=12, sync_s=2), StepCosts(generate_s=10, train_s=12, sync_s=2,
+                                                                              sync_hidden_s=1.7)
+    assert simulate_stream(whole, 1).step_s == pytest.approx(14.0)
+    r = simulate_stream(hidden, 1)
+    assert r.step_s == pytest.approx(12.3) == pytest.approx(overlap_limit_s(hidden))
+    trainer = [p for p in r.phases if "trainer" in p.resources and p.step in (6, 7)]  # two steady steps
+    assert sorted(p.name for p in trainer) == ["checkpoint_6", "checkpoint_7", "send_6", "send_7", "train_6", "train_7"]
+    assert sum(p.duration for p in trainer) == pytest.approx(2 * 12.3)  # busy the whole period: train + send
+    assert r.busy["rollout"] == pytest.approx(12 / 12.3)  # 10 s generating + the 2 s the engines were held
+    assert proxy_step_s("stream", hidden, 1, None) == pytest.approx(12.3)
+    assert proxy_step_s("async", whole, 1, None) == pytest.approx(14.0)
+    slow_gen = StepCosts(generate_s=13, train_s=12, sync_s=2, sync_hidden_s=1.7)
+    assert simulate_stream(slow_gen, 2).step_s == pytest.approx(15.0) == pytest.approx(overlap_limit_s(slow_gen))
+    syncs = sorted((p.start, p.end) for p in r.phases if p.name.startswith("sync_"))
+    assert all(a[1] <= b[0] + 1e-9 for a, b in zip(syncs, syncs[1:]))  # one sync in flight at a time
+    with pytest.raises(ValueError, match="StepCosts.sync_hidden_s: must be at most sync_s=1"):
+        StepCosts(generate_s=1, train_s=1, sync_s=1, sync_hidden_s=1.5)
+
+
+def test_overlapped_rows_give_the_hidden_fraction_and_stream_costs_use_it():
+    """Each sync's send (row of its sync/version) pairs with its whole time (row of its sync/verified_version)."""
+    rows = [{"timing/generate_s": 0.1, "timing/train_s": 5.0, "timing/weight_sync_s": 0.2, "sync/version": v,
+             "sync/send_s": 0.2} for v in range(1, 6)]
+    for v, whole in ((1, 1.0), (2, 2.0), (3, 0.8), (4, 1.0)):  # settled at the next step's start
+        rows[v].update({"sync/overlapped": 1.0, "sync/verified_version": v, "sync/seconds": whole})
+    run = measure_rows(rows, {"rollout": 1, "trainer": 1, "reference": 0}, "run", "test", {})
+    assert run.sync_hidden_frac == pytest.approx(0.8)  # median of 0.8, 0.9, 0.75, 0.8
+    workload, notes = fit_workload([run])
+    assert workload.sync_hidden_frac == pytest.approx(0.8)
+    assert any("80% of it hidden behind training in stream mode" in n for n in notes)
+    sync = workload.sync(1)
+    assert workload.costs(Split("stream", 1, 1)).sync_hidden_s == pytest.approx(0.8 * sync)
+    assert workload.costs(Split("async", 1, 1)).sync_hidden_s == 0.0  # only streaming runs overlap their syncs
+    plain = measure_rows([{k: v for k, v in r.items() if not k.startswith("sync/")} for r in rows],
+                         {"rollout": 1, "trainer": 1, "reference": 0}, "run", "test", {})
+    assert plain.sync_hidden_frac is None
+    workload, notes = fit_workload([plain])
+    assert workload.sync_hidden_frac == 0.0 and any("no overlapped sync measured" in n for n in notes)
+    with pytest.raises(SizingError, match="sync_hidden_frac: must be at most 1"):
+        _workload(sync_hidden_frac=1.5)
 
 
 def test_evaluate_uses_the_workload_k_search_and_recompute():
