@@ -37,6 +37,7 @@ from orchestrator.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
+from orchestrator.malloc_env import tunables_env
 from orchestrator.ray_connect import QUIET_ENV, connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
 
@@ -283,7 +284,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     from actors.reward import start_reward_actor
 
     def opts(role: str, k: int = 0) -> dict:
-        return actor_options(plan, pgs, role, k)
+        return actor_options(plan, pgs, role, k, run_env(cfg))
 
     ranks = _start_trainers(cfg, opts, str(model_path), pad_id)
     trainer = ranks[0]
@@ -310,15 +311,22 @@ def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
     env_actors = env_actor_options(plan.slots.get("env", []), pgs, k, cfg.env.num_actors)  # env.placement=actor
-    return RolloutWorkerActor.options(**actor_options(plan, pgs, "rollout", k)).remote(
+    return RolloutWorkerActor.options(**actor_options(plan, pgs, "rollout", k, run_env(cfg))).remote(
         engine_path, cfg.rollout, cfg.rollout.seed + k, colocated=colocated, env_actors=env_actors)
 
 
-def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0) -> dict:
+def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0, env: Optional[dict] = None) -> dict:
     """`.options(...)` of the k-th actor of `role`: its placement group and bundle, its resources and its
-    environment (pinned cores with fake GPUs, vLLM's worker bundles for a tensor-parallel engine)."""
+    environment (`env`, e.g. `run_env(cfg)`; pinned cores with fake GPUs, vLLM's worker bundles for a
+    tensor-parallel engine)."""
     slot = plan.slots[role][k]
-    return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**QUIET_ENV, **slot_env(slot)}}}
+    return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**QUIET_ENV, **(env or {}), **slot_env(slot)}}}
+
+
+def run_env(cfg) -> dict[str, str]:
+    """Environment variables of every actor of the run: glibc's malloc settings (`run.glibc_tunables`,
+    orchestrator/malloc_env.py)."""
+    return tunables_env(cfg.run.glibc_tunables)
 
 
 def slot_env(slot: ActorSlot) -> dict[str, str]:

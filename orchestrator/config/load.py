@@ -30,6 +30,7 @@ from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.config.source_reward import check_source_rewards
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
+from orchestrator.malloc_env import check_tunables
 from orchestrator.metrics.hparams import env_sourced_keys
 from orchestrator.config.context_parallel import check_context_parallel  # noqa: I001 (own line: merges)
 
@@ -181,21 +182,13 @@ def validate(cfg) -> None:
         check_source_rewards(cfg)  # built-in rewards against built-in sources' gold answers (config/source_reward.py)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    try:  # the eval section (orchestrator/eval/checks.py)
-        check_eval_config(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    _run(check_eval_config, cfg)  # the eval section (orchestrator/eval/checks.py)
     _check_async(cfg)
-    try:  # algo.rollout_correction against algo.old_logprobs (orchestrator/config/rollout_correction.py)
-        check_rollout_correction(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    try:  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
-        check_sampling_config(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    _run(check_rollout_correction, cfg)  # algo.rollout_correction against algo.old_logprobs (orchestrator/config/rollout_correction.py)
+    _run(check_sampling_config, cfg)  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
     _check_auto_placement(cfg)
     _check_fake_gpus(cfg)
+    _run(check_tunables, cfg.run.glibc_tunables)
 
 
 def _run(check, cfg) -> None:

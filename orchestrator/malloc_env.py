@@ -1,0 +1,73 @@
+"""glibc malloc settings for the actor processes (`run.glibc_tunables`).
+
+Why: glibc hands a freed block above its mmap threshold (at most 32 MiB) back to the kernel at once, and trims
+the heap's free top above 128 KiB, so a CPU training step, which allocates and frees gigabytes of activations and
+gradients, takes every page of them again as a fresh, zeroed page fault on the next micro-batch. On this project's
+CPU machine one step of the default model's trainer spent 4.7 s of 19 s in the kernel (0.76 M minor faults a
+step, steady state) and 19 s of 37 s in its first step (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
+
+"auto" sets, for every actor process started by the job (through Ray's runtime_env, read by glibc when the
+process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
+
+    glibc.malloc.mmap_max=0                   large blocks come from the heap, not from a fresh mmap each time
+    glibc.malloc.trim_threshold=<64 GiB>      freed heap memory stays mapped for the next step (not trimmed)
+    glibc.malloc.hugetlb=1                    the heap is madvise(MADV_HUGEPAGE)d: its first touch faults 2 MiB pages
+
+The cost: an actor keeps the peak of its heap mapped (its resident memory does not fall after a step), which a
+training step reaches again anyway. Documented in glibc's manual, "Memory Allocation Tunables"; the same problem
+is why vLLM's CPU backend and Intel's PyTorch extension recommend preloading tcmalloc or jemalloc.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+from typing import Mapping, Optional
+
+ENV = "GLIBC_TUNABLES"
+TRIM_THRESHOLD = 64 << 30  # bytes: never trim in practice
+AUTO = ("glibc.malloc.mmap_max=0", f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
+HUGETLB = "glibc.malloc.hugetlb=1"  # glibc 2.35+
+_ITEM = re.compile(r"^glibc\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.]+$")
+
+
+def check_tunables(value: str) -> None:
+    """Raise ValueError unless `value` is "auto", "" (glibc's defaults) or a GLIBC_TUNABLES string
+    ("glibc.<namespace>.<name>=<value>" items joined by ":")."""
+    if value in ("auto", ""):
+        return
+    bad = [item for item in value.split(":") if not _ITEM.match(item)]
+    if bad:
+        raise ValueError(f"run.glibc_tunables={value!r}: {bad[0]!r} is not a glibc tunable setting; give \"auto\", "
+                         "\"\" (glibc's defaults) or items like glibc.malloc.mmap_max=0 joined by ':'")
+
+
+def glibc_version(version: Optional[tuple[str, str]] = None) -> Optional[tuple[int, int]]:
+    """(major, minor) of this machine's glibc, or None when the C library is not glibc (musl, macOS)."""
+    lib, ver = version if version is not None else platform.libc_ver()
+    if lib != "glibc" or not ver:
+        return None
+    major, minor = (ver.split(".") + ["0"])[:2]
+    return int(major), int(minor)
+
+
+def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
+                 version: Optional[tuple[int, int]] = None) -> dict[str, str]:
+    """The environment variables every actor gets for `run.glibc_tunables` = `setting` ({} or {ENV: value}).
+
+    "auto": the module docstring's settings, for glibc >= 2.26 (None or older: {}); when the driver's own
+    environment already has GLIBC_TUNABLES, that is passed on instead (the user's choice). "": {}. Any other
+    value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors run
+    on the driver's image). Raises ValueError for a malformed setting (`check_tunables`)."""
+    check_tunables(setting)
+    if setting == "":
+        return {}
+    if setting != "auto":
+        return {ENV: setting}
+    if environ.get(ENV):
+        return {ENV: environ[ENV]}
+    version = glibc_version() if version is None else version
+    if version is None or version < (2, 26):
+        return {}
+    items = [*AUTO, HUGETLB] if version >= (2, 35) else list(AUTO)
+    return {ENV: ":".join(items)}
