@@ -32,14 +32,14 @@ _ITEM = re.compile(r"^glibc\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.]+$")
 
 
 def check_tunables(value: str) -> None:
-    """Raise ValueError unless `value` is "auto", "off" or "" (glibc's defaults) or a GLIBC_TUNABLES string
+    """Raise ValueError unless `value` is "auto", "none" or "" (glibc's defaults) or a GLIBC_TUNABLES string
     ("glibc.<namespace>.<name>=<value>" items joined by ":")."""
-    if value in ("auto", "off", ""):
+    if value in ("auto", "none", ""):
         return
     bad = [item for item in value.split(":") if not _ITEM.match(item)]
     if bad:
         raise ValueError(f"run.glibc_tunables={value!r}: {bad[0]!r} is not a glibc tunable setting; give \"auto\", "
-                         "\"off\" (glibc's defaults) or items like glibc.malloc.mmap_max=0 joined by ':'")
+                         "\"none\" (glibc's defaults) or items like glibc.malloc.mmap_max=0 joined by ':'")
 
 
 def glibc_version(version: Optional[tuple[str, str]] = None) -> Optional[tuple[int, int]]:
@@ -56,11 +56,11 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
     """The environment variables every actor gets for `run.glibc_tunables` = `setting` ({} or {ENV: value}).
 
     "auto": the module docstring's settings, for glibc >= 2.26 (None or older: {}); when the driver's own
-    environment already has GLIBC_TUNABLES, that is passed on instead (the user's choice). "off" or "": {}. Any other
+    environment already has GLIBC_TUNABLES, that is passed on instead (the user's choice). "none" or "": {}. Any other
     value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors run
     on the driver's image). Raises ValueError for a malformed setting (`check_tunables`)."""
     check_tunables(setting)
-    if setting in ("off", ""):
+    if setting in ("none", ""):
         return {}
     if setting != "auto":
         return {ENV: setting}

@@ -36,8 +36,8 @@ def test_the_users_own_glibc_tunables_win_over_auto():
 
 def test_empty_is_glibcs_defaults_and_a_string_is_passed_on():
     assert tunables_env("", environ={}, version=(2, 36)) == {}
-    assert tunables_env("off", environ={ENV: "glibc.malloc.arena_max=2"}, version=(2, 36)) == {}
-    assert load_config(CPU_YAML, ["run.glibc_tunables=off"]).run.glibc_tunables == "off"
+    assert tunables_env("none", environ={ENV: "glibc.malloc.arena_max=2"}, version=(2, 36)) == {}
+    assert load_config(CPU_YAML, ["run.glibc_tunables=none"]).run.glibc_tunables == "none"
     given = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
     assert tunables_env(given, environ={ENV: "glibc.malloc.arena_max=2"}) == {ENV: given}
 
