@@ -37,7 +37,7 @@ from orchestrator.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
-from orchestrator.malloc_env import tunables_env
+from orchestrator.malloc_env import run_env
 from orchestrator.ray_connect import QUIET_ENV, connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
 
@@ -293,10 +293,11 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     reference = references[0] if references else None
     reward = start_reward_actor(cfg.reward, opts("reward"))  # concurrent calls unless a reward model is loaded
     critics = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else []
+    warming = [r.warm_up.remote(warm_up_len(cfg)) for r in ranks] if cfg.trainer.warm_up else []  # while engines start
     everyone = [*ranks, *rollout, reward, *references, *critics]
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,
                     critic=critics[0] if critics else None, critic_ranks=critics, reference_ranks=references)
-    ray.get([a.ready.remote() for a in actors.all])  # every actor up (a bad reward model fails here)
+    ray.get([*warming, *(a.ready.remote() for a in actors.all)])  # every actor up (a bad reward model fails here)
     for group in (ranks, critics, references):  # a leader fans every call out to its ranks 1..D-1
         if len(group) > 1:
             ray.get(group[0].set_peers.remote(group[1:]))
@@ -323,10 +324,9 @@ def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0, env: Optional
     return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**QUIET_ENV, **(env or {}), **slot_env(slot)}}}
 
 
-def run_env(cfg) -> dict[str, str]:
-    """Environment variables of every actor of the run: glibc's malloc settings (`run.glibc_tunables`,
-    orchestrator/malloc_env.py)."""
-    return tunables_env(cfg.run.glibc_tunables)
+def warm_up_len(cfg) -> int:
+    """The longest sequence the trainer can get, tokens: the trainer's warm-up shape (trainer.warm_up)."""
+    return cfg.rollout.max_model_len if cfg.env.name else cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
 
 
 def slot_env(slot: ActorSlot) -> dict[str, str]:

@@ -71,3 +71,9 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
         return {}
     items = [*AUTO, HUGETLB] if version >= (2, 35) else list(AUTO)
     return {ENV: ":".join(items)}
+
+
+def run_env(cfg) -> dict[str, str]:
+    """Environment variables every actor of the run gets (orchestrator/job.py `actor_options`): glibc's malloc
+    settings for `run.glibc_tunables`."""
+    return tunables_env(cfg.run.glibc_tunables)

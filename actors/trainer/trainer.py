@@ -23,13 +23,12 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import attention, finite
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
 from actors.trainer.forward import LOSS_MASK, collate, collate_packed, split_micro_batches
 from actors.trainer.policy_forward import policy_forward
-from actors.trainer import fp8, lora, prefix_share
+from actors.trainer import attention, finite, fp8, lora, prefix_share, warmup
 from actors.trainer.moe_loss import RouterAux
 from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.algo.mismatch import uses_rollout_logprobs
@@ -243,6 +242,10 @@ class Trainer:
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
         return prefix_share.trainer_batch_logprobs(self, prompt_ids, response_ids)  # shared prompts or plain
+
+    def warm_up(self, max_len: int) -> dict[str, float]:
+        """Before step 1 (trainer.warm_up): the largest micro-batch's forward/backward and the optimizer state (warmup.py)."""
+        return warmup.warm_up(self, max_len)
 
     def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         """Logprobs [len(continuation_ids)] of the continuation at temperature 1, no gradient: the trainer's

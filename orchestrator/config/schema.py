@@ -157,6 +157,10 @@ class TrainerConfig:
     # across them; NCCL on GPUs, gloo on CPU. 1 = a single unsharded trainer.
     num_workers: int = number(1, ge=1, note="(the number of FSDP2 trainer ranks)")
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
+    # Before step 1, while the engines start: the largest micro-batch the config allows (data.max_prompt_tokens +
+    # rollout.max_new_tokens; multi-turn rollout.max_model_len), forward and backward, and the optimizer state, so
+    # the first steps do not page their memory in and a micro-batch that cannot fit fails at start (actors/trainer/warmup.py)
+    warm_up: bool = True
     # Sequence packing: the micro-batches of a mini-batch are rows of at most `micro_batch_tokens`
     # tokens, filled first-fit decreasing; position ids restart per sequence and no token attends across
     # a boundary (case C11). micro_batch_size is then unused by the update.

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.malloc_env import ENV, HUGETLB, check_tunables, glibc_version, tunables_env
+from orchestrator.malloc_env import ENV, HUGETLB, check_tunables, glibc_version, run_env, tunables_env
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 
@@ -51,8 +51,6 @@ def test_a_malformed_setting_is_refused_naming_the_key(bad):
 
 
 def test_the_default_config_uses_auto_on_every_actor():
-    from orchestrator.job import run_env
-
     cfg = load_config(CPU_YAML)
     assert cfg.run.glibc_tunables == "auto"
     assert run_env(cfg) == tunables_env("auto")
