@@ -3,8 +3,9 @@
 Why: glibc hands a freed block above its mmap threshold (at most 32 MiB) back to the kernel at once, and trims
 the heap's free top above 128 KiB, so a CPU training step, which allocates and frees gigabytes of activations and
 gradients, takes every page of them again as a fresh, zeroed page fault on the next micro-batch. On this project's
-CPU machine one step of the default model's trainer spent 4.7 s of 19 s in the kernel (0.76 M minor faults a
-step, steady state) and 19 s of 37 s in its first step (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
+CPU machine (a VM, where a first touch is slow) a steady step of the default model's trainer spent 1.4-4.7 s of
+14-19 s in the kernel (0.7 M minor faults a step) and the first step 11-19 s of 25-37 s; with "auto" 0.2-0.3 s
+of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
 
 "auto" sets, for every actor process started by the job (through Ray's runtime_env, read by glibc when the
 process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
