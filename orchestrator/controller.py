@@ -91,7 +91,7 @@ class GRPOController:
         self.loader_start = self.loader.state_dict()  # a restart before the first checkpoint rewinds to it
         self.last_checkpoint: Optional[str] = str(self.resume_from) if self.resume_from else None
         self.stop = StopOnSignal(cfg.run.stop_grace_s)  # installed by run()
-        self.job = Job(cfg, self.model_path, self.pad_id)
+        self.job = Job(cfg, self.model_path, self.pad_id, max(map(len, self.prompt_ids), default=1))
         self.critic = CriticStep(self.job, cfg)  # algo.estimator=gae: PPO's value model (orchestrator/critic_step.py)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)

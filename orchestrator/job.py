@@ -74,8 +74,9 @@ class Job:
     Every actor call the controller, the rollout sources and the placement modes wait on goes through
     `wait` (a hung actor becomes a TimeoutError naming run.phase_timeout_s, never a hang)."""
 
-    def __init__(self, cfg, model_path: Path, pad_id: int):
+    def __init__(self, cfg, model_path: Path, pad_id: int, longest_prompt: Optional[int] = None):
         self.cfg, self.model_path, self.pad_id = cfg, Path(model_path), pad_id
+        self.longest_prompt = longest_prompt  # tokens: the trainer's warm-up shape (None: data.max_prompt_tokens)
         self.actors: Optional[Actors] = None
         self.syncer = None
         self.overlapped: Optional[OverlappedSyncs] = None  # weight_sync.overlap (streaming runs)
@@ -89,7 +90,7 @@ class Job:
         """Reserve every placement group and start every actor (engines from `resume_from/policy` when set),
         then set up the weight syncer (`weight_sync.strategy`; `auto` asks the cost model)."""
         self.started_ray = connect_ray(self.cfg) or self.started_ray
-        self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id)
+        self.actors = start_actors(self.cfg, self.model_path, resume_from, self.pad_id, self.longest_prompt)
         self.resume_from, self.version = resume_from, None
         self.syncer = self._make_syncer()
         self.overlapped = OverlappedSyncs(self.syncer, self.cfg.weight_sync.retries)
@@ -267,20 +268,25 @@ class Job:
         return make_syncer(self.cfg, self.actors.trainer, self.actors.rollout, strategy)
 
 
-def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
-    """Reserve every placement group (gang scheduling), then start trainer x D, rollout x R, reference, reward."""
+def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int,
+                 longest_prompt: Optional[int] = None) -> Actors:
+    """Reserve every placement group (gang scheduling), then start trainer x D, rollout x R, reference, reward;
+    the trainer warms up (trainer.warm_up) for `warm_up_lengths(cfg, longest_prompt)` while the engines start."""
     connect_ray(cfg)
     plan = plan_job(cfg)
     pgs = reserve_groups(plan.groups, cfg.placement.timeout_s, cfg.placement.resource)
 
     try:
-        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id)
+        from actors.trainer.warmup import warm_up_lengths
+
+        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id, warm_up_lengths(cfg, longest_prompt))
     except BaseException:
         remove_groups(pgs)  # a failed start leaves nothing reserved (removing a group kills its actors)
         raise
 
 
-def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int) -> Actors:
+def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int,
+                     warm_up: tuple[int, int]) -> Actors:
     from actors.reward import start_reward_actor
 
     def opts(role: str, k: int = 0) -> dict:
@@ -293,7 +299,7 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     reference = references[0] if references else None
     reward = start_reward_actor(cfg.reward, opts("reward"))  # concurrent calls unless a reward model is loaded
     critics = _start_critic(cfg, opts, str(model_path), pad_id) if cfg.algo.estimator == "gae" else []
-    warming = [r.warm_up.remote(warm_up_len(cfg)) for r in ranks] if cfg.trainer.warm_up else []  # while engines start
+    warming = [r.warm_up.remote(*warm_up) for r in ranks] if cfg.trainer.warm_up else []  # while engines start
     everyone = [*ranks, *rollout, reward, *references, *critics]
     actors = Actors(trainer, rollout, reward, reference, pgs[0], everyone, trainer_ranks=ranks, pgs=pgs, plan=plan,
                     critic=critics[0] if critics else None, critic_ranks=critics, reference_ranks=references)
@@ -322,11 +328,6 @@ def actor_options(plan: JobPlan, pgs: list, role: str, k: int = 0, env: Optional
     tensor-parallel engine)."""
     slot = plan.slots[role][k]
     return {**slot_options(pgs, slot), "runtime_env": {"env_vars": {**QUIET_ENV, **(env or {}), **slot_env(slot)}}}
-
-
-def warm_up_len(cfg) -> int:
-    """The longest sequence the trainer can get, tokens: the trainer's warm-up shape (trainer.warm_up)."""
-    return cfg.rollout.max_model_len if cfg.env.name else cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
 
 
 def slot_env(slot: ActorSlot) -> dict[str, str]:

@@ -7,7 +7,8 @@ CPU machine (a VM, where a first touch is slow) a steady step of the default mod
 14-19 s in the kernel (0.7 M minor faults a step) and the first step 11-19 s of 25-37 s; with "auto" 0.2-0.3 s
 of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
 
-"auto" sets, for every actor process started by the job (through Ray's runtime_env, read by glibc when the
+"auto" applies to CPU runs (placement.resource other than "GPU": the problem is the CPU trainer's; on a GPU node the
+host heap is not on the step's path and "auto" sets nothing). It sets, for every actor process started by the job (through Ray's runtime_env, read by glibc when the
 process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
 
     glibc.malloc.mmap_max=0                   large blocks come from the heap, not from a fresh mmap each time
@@ -29,7 +30,7 @@ ENV = "GLIBC_TUNABLES"
 TRIM_THRESHOLD = 64 << 30  # bytes: never trim in practice
 AUTO = ("glibc.malloc.mmap_max=0", f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
 HUGETLB = "glibc.malloc.hugetlb=1"  # glibc 2.35+
-_ITEM = re.compile(r"^glibc\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.]+$")
+_ITEM = re.compile(r"^glibc\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,+-]+$")  # e.g. glibc.cpu.hwcaps=-AVX512F,-AVX2
 
 
 def check_tunables(value: str) -> None:
@@ -53,18 +54,21 @@ def glibc_version(version: Optional[tuple[str, str]] = None) -> Optional[tuple[i
 
 
 def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
-                 version: Optional[tuple[int, int]] = None) -> dict[str, str]:
+                 version: Optional[tuple[int, int]] = None, gpu: bool = False) -> dict[str, str]:
     """The environment variables every actor gets for `run.glibc_tunables` = `setting` ({} or {ENV: value}).
 
-    "auto": the module docstring's settings, for glibc >= 2.26 (None or older: {}); when the driver's own
-    environment already has GLIBC_TUNABLES, that is passed on instead (the user's choice). "none" or "": {}. Any other
-    value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors run
+    "auto": the module docstring's settings, for glibc >= 2.26 (None or older: {}) on a CPU run (`gpu` False;
+    a GPU run: {}); when the driver's own environment already has GLIBC_TUNABLES, that is passed on instead (the
+    user's choice). "none" or "": {} (an actor then has whatever GLIBC_TUNABLES its raylet's environment has: a
+    local Ray started by the driver inherits the driver's). Any other value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors run
     on the driver's image). Raises ValueError for a malformed setting (`check_tunables`)."""
     check_tunables(setting)
     if setting in ("none", ""):
         return {}
     if setting != "auto":
         return {ENV: setting}
+    if gpu:
+        return {}
     if environ.get(ENV):
         return {ENV: environ[ENV]}
     version = glibc_version() if version is None else version
@@ -76,5 +80,5 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
 
 def run_env(cfg) -> dict[str, str]:
     """Environment variables every actor of the run gets (orchestrator/job.py `actor_options`): glibc's malloc
-    settings for `run.glibc_tunables`."""
-    return tunables_env(cfg.run.glibc_tunables)
+    settings for `run.glibc_tunables` ("auto": on CPU runs only, placement.resource other than "GPU")."""
+    return tunables_env(cfg.run.glibc_tunables, gpu=cfg.placement.resource.upper() == "GPU")

@@ -157,9 +157,10 @@ class TrainerConfig:
     # across them; NCCL on GPUs, gloo on CPU. 1 = a single unsharded trainer.
     num_workers: int = number(1, ge=1, note="(the number of FSDP2 trainer ranks)")
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
-    # Before step 1, while the engines start: the largest micro-batch the config allows (data.max_prompt_tokens +
-    # rollout.max_new_tokens; multi-turn rollout.max_model_len), forward and backward, and the optimizer state, so
-    # the first steps do not page their memory in and a micro-batch that cannot fit fails at start (actors/trainer/warmup.py)
+    # CPU trainers, before step 1, while the engines start: the largest micro-batch the config allows (the data's
+    # longest prompt + rollout.max_new_tokens; multi-turn env.max_tokens), forward and backward through the step's
+    # own forward, and the optimizer state, so the first steps do not page their memory in and a micro-batch that
+    # cannot fit fails at start (actors/trainer/warmup.py; a GPU trainer skips it)
     warm_up: bool = True
     # Sequence packing: the micro-batches of a mini-batch are rows of at most `micro_batch_tokens`
     # tokens, filled first-fit decreasing; position ids restart per sequence and no token attends across
@@ -245,8 +246,9 @@ class RunConfig:
     # abandoned (no new checkpoint); keep it below the scheduler's kill delay (Slurm KillWait, k8s grace period).
     stop_grace_s: float = number(25.0, gt=0)
     # glibc malloc settings of every actor process (orchestrator/malloc_env.py): "auto" keeps freed memory mapped
-    # and the heap on huge pages (a CPU training step stops refaulting gigabytes of pages: 1.1-1.5x faster here),
-    # unless GLIBC_TUNABLES is set where the run is started (then that); "none" = glibc's defaults; or a
+    # and the heap on huge pages (a CPU training step stops refaulting gigabytes of pages: 1.1-1.5x faster here) on
+    # CPU runs (nothing with placement.resource=GPU), unless GLIBC_TUNABLES is set where the run is started (then
+    # that); "none" = glibc's defaults; or a
     # GLIBC_TUNABLES string ("glibc.malloc.mmap_max=0:...").
     glibc_tunables: str = "auto"
 

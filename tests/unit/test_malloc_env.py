@@ -56,6 +56,18 @@ def test_the_default_config_uses_auto_on_every_actor():
     assert run_env(cfg) == tunables_env("auto")
 
 
+def test_auto_sets_nothing_on_a_gpu_run_but_a_given_string_is_passed_on():
+    assert tunables_env("auto", environ={}, version=(2, 36), gpu=True) == {}
+    gpu = load_config(CPU_YAML, ["placement.resource=GPU"])
+    assert run_env(gpu) == {}
+    given = "glibc.malloc.arena_max=2"
+    assert run_env(load_config(CPU_YAML, ["placement.resource=GPU", f"run.glibc_tunables={given}"])) == {ENV: given}
+
+
+def test_values_with_signs_and_lists_are_valid_settings():
+    check_tunables("glibc.cpu.hwcaps=-AVX512F,-AVX2_Usable:glibc.malloc.arena_max=2")
+
+
 _FAULTS = textwrap.dedent("""
     import ctypes, resource
     libc = ctypes.CDLL("libc.so.6")

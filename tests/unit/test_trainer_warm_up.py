@@ -1,19 +1,21 @@
 """The trainer's warm-up (trainer.warm_up, actors/trainer/warmup.py) changes nothing a run computes: a warmed-up
 trainer takes the same steps bit for bit as one that was not, and leaves the weights, optimizer, schedule, step
-count and RNG as they were; its shape is the largest micro-batch the config allows."""
+count and RNG as they were; its micro-batch is the largest the config allows, collated as a step collates it and
+run through the step's own forward (autocast, packing); a trainer on a GPU skips it."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from actors.trainer import warmup
 from actors.trainer.trainer import Trainer
-from actors.trainer.warmup import touch_optimizer_state, warm_up_shape
+from actors.trainer.warmup import touch_optimizer_state, warm_up_lengths, warm_up_rows
 from orchestrator.config import load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
-from orchestrator.job import warm_up_len
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -31,26 +33,49 @@ def _trainer(tiny, **over) -> Trainer:
     return Trainer(str(tiny), tc, OmegaConf.structured(AlgoConfig), temperature=1.0, max_new_tokens=8)
 
 
-@pytest.mark.parametrize("packing", [False, True])
-def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, packing):
-    over = {"packing": packing, "micro_batch_tokens": 24}
+@pytest.mark.parametrize("over", [{"packing": False}, {"packing": True}, {"precision": "bf16"}])
+def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
+    over = {"micro_batch_tokens": 24, **over}
     cold, warm = _trainer(tiny, **over), _trainer(tiny, **over)
     torch.manual_seed(7)
     rng = torch.get_rng_state()
     weights = {k: v.clone() for k, v in warm.model.state_dict().items()}
     lr = warm.scheduler.get_last_lr()
-    out = warm.warm_up(20)
+    out = warm.warm_up(6, 8)
     assert out["trainer/warm_up_s"] > 0
     assert all(torch.equal(v, weights[k]) for k, v in warm.model.state_dict().items())  # weights untouched
     assert not warm.optimizer.state and all(p.grad is None for p in warm.model.parameters())
     assert warm.step == 0 and warm.scheduler.get_last_lr() == lr and torch.equal(torch.get_rng_state(), rng)
     for seed in (0, 1):
-        a, b = cold.train_step(random_batch(8, seed)), warm.train_step(random_batch(8, seed))
+        torch.manual_seed(seed)
+        a = cold.train_step(random_batch(8, seed))
+        torch.manual_seed(seed)
+        b = warm.train_step(random_batch(8, seed))
         assert a["actor/loss"] == b["actor/loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
     assert all(torch.equal(v, cold.model.state_dict()[k]) for k, v in warm.model.state_dict().items())
     for p, q in zip(cold.model.parameters(), warm.model.parameters()):
         sa, sb = cold.optimizer.state[p], warm.optimizer.state[q]
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("packing, shape", [(False, (3, 14)), (True, (1, 28))])
+def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, packing, shape):
+    seen = []
+
+    def spy(trainer, mb, prompts, responses, router=None):
+        seen.append((tuple(mb.input_ids.shape), [len(p) for p in prompts], [len(r) for r in responses]))
+        return real(trainer, mb, prompts, responses, router)
+
+    real = warmup.policy_forward
+    monkeypatch.setattr(warmup, "policy_forward", spy)
+    _trainer(tiny, packing=packing, micro_batch_tokens=30).warm_up(6, 8)
+    rows = shape[0] if not packing else 2  # 30 // 14 sequences in one packed row
+    assert seen == [(shape, [6] * rows, [8] * rows)]
+
+
+def test_a_trainer_on_a_gpu_skips_it():
+    on_device = SimpleNamespace(model=torch.nn.Linear(2, 2, device="meta"))  # any device but the CPU
+    assert warmup.warm_up(on_device, 6, 8) == {"trainer/warm_up_s": 0.0}
 
 
 def test_touch_optimizer_state_leaves_adamw_as_new():
@@ -64,11 +89,15 @@ def test_touch_optimizer_state_leaves_adamw_as_new():
 
 
 def test_the_shape_is_the_largest_micro_batch_the_config_allows():
-    assert warm_up_shape(8, 304, packing=False, micro_batch_tokens=4096) == (8, 304)
-    assert warm_up_shape(8, 304, packing=True, micro_batch_tokens=4096) == (1, 4096)
+    assert warm_up_rows(8, packing=False, micro_batch_tokens=4096, seq_len=304) == 8
+    assert warm_up_rows(8, packing=True, micro_batch_tokens=4096, seq_len=304) == 13  # 13 x 304 <= 4096
+    assert warm_up_rows(8, packing=True, micro_batch_tokens=256, seq_len=304) == 1
     with pytest.raises(ValueError, match="warm-up micro-batch"):
-        warm_up_shape(0, 304, packing=False, micro_batch_tokens=4096)
+        warm_up_rows(0, packing=False, micro_batch_tokens=4096, seq_len=304)
+    with pytest.raises(ValueError, match="prompt_len=0"):
+        warmup.warm_up(SimpleNamespace(), 0, 8)
     cfg = load_config(CONFIGS / "grpo_arith_cpu.yaml")
-    assert warm_up_len(cfg) == cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    assert warm_up_lengths(cfg, 41) == (41, cfg.rollout.max_new_tokens)  # the data's longest prompt
+    assert warm_up_lengths(cfg) == (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens)
     multi = load_config(CONFIGS / "grpo_frozenlake_cpu.yaml")
-    assert warm_up_len(multi) == multi.rollout.max_model_len  # multi-turn: observations too, up to the context
+    assert warm_up_lengths(multi, 100) == (100, multi.env.max_tokens - 100)  # every turn and observation scored
