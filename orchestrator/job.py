@@ -38,6 +38,7 @@ from orchestrator.placement.groups import (PlacementError, env_actor_options, mi
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
 from orchestrator.malloc_env import run_env
+from orchestrator.memory.preflight import longest_sequence
 from orchestrator.ray_connect import QUIET_ENV, connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
 
@@ -271,15 +272,13 @@ class Job:
 def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int,
                  longest_prompt: Optional[int] = None) -> Actors:
     """Reserve every placement group (gang scheduling), then start trainer x D, rollout x R, reference, reward;
-    the trainer warms up (trainer.warm_up) for `warm_up_lengths(cfg, longest_prompt)` while the engines start."""
+    the trainer warms up (trainer.warm_up) for `longest_sequence(cfg, longest_prompt)` while the engines start."""
     connect_ray(cfg)
     plan = plan_job(cfg)
     pgs = reserve_groups(plan.groups, cfg.placement.timeout_s, cfg.placement.resource)
 
     try:
-        from actors.trainer.warmup import warm_up_lengths
-
-        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id, warm_up_lengths(cfg, longest_prompt))
+        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id, longest_sequence(cfg, longest_prompt))
     except BaseException:
         remove_groups(pgs)  # a failed start leaves nothing reserved (removing a group kills its actors)
         raise

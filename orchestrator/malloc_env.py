@@ -58,10 +58,11 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
     """The environment variables every actor gets for `run.glibc_tunables` = `setting` ({} or {ENV: value}).
 
     "auto": the module docstring's settings, for glibc >= 2.26 (None or older: {}) on a CPU run (`gpu` False;
-    a GPU run: {}); when the driver's own environment already has GLIBC_TUNABLES, that is passed on instead (the
-    user's choice). "none" or "": {} (an actor then has whatever GLIBC_TUNABLES its raylet's environment has: a
-    local Ray started by the driver inherits the driver's). Any other value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors run
-    on the driver's image). Raises ValueError for a malformed setting (`check_tunables`)."""
+    a GPU run: {}, even with GLIBC_TUNABLES in `environ`); on a CPU run a GLIBC_TUNABLES already in the driver's
+    environment is passed on instead (the user's choice). "none" or "": {} (an actor then has whatever
+    GLIBC_TUNABLES its raylet's environment has: a local Ray started by the driver inherits the driver's). Any
+    other value: passed on as it is. `version`: glibc's (major, minor), by default this machine's (the actors
+    run on the driver's image). Raises ValueError for a malformed setting (`check_tunables`)."""
     check_tunables(setting)
     if setting in ("none", ""):
         return {}

@@ -19,43 +19,42 @@ the LR schedule and the trainer's step count are not touched.
 from __future__ import annotations
 
 import time
-from typing import Optional
-
 import torch
 
+from actors.trainer import prefix_share
 from actors.trainer.forward import collate, collate_packed
 from actors.trainer.policy_forward import policy_forward
 
 
-def warm_up_lengths(cfg, longest_prompt: Optional[int] = None) -> tuple[int, int]:
-    """(prompt, response) tokens of the longest sequence a step can get: the trainer's warm-up shape
-    (trainer.warm_up). `longest_prompt`: the data's longest rendered prompt (None: data.max_prompt_tokens).
-    Single-turn: rollout.max_new_tokens of response; multi-turn: a trajectory of env.max_tokens ids in all, every
-    one after the first prompt scored (turns and observations)."""
-    prompt = max(cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt, 1)
-    if cfg.env.name:
-        return prompt, max(cfg.env.max_tokens - prompt, 1)
-    return prompt, cfg.rollout.max_new_tokens
-
-
-def warm_up_rows(micro_batch_size: int, packing: bool, micro_batch_tokens: int, seq_len: int) -> int:
-    """Sequences of `seq_len` tokens in the largest micro-batch: `micro_batch_size` padded rows, or as many as one
-    packed row of `micro_batch_tokens` holds (at least one; trainer.packing). Raises ValueError for a size,
-    budget or length below 1."""
-    if min(micro_batch_size, micro_batch_tokens, seq_len) < 1:
+def warm_up_sequences(micro_batch_size: int, packing: bool, micro_batch_tokens: int, prompt_len: int,
+                      response_len: int) -> list[tuple[int, int]]:
+    """(prompt, response) tokens of each sequence of the largest micro-batch: `micro_batch_size` padded rows of
+    `prompt_len` + `response_len`, or one packed row of exactly `micro_batch_tokens` (trainer.packing): as many
+    whole sequences as it holds (at least one), then one shorter sequence with the tokens left when they are at
+    least 2 (a sequence needs a prompt and a response token). Raises ValueError for a size, budget or length
+    below 1."""
+    if min(micro_batch_size, micro_batch_tokens, prompt_len, response_len) < 1:
         raise ValueError(f"warm-up micro-batch: micro_batch_size={micro_batch_size}, micro_batch_tokens="
-                         f"{micro_batch_tokens} and the sequence length {seq_len} must all be >= 1")
-    return max(micro_batch_tokens // seq_len, 1) if packing else micro_batch_size
+                         f"{micro_batch_tokens}, prompt_len={prompt_len} and response_len={response_len} must all "
+                         f"be >= 1")
+    if not packing:
+        return [(prompt_len, response_len)] * micro_batch_size
+    whole = max(micro_batch_tokens // (prompt_len + response_len), 1)
+    rest = micro_batch_tokens - whole * (prompt_len + response_len)
+    tail = [(min(prompt_len, rest - 1), rest - min(prompt_len, rest - 1))] if rest >= 2 else []
+    return [(prompt_len, response_len)] * whole + tail
 
 
 def warm_up(trainer, prompt_len: int, response_len: int) -> dict[str, float]:
     """Run the warm-up on `trainer` (an actors/trainer Trainer; every rank of a sharded or context-parallel trainer
-    at once, as they get the same micro-batch): `warm_up_rows(...)` sequences of `prompt_len` + `response_len`
-    random token ids (int64; the longest prompt and response a step can get, tokens) collated as a step collates
-    them, one forward through `policy_forward` (precision's autocast, context parallelism, response-only logits)
-    and one backward, then `touch_optimizer_state`. Returns {"trainer/warm_up_s": seconds; 0.0 when skipped on
-    a GPU}. Raises ValueError for a length below 1, torch.OutOfMemoryError naming the shape when it does not fit,
-    and what the forward or backward raise."""
+    at once, as they get the same micro-batch): the `warm_up_sequences(...)` of random token ids (int64; the
+    longest prompt and response a step can get, tokens: orchestrator.memory.preflight.longest_sequence) collated
+    as a step collates them, forward through `policy_forward` (precision's autocast, context parallelism,
+    response-only logits) and backward, its sequences sharing one prompt as a GRPO group's do when the trainer uses
+    the shared-prompt forward (actors/trainer/prefix_share.py; distinct prompts otherwise); then
+    `touch_optimizer_state`. Returns {"trainer/warm_up_s": seconds; 0.0 when skipped on a GPU}. Raises ValueError
+    for a length below 1; torch.OutOfMemoryError or RuntimeError (CPU allocator) naming the shape when it does
+    not fit; what the forward or backward raise."""
     if prompt_len < 1 or response_len < 1:
         raise ValueError(f"warm-up: prompt_len={prompt_len} and response_len={response_len} must be >= 1")
     model = trainer.model
@@ -63,21 +62,36 @@ def warm_up(trainer, prompt_len: int, response_len: int) -> dict[str, float]:
         return {"trainer/warm_up_s": 0.0}
     t0 = time.perf_counter()
     cfg = trainer.cfg
-    rows = warm_up_rows(cfg.micro_batch_size, cfg.packing, cfg.micro_batch_tokens, prompt_len + response_len)
+    lengths = warm_up_sequences(cfg.micro_batch_size, cfg.packing, cfg.micro_batch_tokens, prompt_len, response_len)
+    shared = len(lengths) > 1 and prefix_share.enabled(trainer)  # a GRPO group's samples share their prompt
+    generator = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(0, vocab, (rows, prompt_len + response_len), generator=torch.Generator().manual_seed(0))
-    prompts, responses = ids[:, :prompt_len].tolist(), ids[:, prompt_len:].tolist()
-    mb = collate_packed(prompts, responses) if cfg.packing else collate(prompts, responses, pad_id=trainer.pad_id)
+    prompts = [torch.randint(0, vocab, (p,), generator=generator).tolist() for p, _ in lengths]
+    if shared:
+        prompts = [prompts[0][:p] for p, _ in lengths]
+    responses = [torch.randint(0, vocab, (r,), generator=generator).tolist() for _, r in lengths]
     try:
-        with torch.random.fork_rng(devices=[]):  # dropout draws from the CPU RNG: the run's draws stay the same
-            logprobs, entropy, _ = policy_forward(trainer, mb, prompts, responses)
-            loss = logprobs.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
-            loss.backward()
-    except torch.OutOfMemoryError as e:
-        raise torch.OutOfMemoryError(f"trainer warm-up: a micro-batch of {rows} sequences of {prompt_len} + "
-                                     f"{response_len} tokens (the largest the config allows) does not fit: {e}") from e
+        _forward_backward(trainer, prompts, responses)
+    except RuntimeError as e:  # torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError
+        if not isinstance(e, torch.OutOfMemoryError) and "alloc" not in str(e):
+            raise
+        raise type(e)(f"trainer warm-up: a micro-batch of {len(lengths)} sequences of {prompt_len} + "
+                      f"{response_len} tokens (the largest the config allows) does not fit: {e}") from e
     touch_optimizer_state(trainer.optimizer)
     return {"trainer/warm_up_s": time.perf_counter() - t0}
+
+
+def _forward_backward(trainer, prompts: list[list[int]], responses: list[list[int]]) -> None:
+    """One micro-batch collated as a step collates it, through `policy_forward` and backward; the CPU RNG (which
+    dropout draws from) is forked, so the run's draws stay the same."""
+    if trainer.cfg.packing:
+        mb = collate_packed(prompts, responses)
+    else:
+        mb = collate(prompts, responses, pad_id=trainer.pad_id)
+    with torch.random.fork_rng(devices=[]):
+        logprobs, entropy, _ = policy_forward(trainer, mb, prompts, responses)
+        loss = logprobs.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)
+        loss.backward()
 
 
 def touch_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

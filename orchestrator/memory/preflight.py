@@ -80,12 +80,23 @@ def _colocated(cfg) -> tuple:
     return tuple(out)
 
 
+def longest_sequence(cfg, longest_prompt: Optional[int] = None) -> tuple[int, int]:
+    """(prompt, response) tokens of the longest sequence a training step can get, which the memory plan and the
+    trainer's warm-up (trainer.warm_up) size for. `longest_prompt`: the data's longest rendered prompt (None:
+    data.max_prompt_tokens). Single-turn: rollout.max_new_tokens of response; multi-turn (env.name set): a
+    trajectory of env.max_tokens ids in all, every one after the first prompt scored (turns and observations)."""
+    prompt = max(cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt, 1)
+    if cfg.env.name:
+        return prompt, max(cfg.env.max_tokens - prompt, 1)
+    return prompt, cfg.rollout.max_new_tokens
+
+
 def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[int] = None) -> RunShape:
     """The RunShape a run config describes. prompt_len: the longest rendered prompt (tokens); default
-    data.max_prompt_tokens. Frozen copies count 4 bytes a parameter: the reference, the reward model
-    and a LoRA base are loaded in fp32 by the actors."""
+    data.max_prompt_tokens. Sequences are `longest_sequence`'s. Frozen copies count 4 bytes a parameter: the
+    reference, the reward model and a LoRA base are loaded in fp32 by the actors."""
     t, r = cfg.trainer, cfg.rollout
-    prompt = prompt_len if prompt_len is not None else cfg.data.max_prompt_tokens
+    prompt, response = longest_sequence(cfg, prompt_len)
     arch = (hf_config.get("architectures") or [""])[0]
     attention = hf_config.get("_attn_implementation") or hf_config.get("attn_implementation") or "sdpa"
     reward = None
@@ -93,8 +104,8 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
         reward = model_shape(load_hf_config(cfg.reward.model_path), name=str(cfg.reward.model_path))
     return RunShape(
         algorithm="ppo" if cfg.algo.estimator == "gae" else "grpo", device="gpu" if _on_gpu(cfg) else "cpu", precision=t.precision,
-        trainer_ranks=t.num_workers, micro_batch_size=t.micro_batch_size, seq_len=prompt + r.max_new_tokens,
-        response_len=r.max_new_tokens, packing_tokens=t.micro_batch_tokens if t.packing else 0,
+        trainer_ranks=t.num_workers, micro_batch_size=t.micro_batch_size, seq_len=prompt + response,
+        response_len=response, packing_tokens=t.micro_batch_tokens if t.packing else 0,
         gradient_checkpointing=t.gradient_checkpointing, attention="eager" if attention == "eager" else "sdpa",
         logits_all_positions=arch not in FAST_PATH_ARCHS, lora_rank=t.lora.rank,
         lora_targets=tuple(t.lora.target_modules), frozen_bytes=4, reference=cfg.algo.kl_coef > 0,

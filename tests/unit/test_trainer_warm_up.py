@@ -1,7 +1,8 @@
 """The trainer's warm-up (trainer.warm_up, actors/trainer/warmup.py) changes nothing a run computes: a warmed-up
 trainer takes the same steps bit for bit as one that was not, and leaves the weights, optimizer, schedule, step
 count and RNG as they were; its micro-batch is the largest the config allows, collated as a step collates it and
-run through the step's own forward (autocast, packing); a trainer on a GPU skips it."""
+run through the step's own forward (autocast, packing, the shared-prompt forward); a trainer on a GPU skips it;
+a micro-batch that does not fit names its shape."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +14,10 @@ from omegaconf import OmegaConf
 
 from actors.trainer import warmup
 from actors.trainer.trainer import Trainer
-from actors.trainer.warmup import touch_optimizer_state, warm_up_lengths, warm_up_rows
+from actors.trainer.warmup import touch_optimizer_state, warm_up_sequences
 from orchestrator.config import load_config
 from orchestrator.config.schema import AlgoConfig, TrainerConfig
+from orchestrator.memory.preflight import longest_sequence
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -33,7 +35,8 @@ def _trainer(tiny, **over) -> Trainer:
     return Trainer(str(tiny), tc, OmegaConf.structured(AlgoConfig), temperature=1.0, max_new_tokens=8)
 
 
-@pytest.mark.parametrize("over", [{"packing": False}, {"packing": True}, {"precision": "bf16"}])
+@pytest.mark.parametrize("over", [{"packing": False}, {"packing": True}, {"precision": "bf16-autocast"},
+                                  {"shared_prefix": False}])
 def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
     over = {"micro_batch_tokens": 24, **over}
     cold, warm = _trainer(tiny, **over), _trainer(tiny, **over)
@@ -58,19 +61,39 @@ def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-@pytest.mark.parametrize("packing, shape", [(False, (3, 14)), (True, (1, 28))])
-def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, packing, shape):
+@pytest.mark.parametrize("over, seen_shapes", [
+    ({"packing": False, "shared_prefix": False}, [((3, 14), [6] * 3, [8] * 3, 3)]),
+    ({"packing": True}, [((1, 30), [6, 6, 1], [8, 8, 1], 3)]),  # 2 x 14 tokens, then 2 to fill the row
+    ({"packing": False, "shared_prefix": True}, [((3, 14), [6] * 3, [8] * 3, 1)]),
+])
+def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, over, seen_shapes):
     seen = []
 
     def spy(trainer, mb, prompts, responses, router=None):
-        seen.append((tuple(mb.input_ids.shape), [len(p) for p in prompts], [len(r) for r in responses]))
+        torch.rand(1)  # draws from the CPU RNG as dropout would: the warm-up must give the state back
+        seen.append((tuple(mb.input_ids.shape), [len(p) for p in prompts], [len(r) for r in responses],
+                     len({tuple(p) for p in prompts})))
         return real(trainer, mb, prompts, responses, router)
 
     real = warmup.policy_forward
     monkeypatch.setattr(warmup, "policy_forward", spy)
-    _trainer(tiny, packing=packing, micro_batch_tokens=30).warm_up(6, 8)
-    rows = shape[0] if not packing else 2  # 30 // 14 sequences in one packed row
-    assert seen == [(shape, [6] * rows, [8] * rows)]
+    trainer = _trainer(tiny, micro_batch_tokens=30, **over)
+    rng = torch.get_rng_state()
+    trainer.warm_up(6, 8)
+    assert seen == seen_shapes  # shared_prefix: one prompt shared as in a GRPO group
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_micro_batch_that_does_not_fit_names_its_shape(tiny, monkeypatch):
+    def no_memory(*args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(warmup, "policy_forward", no_memory)
+    with pytest.raises(RuntimeError, match="3 sequences of 6 \\+ 8 tokens .* does not fit: .*DefaultCPUAllocator"):
+        _trainer(tiny).warm_up(6, 8)
+    monkeypatch.setattr(warmup, "policy_forward", lambda *a: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="^shape mismatch$"):  # other errors pass through unchanged
+        _trainer(tiny).warm_up(6, 8)
 
 
 def test_a_trainer_on_a_gpu_skips_it():
@@ -89,15 +112,16 @@ def test_touch_optimizer_state_leaves_adamw_as_new():
 
 
 def test_the_shape_is_the_largest_micro_batch_the_config_allows():
-    assert warm_up_rows(8, packing=False, micro_batch_tokens=4096, seq_len=304) == 8
-    assert warm_up_rows(8, packing=True, micro_batch_tokens=4096, seq_len=304) == 13  # 13 x 304 <= 4096
-    assert warm_up_rows(8, packing=True, micro_batch_tokens=256, seq_len=304) == 1
+    assert warm_up_sequences(8, False, 4096, 48, 256) == [(48, 256)] * 8
+    assert warm_up_sequences(8, True, 4096, 48, 256) == [(48, 256)] * 13 + [(48, 96)]  # 13 x 304 + 144 = 4096
+    assert warm_up_sequences(8, True, 256, 48, 256) == [(48, 256)]  # longer than the row: alone in it
+    assert warm_up_sequences(2, True, 7, 2, 1) == [(2, 1)] * 2  # 1 token left: no sequence
     with pytest.raises(ValueError, match="warm-up micro-batch"):
-        warm_up_rows(0, packing=False, micro_batch_tokens=4096, seq_len=304)
+        warm_up_sequences(0, False, 4096, 48, 256)
     with pytest.raises(ValueError, match="prompt_len=0"):
         warmup.warm_up(SimpleNamespace(), 0, 8)
     cfg = load_config(CONFIGS / "grpo_arith_cpu.yaml")
-    assert warm_up_lengths(cfg, 41) == (41, cfg.rollout.max_new_tokens)  # the data's longest prompt
-    assert warm_up_lengths(cfg) == (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens)
+    assert longest_sequence(cfg, 41) == (41, cfg.rollout.max_new_tokens)  # the data's longest prompt
+    assert longest_sequence(cfg) == (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens)
     multi = load_config(CONFIGS / "grpo_frozenlake_cpu.yaml")
-    assert warm_up_lengths(multi, 100) == (100, multi.env.max_tokens - 100)  # every turn and observation scored
+    assert longest_sequence(multi, 100) == (100, multi.env.max_tokens - 100)  # every turn and observation scored
