@@ -91,7 +91,8 @@ class GRPOController:
         self.loader_start = self.loader.state_dict()  # a restart before the first checkpoint rewinds to it
         self.last_checkpoint: Optional[str] = str(self.resume_from) if self.resume_from else None
         self.stop = StopOnSignal(cfg.run.stop_grace_s)  # installed by run()
-        self.job = Job(cfg, self.model_path, self.pad_id, max(map(len, self.prompt_ids), default=1))
+        self.longest_prompt = max(map(len, self.prompt_ids), default=1)  # memory plan and trainer warm-up
+        self.job = Job(cfg, self.model_path, self.pad_id, self.longest_prompt)
         self.critic = CriticStep(self.job, cfg)  # algo.estimator=gae: PPO's value model (orchestrator/critic_step.py)
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
@@ -112,10 +113,7 @@ class GRPOController:
         """Start the actors, run (or resume) to trainer.total_steps; returns where the outputs are.
         Raises MemoryPlanError (with the plan's table) before any actor starts when the run won't fit."""
         if self.cfg.memory.preflight:  # memory.force: a warning instead of the error
-            longest_prompt = max(map(len, self.prompt_ids), default=0)
-            if self.cfg.env.name:  # a trajectory holds up to env.max_tokens ids (prompt + every turn)
-                longest_prompt = max(self.cfg.env.max_tokens - self.cfg.rollout.max_new_tokens, 1)
-            preflight(self.cfg, self.model_path, longest_prompt)
+            preflight(self.cfg, self.model_path, self.longest_prompt)  # the lengths the trainer's warm-up runs
         self.job.start(self.resume_from)
         if self.resume_from is not None:
             self.restore(self.resume_from)

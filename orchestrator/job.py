@@ -272,20 +272,22 @@ class Job:
 def start_actors(cfg, model_path: Path, resume_from: Optional[Path], pad_id: int,
                  longest_prompt: Optional[int] = None) -> Actors:
     """Reserve every placement group (gang scheduling), then start trainer x D, rollout x R, reference, reward;
-    the trainer warms up (trainer.warm_up) for `longest_sequence(cfg, longest_prompt)` while the engines start."""
+    the trainer warms up (trainer.warm_up) for `longest_sequence(cfg, longest_prompt)` in groups of rollout.n
+    while the engines start."""
     connect_ray(cfg)
     plan = plan_job(cfg)
     pgs = reserve_groups(plan.groups, cfg.placement.timeout_s, cfg.placement.resource)
 
     try:
-        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id, longest_sequence(cfg, longest_prompt))
+        return _start_in_groups(cfg, plan, pgs, model_path, resume_from, pad_id,
+                                (*longest_sequence(cfg, longest_prompt), cfg.rollout.n))
     except BaseException:
         remove_groups(pgs)  # a failed start leaves nothing reserved (removing a group kills its actors)
         raise
 
 
 def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_from: Optional[Path], pad_id: int,
-                     warm_up: tuple[int, int]) -> Actors:
+                     warm_up: tuple[int, int, int]) -> Actors:
     from actors.reward import start_reward_actor
 
     def opts(role: str, k: int = 0) -> dict:

@@ -243,9 +243,9 @@ class Trainer:
         """Response-token logprobs under the current policy (no gradient), [B][len(response_i)]."""
         return prefix_share.trainer_batch_logprobs(self, prompt_ids, response_ids)  # shared prompts or plain
 
-    def warm_up(self, prompt_len: int, response_len: int) -> dict[str, float]:
+    def warm_up(self, prompt_len: int, response_len: int, group_size: int = 1) -> dict[str, float]:
         """Before step 1 (trainer.warm_up, CPU only): the largest micro-batch's forward/backward, the optimizer state."""
-        return warmup.warm_up(self, prompt_len, response_len)
+        return warmup.warm_up(self, prompt_len, response_len, group_size)
 
     def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
         """Logprobs [len(continuation_ids)] of the continuation at temperature 1, no gradient: the trainer's

@@ -25,6 +25,9 @@ from actors.trainer import prefix_share
 from actors.trainer.forward import collate, collate_packed
 from actors.trainer.policy_forward import policy_forward
 
+# what torch's CPU allocator (c10 DefaultCPUAllocator) says when malloc fails
+CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory",)
+
 
 def warm_up_sequences(micro_batch_size: int, packing: bool, micro_batch_tokens: int, prompt_len: int,
                       response_len: int) -> list[tuple[int, int]]:
@@ -45,38 +48,41 @@ def warm_up_sequences(micro_batch_size: int, packing: bool, micro_batch_tokens: 
     return [(prompt_len, response_len)] * whole + tail
 
 
-def warm_up(trainer, prompt_len: int, response_len: int) -> dict[str, float]:
+def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) -> dict[str, float]:
     """Run the warm-up on `trainer` (an actors/trainer Trainer; every rank of a sharded or context-parallel trainer
     at once, as they get the same micro-batch): the `warm_up_sequences(...)` of random token ids (int64; the
     longest prompt and response a step can get, tokens: orchestrator.memory.preflight.longest_sequence) collated
     as a step collates them, forward through `policy_forward` (precision's autocast, context parallelism,
-    response-only logits) and backward, its sequences sharing one prompt as a GRPO group's do when the trainer uses
-    the shared-prompt forward (actors/trainer/prefix_share.py; distinct prompts otherwise); then
-    `touch_optimizer_state`. Returns {"trainer/warm_up_s": seconds; 0.0 when skipped on a GPU}. Raises ValueError
-    for a length below 1; torch.OutOfMemoryError or RuntimeError (CPU allocator) naming the shape when it does
-    not fit; what the forward or backward raise."""
-    if prompt_len < 1 or response_len < 1:
-        raise ValueError(f"warm-up: prompt_len={prompt_len} and response_len={response_len} must be >= 1")
+    response-only logits) and backward, then `touch_optimizer_state`. When the trainer uses the shared-prompt
+    forward (actors/trainer/prefix_share.py), each run of `group_size` sequences (rollout.n, a GRPO group) shares
+    its prompt, as in a step's micro-batch; otherwise every prompt is distinct. Returns {"trainer/warm_up_s":
+    seconds; 0.0 when skipped on a GPU}. Raises ValueError for a length or group size below 1;
+    torch.OutOfMemoryError naming the shape when it does not fit (torch's, or the CPU allocator's RuntimeError);
+    what the forward or backward raise."""
+    if min(prompt_len, response_len, group_size) < 1:
+        raise ValueError(f"warm-up: prompt_len={prompt_len}, response_len={response_len} and group_size="
+                         f"{group_size} must be >= 1")
     model = trainer.model
     if next(model.parameters()).device.type != "cpu":
         return {"trainer/warm_up_s": 0.0}
     t0 = time.perf_counter()
     cfg = trainer.cfg
     lengths = warm_up_sequences(cfg.micro_batch_size, cfg.packing, cfg.micro_batch_tokens, prompt_len, response_len)
-    shared = len(lengths) > 1 and prefix_share.enabled(trainer)  # a GRPO group's samples share their prompt
+    group = group_size if group_size > 1 and prefix_share.enabled(trainer) else 1
     generator = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().num_embeddings
-    prompts = [torch.randint(0, vocab, (p,), generator=generator).tolist() for p, _ in lengths]
-    if shared:
-        prompts = [prompts[0][:p] for p, _ in lengths]
+    distinct = [torch.randint(0, vocab, (p,), generator=generator).tolist() for p, _ in lengths]
+    prompts = [distinct[i // group][:p] for i, (p, _) in enumerate(lengths)]
     responses = [torch.randint(0, vocab, (r,), generator=generator).tolist() for _, r in lengths]
     try:
         _forward_backward(trainer, prompts, responses)
     except RuntimeError as e:  # torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError
-        if not isinstance(e, torch.OutOfMemoryError) and "alloc" not in str(e):
+        if not isinstance(e, torch.OutOfMemoryError) and not any(m in str(e) for m in CPU_OUT_OF_MEMORY):
             raise
-        raise type(e)(f"trainer warm-up: a micro-batch of {len(lengths)} sequences of {prompt_len} + "
-                      f"{response_len} tokens (the largest the config allows) does not fit: {e}") from e
+        shape = (f"a packed row of {cfg.micro_batch_tokens} tokens ({len(lengths)} sequences)" if cfg.packing else
+                 f"a micro-batch of {len(lengths)} sequences of {prompt_len} + {response_len} tokens")
+        raise torch.OutOfMemoryError(f"trainer warm-up: {shape}, the largest the config allows, does not fit: "
+                                     f"{e}") from e
     touch_optimizer_state(trainer.optimizer)
     return {"trainer/warm_up_s": time.perf_counter() - t0}
 

@@ -82,13 +82,13 @@ def _colocated(cfg) -> tuple:
 
 def longest_sequence(cfg, longest_prompt: Optional[int] = None) -> tuple[int, int]:
     """(prompt, response) tokens of the longest sequence a training step can get, which the memory plan and the
-    trainer's warm-up (trainer.warm_up) size for. `longest_prompt`: the data's longest rendered prompt (None:
-    data.max_prompt_tokens). Single-turn: rollout.max_new_tokens of response; multi-turn (env.name set): a
-    trajectory of env.max_tokens ids in all, every one after the first prompt scored (turns and observations)."""
-    prompt = max(cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt, 1)
+    trainer's warm-up (trainer.warm_up) size for. Single-turn: `longest_prompt`, the data's longest rendered
+    prompt (None: data.max_prompt_tokens), and rollout.max_new_tokens of response. Multi-turn (env.name set): a
+    trajectory of env.max_tokens ids in all, whose first prompt is the environment's first observation (not known
+    before the run): every id but one counted as scored (turns and observations), the most logits it can have."""
     if cfg.env.name:
-        return prompt, max(cfg.env.max_tokens - prompt, 1)
-    return prompt, cfg.rollout.max_new_tokens
+        return 1, max(cfg.env.max_tokens - 1, 1)
+    return max(cfg.data.max_prompt_tokens if longest_prompt is None else longest_prompt, 1), cfg.rollout.max_new_tokens
 
 
 def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[int] = None) -> RunShape:

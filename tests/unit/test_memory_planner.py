@@ -159,8 +159,8 @@ def test_default_cpu_config_passes_on_a_24_gib_host(smol_config):
 
 def test_a_multi_turn_run_is_planned_for_its_whole_trajectory(smol_config):
     cfg = load_config("configs/grpo_frozenlake_cpu.yaml", ["memory.device_gib=24"])
-    run = plan_for_config(cfg, smol_config, prompt_len=100).run
-    assert (run.seq_len, run.response_len) == (cfg.env.max_tokens, cfg.env.max_tokens - 100)  # turns + observations
+    run = plan_for_config(cfg, smol_config, prompt_len=100).run  # the data's prompt is not the episode's first one
+    assert (run.seq_len, run.response_len) == (cfg.env.max_tokens, cfg.env.max_tokens - 1)  # turns + observations
     single = load_config("configs/grpo_arith_cpu.yaml")
     run = plan_for_config(single, smol_config, prompt_len=100).run
     assert (run.seq_len, run.response_len) == (100 + single.rollout.max_new_tokens, single.rollout.max_new_tokens)

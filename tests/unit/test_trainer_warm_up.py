@@ -64,7 +64,7 @@ def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
 @pytest.mark.parametrize("over, seen_shapes", [
     ({"packing": False, "shared_prefix": False}, [((3, 14), [6] * 3, [8] * 3, 3)]),
     ({"packing": True}, [((1, 30), [6, 6, 1], [8, 8, 1], 3)]),  # 2 x 14 tokens, then 2 to fill the row
-    ({"packing": False, "shared_prefix": True}, [((3, 14), [6] * 3, [8] * 3, 1)]),
+    ({"packing": False, "shared_prefix": True}, [((3, 14), [6] * 3, [8] * 3, 2)]),  # groups of 2: a + a + b
 ])
 def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, over, seen_shapes):
     seen = []
@@ -79,21 +79,28 @@ def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, o
     monkeypatch.setattr(warmup, "policy_forward", spy)
     trainer = _trainer(tiny, micro_batch_tokens=30, **over)
     rng = torch.get_rng_state()
-    trainer.warm_up(6, 8)
-    assert seen == seen_shapes  # shared_prefix: one prompt shared as in a GRPO group
+    trainer.warm_up(6, 8, group_size=2)
+    assert seen == seen_shapes  # shared_prefix: each GRPO group of 2 shares its prompt
     assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_a_micro_batch_that_does_not_fit_names_its_shape(tiny, monkeypatch):
-    def no_memory(*args):
-        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+    def raises(message):
+        def forward(*args):
+            raise RuntimeError(message)
+        return forward
 
-    monkeypatch.setattr(warmup, "policy_forward", no_memory)
-    with pytest.raises(RuntimeError, match="3 sequences of 6 \\+ 8 tokens .* does not fit: .*DefaultCPUAllocator"):
+    no_memory = "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8"
+    monkeypatch.setattr(warmup, "policy_forward", raises(no_memory))
+    with pytest.raises(torch.OutOfMemoryError, match="3 sequences of 6 \\+ 8 tokens, .* does not fit: .*DefaultCPU"):
         _trainer(tiny).warm_up(6, 8)
-    monkeypatch.setattr(warmup, "policy_forward", lambda *a: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
-    with pytest.raises(RuntimeError, match="^shape mismatch$"):  # other errors pass through unchanged
+    with pytest.raises(torch.OutOfMemoryError, match="a packed row of 30 tokens \\(3 sequences\\)"):
+        _trainer(tiny, packing=True, micro_batch_tokens=30).warm_up(6, 8)
+    other = "The tensor has a non-zero number of elements, but its data is not allocated yet"
+    monkeypatch.setattr(warmup, "policy_forward", raises(other))
+    with pytest.raises(RuntimeError, match="^The tensor has") as err:  # other errors pass through unchanged
         _trainer(tiny).warm_up(6, 8)
+    assert not isinstance(err.value, torch.OutOfMemoryError)
 
 
 def test_a_trainer_on_a_gpu_skips_it():
@@ -120,8 +127,10 @@ def test_the_shape_is_the_largest_micro_batch_the_config_allows():
         warm_up_sequences(0, False, 4096, 48, 256)
     with pytest.raises(ValueError, match="prompt_len=0"):
         warmup.warm_up(SimpleNamespace(), 0, 8)
+    with pytest.raises(ValueError, match="group_size=0"):
+        warmup.warm_up(SimpleNamespace(), 6, 8, group_size=0)
     cfg = load_config(CONFIGS / "grpo_arith_cpu.yaml")
     assert longest_sequence(cfg, 41) == (41, cfg.rollout.max_new_tokens)  # the data's longest prompt
     assert longest_sequence(cfg) == (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens)
     multi = load_config(CONFIGS / "grpo_frozenlake_cpu.yaml")
-    assert longest_sequence(multi, 100) == (100, multi.env.max_tokens - 100)  # every turn and observation scored
+    assert longest_sequence(multi, 100) == (1, multi.env.max_tokens - 1)  # the env's first observation: unknown
