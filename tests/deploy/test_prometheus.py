@@ -289,7 +289,8 @@ def _stub_controller(tmp_path, monkeypatch, port: int, fail_at: int | None = Non
     ctrl = object.__new__(controller_mod.GRPOController)
     ctrl.cfg, ctrl.out_dir, ctrl.resume_from, ctrl.last_checkpoint = cfg, tmp_path, None, None
     ctrl.start_step, ctrl.version, ctrl.job = 0, 0, StubJob()
-    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids = tmp_path / "model", 0, []  # what __init__ would have found
+    # what __init__ would have found:
+    ctrl.model_path, ctrl.pad_id, ctrl.prompt_ids, ctrl.longest_prompt = tmp_path / "model", 0, [], 1
     ctrl.metrics_path = tmp_path / "metrics.jsonl"
     ctrl.start_rollouts = lambda: None  # no rollout workers in the stub
     ctrl.evaluator = SimpleNamespace(before_steps=lambda run, log: None, after_step=lambda run, step: {})  # eval off
