@@ -7,9 +7,9 @@ CPU machine (a VM, where a first touch is slow) a steady step of the default mod
 14-19 s in the kernel (0.7 M minor faults a step) and the first step 11-19 s of 25-37 s; with "auto" 0.2-0.3 s
 of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
 
-"auto" applies to CPU runs (placement.resource other than "GPU": the problem is the CPU trainer's; on a GPU node the
-host heap is not on the step's path and "auto" sets nothing). It sets, for every actor process started by the job (through Ray's runtime_env, read by glibc when the
-process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
+"auto" applies to CPU runs (placement.resource other than "GPU": the problem is the CPU trainer's; on a GPU node
+the host heap is not on the step's path and "auto" sets nothing). It sets, for every actor process started by the
+job (through Ray's runtime_env, read by glibc when the process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
 
     glibc.malloc.mmap_max=0                   large blocks come from the heap, not from a fresh mmap each time
     glibc.malloc.trim_threshold=<64 GiB>      freed heap memory stays mapped for the next step (not trimmed)
@@ -25,6 +25,8 @@ import os
 import platform
 import re
 from typing import Mapping, Optional
+
+from orchestrator.placement.plan import on_gpu
 
 ENV = "GLIBC_TUNABLES"
 TRIM_THRESHOLD = 64 << 30  # bytes: never trim in practice
@@ -82,4 +84,4 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
 def run_env(cfg) -> dict[str, str]:
     """Environment variables every actor of the run gets (orchestrator/job.py `actor_options`): glibc's malloc
     settings for `run.glibc_tunables` ("auto": on CPU runs only, placement.resource other than "GPU")."""
-    return tunables_env(cfg.run.glibc_tunables, gpu=cfg.placement.resource.upper() == "GPU")
+    return tunables_env(cfg.run.glibc_tunables, gpu=on_gpu(cfg))

@@ -72,6 +72,14 @@ def collate(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence
     return MicroBatch(input_ids, attention_mask, input_ids[:, 1:], mask, values)
 
 
+def collate_micro_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], packing: bool,
+                        per_token: Optional[dict[str, Sequence[Sequence[float]]]] = None, pad_id: int = 0) -> MicroBatch:
+    """A training micro-batch as trainer.packing lays it out: `collate_packed` (one packed row) or `collate`."""
+    if packing:
+        return collate_packed(prompt_ids, response_ids, per_token)
+    return collate(prompt_ids, response_ids, per_token, pad_id)
+
+
 def collate_packed(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                    per_token: Optional[dict[str, Sequence[Sequence[float]]]] = None) -> MicroBatch:
     """Lay the samples end to end in ONE row, without padding (sequence packing, case C11).

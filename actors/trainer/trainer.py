@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
-from actors.trainer.forward import LOSS_MASK, collate, collate_packed, split_micro_batches
+from actors.trainer.forward import LOSS_MASK, collate_micro_batch, split_micro_batches
 from actors.trainer.policy_forward import policy_forward
 from actors.trainer import attention, finite, fp8, lora, prefix_share, warmup
 from actors.trainer.moe_loss import RouterAux
@@ -147,8 +147,7 @@ class Trainer:
             if trained is not None:
                 per_token[LOSS_MASK] = [trained[i] for i in part]
             prompts, responses = [batch.prompt_ids[i] for i in part], [batch.response_ids[i] for i in part]
-            mb = (collate_packed(prompts, responses, per_token) if self.cfg.packing
-                  else collate(prompts, responses, per_token, self.pad_id))
+            mb = collate_micro_batch(prompts, responses, self.cfg.packing, per_token, self.pad_id)
             for k, v in self._micro_batch_backward(mb, batch, part, norm).items():
                 sums[k] = sums.get(k, 0.0) + v
         for _ in range(empty):  # every rank runs as many forward/backward passes (FSDP's collectives)

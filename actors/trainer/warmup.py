@@ -22,7 +22,7 @@ import time
 import torch
 
 from actors.trainer import prefix_share
-from actors.trainer.forward import collate, collate_packed
+from actors.trainer.forward import collate_micro_batch
 from actors.trainer.policy_forward import policy_forward
 
 # what torch's CPU allocator (c10 DefaultCPUAllocator) says when malloc fails
@@ -90,10 +90,7 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
 def _forward_backward(trainer, prompts: list[list[int]], responses: list[list[int]]) -> None:
     """One micro-batch collated as a step collates it, through `policy_forward` and backward; the CPU RNG (which
     dropout draws from) is forked, so the run's draws stay the same."""
-    if trainer.cfg.packing:
-        mb = collate_packed(prompts, responses)
-    else:
-        mb = collate(prompts, responses, pad_id=trainer.pad_id)
+    mb = collate_micro_batch(prompts, responses, trainer.cfg.packing, pad_id=trainer.pad_id)
     with torch.random.fork_rng(devices=[]):
         logprobs, entropy, _ = policy_forward(trainer, mb, prompts, responses)
         loss = logprobs.sum() + (entropy.sum() if entropy is not None and entropy.requires_grad else 0.0)

@@ -159,8 +159,8 @@ class TrainerConfig:
     gradient_checkpointing: bool = False  # recompute each decoder layer's activations in backward
     # CPU trainers, before step 1, while the engines start: the largest micro-batch the config allows (the data's
     # longest prompt + rollout.max_new_tokens; multi-turn env.max_tokens; as the memory planner counts), forward
-    # and backward through the step's own forward, and the optimizer state, so the first steps do not page their memory in and a micro-batch that
-    # cannot fit fails at start (actors/trainer/warmup.py; a GPU trainer skips it)
+    # and backward through the step's own forward, and the optimizer state, so the first steps do not page their
+    # memory in and a micro-batch that cannot fit fails at start (actors/trainer/warmup.py; a GPU trainer skips it)
     warm_up: bool = True
     # Sequence packing: the micro-batches of a mini-batch are rows of at most `micro_batch_tokens`
     # tokens, filled first-fit decreasing; position ids restart per sequence and no token attends across

@@ -21,6 +21,7 @@ from orchestrator.memory.longctx import long_context_fields
 from orchestrator.memory.params import load_hf_config
 from orchestrator.memory.planner import MemoryPlan, format_plan, plan_memory
 from orchestrator.memory.shapes import ModelShape, model_shape
+from orchestrator.placement.plan import on_gpu
 
 # Same set as actors.trainer.forward.FAST_PATH_ARCHS (pure modules may not import actors; a unit test compares):
 # these project only the response positions to logits.
@@ -55,17 +56,13 @@ def device_memory_bytes(cfg) -> Optional[int]:
     None for a GPU run planned where no GPU is visible."""
     if cfg.memory.device_gib > 0:
         return int(cfg.memory.device_gib * GIB)
-    if not _on_gpu(cfg):
+    if not on_gpu(cfg):
         return host_memory_bytes()
     import torch
 
     if torch.cuda.is_available():
         return int(torch.cuda.get_device_properties(0).total_memory)
     return None
-
-
-def _on_gpu(cfg) -> bool:
-    return str(cfg.placement.resource).upper() == "GPU"
 
 
 def _colocated(cfg) -> tuple:
@@ -103,7 +100,7 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
     if cfg.reward.model_path:
         reward = model_shape(load_hf_config(cfg.reward.model_path), name=str(cfg.reward.model_path))
     return RunShape(
-        algorithm="ppo" if cfg.algo.estimator == "gae" else "grpo", device="gpu" if _on_gpu(cfg) else "cpu", precision=t.precision,
+        algorithm="ppo" if cfg.algo.estimator == "gae" else "grpo", device="gpu" if on_gpu(cfg) else "cpu", precision=t.precision,
         trainer_ranks=t.num_workers, micro_batch_size=t.micro_batch_size, seq_len=prompt + response,
         response_len=response, packing_tokens=t.micro_batch_tokens if t.packing else 0,
         gradient_checkpointing=t.gradient_checkpointing, attention="eager" if attention == "eager" else "sdpa",
@@ -112,7 +109,7 @@ def run_shape_from_config(cfg, hf_config: dict[str, Any], prompt_len: Optional[i
         reward_model=reward, engines=r.num_workers, engine_tp=int(getattr(r, "tensor_parallel_size", 1)),
         engine_bytes=DTYPE_BYTES[r.dtype], gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_gib=r.kv_cache_space_gib, max_model_len=r.max_model_len, colocated=_colocated(cfg),
-        block_size=int(getattr(r, "block_size", 0) or (16 if _on_gpu(cfg) else 128)),  # 0: vLLM's default
+        block_size=int(getattr(r, "block_size", 0) or (16 if on_gpu(cfg) else 128)),  # 0: vLLM's default
         critic_ranks=cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0, critic_micro_batch_size=cfg.critic.micro_batch_size)
 
 

@@ -78,6 +78,11 @@ class JobPlan:
     slots: dict[str, list[ActorSlot]]
 
 
+def on_gpu(cfg) -> bool:
+    """Whether the run is placed on real GPUs (placement.resource "GPU", any case; not "CPU" or fake GPUs)."""
+    return str(cfg.placement.resource).upper() == "GPU"
+
+
 def _share(k: int) -> float:
     """1/k of a device rounded down to Ray's grain, so k shares never exceed the device."""
     return round(math.floor(1.0 / k / RAY_GRAIN) * RAY_GRAIN, 4)
