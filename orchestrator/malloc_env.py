@@ -9,11 +9,16 @@ of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, ben
 
 "auto" applies to CPU runs (placement.resource other than "GPU": the problem is the CPU trainer's; on a GPU node
 the host heap is not on the step's path and "auto" sets nothing). It sets, for every actor process started by the
-job (through Ray's runtime_env, read by glibc when the process starts; glibc >= 2.26 for tunables, the hugetlb one needs >= 2.35 and is left out before):
+job (through Ray's runtime_env, read by glibc when the process starts; glibc >= 2.26 for tunables):
 
     glibc.malloc.mmap_max=0                   large blocks come from the heap, not from a fresh mmap each time
     glibc.malloc.trim_threshold=<64 GiB>      freed heap memory stays mapped for the next step (not trimmed)
-    glibc.malloc.hugetlb=1                    the heap is madvise(MADV_HUGEPAGE)d: its first touch faults 2 MiB pages
+
+Not `glibc.malloc.hugetlb=1` (transparent huge pages for the heap; in `auto` until 2026-12-04): 512x fewer faults,
+but on this project's CPU VM the first touch of a huge page is far slower per byte: the trainer's warm-up took
+34.0 s (23.3 s in the kernel) with it against 12.3 s (1.8 s) without, and the steady step was the same within
+2% (14.24 s against 14.54 s; `benchmarks/malloc_tunables.py --warm-up --also ...`, benchmarks/RESULTS.md, "The
+warm-up's heap order"). A user whose machine gains from it can add it: the setting takes any tunables string.
 
 The cost: an actor keeps the peak of its heap mapped (its resident memory does not fall after a step), which a
 training step reaches again anyway. Documented in glibc's manual, "Memory Allocation Tunables"; the same problem
@@ -31,7 +36,6 @@ from orchestrator.placement.plan import on_gpu
 ENV = "GLIBC_TUNABLES"
 TRIM_THRESHOLD = 64 << 30  # bytes: never trim in practice
 AUTO = ("glibc.malloc.mmap_max=0", f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
-HUGETLB = "glibc.malloc.hugetlb=1"  # glibc 2.35+
 _ITEM = re.compile(r"^glibc\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+=[A-Za-z0-9_.,+-]+$")  # e.g. glibc.cpu.hwcaps=-AVX512F,-AVX2
 
 
@@ -77,8 +81,7 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
     version = glibc_version() if version is None else version
     if version is None or version < (2, 26):
         return {}
-    items = [*AUTO, HUGETLB] if version >= (2, 35) else list(AUTO)
-    return {ENV: ":".join(items)}
+    return {ENV: ":".join(AUTO)}
 
 
 def run_env(cfg) -> dict[str, str]:

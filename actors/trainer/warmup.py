@@ -11,10 +11,19 @@ CPU trainers only: a trainer on a GPU skips it (CUDA's caching allocator already
 steps, and in a colocated run the engines measure the free device memory while they start, which a concurrent
 warm-up would take from them).
 
-Nothing of the training state changes: the optimizer steps once with zero gradients and learning rate 0 (AdamW:
-exp_avg and exp_avg_sq stay 0, the update and the decoupled weight decay are exact no-ops), then its state is
-emptied as before any step; the gradients are dropped; torch's CPU RNG state is put back (`torch.random.fork_rng`);
-the LR schedule and the trainer's step count are not touched.
+The heap is laid out as a steady step finds it: the optimizer's state is created first (a steady step's state
+was made in step 1, below that step's activations), then two forward/backward passes (the second accumulates
+into the gradients, as a step's later micro-batches do), then the optimizer's update. With the state created
+after the activations instead (the first warm-up, 2026-12-03), step 2 put its activations on fresh pages again:
+step 2 took 24.5 s (8.0 s in the kernel) against a steady 13.5 s; with this order steps 1-4 take 13.1-14.9 s,
+none in the kernel (benchmarks/RESULTS.md, "The warm-up's heap order").
+
+Nothing of the training state changes: the optimizer steps with zero gradients and learning rate 0 (AdamW:
+exp_avg and exp_avg_sq stay 0, the update and the decoupled weight decay are exact no-ops); Adam and AdamW keep
+their state tensors, zeroed with step 0, which is what their first step would create (torch's lazy
+initialisation), so the memory stays where it was touched; any other optimizer's state is emptied as before any
+step. The gradients are dropped; torch's CPU RNG state is put back (`torch.random.fork_rng`); the LR schedule and
+the trainer's step count are not touched.
 """
 from __future__ import annotations
 
@@ -53,7 +62,8 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
     at once, as they get the same micro-batch): the `warm_up_sequences(...)` of random token ids (int64; the
     longest prompt and response a step can get, tokens: orchestrator.memory.preflight.longest_sequence) collated
     as a step collates them, forward through `policy_forward` (precision's autocast, context parallelism,
-    response-only logits) and backward, then `touch_optimizer_state`. When the trainer uses the shared-prompt
+    response-only logits) and backward twice, between two `touch_optimizer_state` (the first only for Adam and
+    AdamW, whose state is kept). When the trainer uses the shared-prompt
     forward (actors/trainer/prefix_share.py), each run of `group_size` sequences (rollout.n, a GRPO group) shares
     its prompt, as in a step's micro-batch; otherwise every prompt is distinct. Returns {"trainer/warm_up_s":
     seconds; 0.0 when skipped on a GPU}. Raises ValueError for a length or group size below 1;
@@ -74,8 +84,12 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
     distinct = [torch.randint(0, vocab, (p,), generator=generator).tolist() for p, _ in lengths]
     prompts = [distinct[i // group][:p] for i, (p, _) in enumerate(lengths)]
     responses = [torch.randint(0, vocab, (r,), generator=generator).tolist() for _, r in lengths]
+    optimizer = trainer.optimizer
+    if keeps_zero_state(optimizer):
+        touch_optimizer_state(optimizer)  # the state below the activations, as in a steady step
     try:
-        _forward_backward(trainer, prompts, responses)
+        for _ in range(2):  # the second accumulates into the gradients, as a step's later micro-batches do
+            _forward_backward(trainer, prompts, responses)
     except RuntimeError as e:  # torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError
         if not isinstance(e, torch.OutOfMemoryError) and not any(m in str(e) for m in CPU_OUT_OF_MEMORY):
             raise
@@ -83,7 +97,7 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
                  f"a micro-batch of {len(lengths)} sequences of {prompt_len} + {response_len} tokens")
         raise torch.OutOfMemoryError(f"trainer warm-up: {shape}, the largest the config allows, does not fit: "
                                      f"{e}") from e
-    touch_optimizer_state(trainer.optimizer)
+    touch_optimizer_state(optimizer)
     return {"trainer/warm_up_s": time.perf_counter() - t0}
 
 
@@ -97,14 +111,24 @@ def _forward_backward(trainer, prompts: list[list[int]], responses: list[list[in
         loss.backward()
 
 
+def keeps_zero_state(optimizer: torch.optim.Optimizer) -> bool:
+    """True for torch's Adam and AdamW (AdamW subclasses Adam): the state their first step creates is zeros
+    (exp_avg, exp_avg_sq, max_exp_avg_sq) and a step count of 0, so a zeroed state is a new one."""
+    return isinstance(optimizer, torch.optim.Adam)
+
+
 def touch_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     """Allocate and touch the optimizer's state, then leave the optimizer as before its first step: one step with
-    every gradient zeroed and every group's learning rate 0 (its other hyperparameters, the parameters and the
-    schedule untouched), then the state emptied and the gradients set to None."""
+    every gradient zero (a parameter without one gets a zero gradient) and every group's learning rate 0 (its
+    other hyperparameters, the parameters and the schedule untouched); then Adam's and AdamW's state tensors are
+    zeroed, step counts included (`keeps_zero_state`), any other optimizer's state emptied; the gradients set to
+    None."""
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
                 p.grad.zero_()
+            elif p.requires_grad:
+                p.grad = torch.zeros_like(p)
     lrs = [group["lr"] for group in optimizer.param_groups]
     try:
         for group in optimizer.param_groups:
@@ -113,5 +137,11 @@ def touch_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     finally:
         for group, lr in zip(optimizer.param_groups, lrs):
             group["lr"] = lr
-        optimizer.state.clear()
+        if keeps_zero_state(optimizer):
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        value.zero_()
+        else:
+            optimizer.state.clear()
         optimizer.zero_grad(set_to_none=True)

@@ -47,3 +47,9 @@ def test_never_reached_is_none_and_the_table_says_so():
     text = bench.table({"sync_disaggregated": sync, "k1": fast, "k2": out}, 0.6)
     assert "| k1 |" in text and "20 (2.00x)" in text and "10 (2.00x)" in text  # both clocks, vs the sync mode
     assert text.count("not reached") == 2  # k2 on both clocks
+
+
+def test_the_final_checkpoint_write_is_not_step_time():
+    rows = _rows(10.0, [{}] * 5 + [{"timing/step_s": 19.0, "timing/checkpoint_s": 9.0}])  # the final checkpoint
+    out = bench.summarise(rows, target=0.6)
+    assert out["step_s"] == 10.0 and out["wall"][-1] == 60.0

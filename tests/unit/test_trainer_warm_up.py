@@ -47,7 +47,9 @@ def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
     out = warm.warm_up(6, 8)
     assert out["trainer/warm_up_s"] > 0
     assert all(torch.equal(v, weights[k]) for k, v in warm.model.state_dict().items())  # weights untouched
-    assert not warm.optimizer.state and all(p.grad is None for p in warm.model.parameters())
+    assert all(p.grad is None for p in warm.model.parameters())
+    state = [v for st in warm.optimizer.state.values() for v in st.values()]  # kept where it was touched, as new
+    assert len(warm.optimizer.state) == len(list(warm.model.parameters())) and all(not v.any() for v in state)
     assert warm.step == 0 and warm.scheduler.get_last_lr() == lr and torch.equal(torch.get_rng_state(), rng)
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -80,7 +82,7 @@ def test_the_micro_batch_goes_through_the_steps_own_forward(tiny, monkeypatch, o
     trainer = _trainer(tiny, micro_batch_tokens=30, **over)
     rng = torch.get_rng_state()
     trainer.warm_up(6, 8, group_size=2)
-    assert seen == seen_shapes  # shared_prefix: each GRPO group of 2 shares its prompt
+    assert seen == seen_shapes * 2  # twice (gradient accumulation); shared_prefix: a GRPO group of 2 shares its prompt
     assert torch.equal(torch.get_rng_state(), rng)
 
 
@@ -108,14 +110,31 @@ def test_a_trainer_on_a_gpu_skips_it():
     assert warmup.warm_up(on_device, 6, 8) == {"trainer/warm_up_s": 0.0}
 
 
-def test_touch_optimizer_state_leaves_adamw_as_new():
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.5, weight_decay=0.3)
+@pytest.mark.parametrize("cls, kept", [(torch.optim.AdamW, True), (torch.optim.Adam, True), (torch.optim.SGD, False)])
+def test_touch_optimizer_state_leaves_the_optimizer_as_new(cls, kept):
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        extra = {"momentum": 0.9, "dampening": 0.5} if cls is torch.optim.SGD else {}
+        return model, cls(model.parameters(), lr=0.5, weight_decay=0.3, **extra)
+
+    model, opt = model_and_optimizer()
     before = [p.detach().clone() for p in model.parameters()]
-    model(torch.ones(2, 4)).sum().backward()
+    model.weight.grad = torch.ones_like(model.weight)  # the bias has no gradient: it gets its state too
     touch_optimizer_state(opt)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
-    assert not opt.state and opt.param_groups[0]["lr"] == 0.5 and all(p.grad is None for p in model.parameters())
+    assert opt.param_groups[0]["lr"] == 0.5 and all(p.grad is None for p in model.parameters())
+    if kept:  # Adam's lazily made state is zeros and step 0: kept, zeroed
+        assert len(opt.state) == 2 and all(not v.any() for st in opt.state.values() for v in st.values())
+    else:  # SGD's momentum buffer starts as the first gradient, not as zeros: emptied
+        assert not opt.state
+    cold_model, cold = model_and_optimizer()
+    for m, o in ((model, opt), (cold_model, cold)):  # the next two steps equal a new optimizer's, bit for bit
+        for x in (torch.ones(2, 4), torch.arange(8.0).view(2, 4)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), cold_model.parameters()))
 
 
 def test_the_shape_is_the_largest_micro_batch_the_config_allows():
