@@ -7,9 +7,9 @@ other: the default config's Trainer (SmolLM2-135M-Instruct, fp32) takes `--steps
 like the demo's (4 prompts of 49 tokens x 8 responses of 17-48 tokens, random ids, seeded). Per step it prints
 seconds, user and system CPU seconds and minor page faults (getrusage), then the ratio default / tuned of the
 steady step (the mean of steps 3..N), of the first step and of all steps (with the warm-up when run). `--also`
-measures another GLIBC_TUNABLES string the same way (e.g. `auto` without its hugetlb item). `--warm-up` runs the trainer's warm-up
-(`trainer.warm_up`, actors/trainer/warmup.py; 8 sequences of 49 + 48 tokens, groups of 8) before step 1, as a
-run does, and prints it as step 0.
+measures another GLIBC_TUNABLES string the same way (e.g. `auto`'s items plus glibc.malloc.hugetlb=1). `--warm-up`
+runs the trainer's warm-up (`trainer.warm_up`, actors/trainer/warmup.py; 8 sequences of 49 + 48 tokens, groups
+of 8) before step 1, as a run does, and prints it as step 0.
 """
 from __future__ import annotations
 
@@ -105,10 +105,12 @@ def main(argv=None) -> int:
     steady = lambda rows: sum(r["s"] for r in steps(rows)[2:]) / len(steps(rows)[2:])  # noqa: E731
     total = lambda rows: sum(r["s"] for r in rows)  # noqa: E731
     for name, rows in results.items():
+        first = steps(base)[0]["s"] / steps(rows)[0]["s"]
         print(f"{name}: steady step (steps 3..{args.steps}) default {steady(base):.2f} s, this {steady(rows):.2f} s, "
-              f"default / this = {steady(base) / steady(rows):.2f}x; first step {steps(base)[0]['s'] / steps(rows)[0]['s']:.2f}x; "
+              f"default / this = {steady(base) / steady(rows):.2f}x; first step {first:.2f}x; "
               f"all {args.steps} steps{' and the warm-up' if args.warm_up else ''}: {total(base) / total(rows):.2f}x")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

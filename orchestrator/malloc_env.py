@@ -5,7 +5,9 @@ the heap's free top above 128 KiB, so a CPU training step, which allocates and f
 gradients, takes every page of them again as a fresh, zeroed page fault on the next micro-batch. On this project's
 CPU machine (a VM, where a first touch is slow) a steady step of the default model's trainer spent 1.4-4.7 s of
 14-19 s in the kernel (0.7 M minor faults a step) and the first step 11-19 s of 25-37 s; with "auto" 0.2-0.3 s
-of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md).
+of 13 s (a few dozen faults) and 9 s of 23 s (benchmarks/malloc_tunables.py, benchmarks/RESULTS.md; measured with
+hugetlb=1 in "auto", 2026-12-04 00:13). How much it saves depends on the VM's state: at 08:35 the same day the
+default glibc paid 0.6-1.5 s of a 14.4-15.6 s step, and "auto" (without hugetlb) was 1.01x on the steady step.
 
 "auto" applies to CPU runs (placement.resource other than "GPU": the problem is the CPU trainer's; on a GPU node
 the host heap is not on the step's path and "auto" sets nothing). It sets, for every actor process started by the
@@ -16,9 +18,9 @@ job (through Ray's runtime_env, read by glibc when the process starts; glibc >= 
 
 Not `glibc.malloc.hugetlb=1` (transparent huge pages for the heap; in `auto` until 2026-12-04): 512x fewer faults,
 but on this project's CPU VM the first touch of a huge page is far slower per byte: the trainer's warm-up took
-34.0 s (23.3 s in the kernel) with it against 12.3 s (1.8 s) without, and the steady step was the same within
-2% (14.24 s against 14.54 s; `benchmarks/malloc_tunables.py --warm-up --also ...`, benchmarks/RESULTS.md, "The
-warm-up's heap order"). A user whose machine gains from it can add it: the setting takes any tunables string.
+34.0 s (23.3 s in the kernel) with it against 12.3 s (1.8 s) without, for a steady step about 2% faster
+with it (14.24 s against 14.54 s, 2 steps; `benchmarks/malloc_tunables.py --warm-up --also ...`,
+benchmarks/RESULTS.md, "The warm-up's heap order"). A user whose machine gains from it can add it: the setting takes any tunables string.
 
 The cost: an actor keeps the peak of its heap mapped (its resident memory does not fall after a step), which a
 training step reaches again anyway. Documented in glibc's manual, "Memory Allocation Tunables"; the same problem

@@ -334,12 +334,14 @@ class Trainer:
 
     def load_checkpoint(self, folder: str) -> dict:
         """Restore policy weights, optimizer, scheduler and RNG; return the checkpoint's extra state."""
+        self.optimizer.state.clear()  # the warm-up's zeroed state: the checkpoint's replaces it, never both in memory
         if self.peft is not None:  # base weights = model.path, unchanged by LoRA training
             lora.load_adapter(self.peft, Path(folder) / lora.ADAPTER_DIR)
         else:
             lora.check_no_adapter(Path(folder))
             src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
             self.model.load_state_dict(src.state_dict())
+            del src
         state = load_trainer_state(Path(folder) / "trainer_state.pt")  # weights_only=True
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])

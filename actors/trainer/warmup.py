@@ -85,9 +85,9 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
     prompts = [distinct[i // group][:p] for i, (p, _) in enumerate(lengths)]
     responses = [torch.randint(0, vocab, (r,), generator=generator).tolist() for _, r in lengths]
     optimizer = trainer.optimizer
-    if keeps_zero_state(optimizer):
-        touch_optimizer_state(optimizer)  # the state below the activations, as in a steady step
     try:
+        if keeps_zero_state(optimizer):
+            touch_optimizer_state(optimizer)  # the state below the activations, as in a steady step
         for _ in range(2):  # the second accumulates into the gradients, as a step's later micro-batches do
             _forward_backward(trainer, prompts, responses)
     except RuntimeError as e:  # torch.OutOfMemoryError; the CPU allocator raises a plain RuntimeError
@@ -95,7 +95,8 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
             raise
         shape = (f"a packed row of {cfg.micro_batch_tokens} tokens ({len(lengths)} sequences)" if cfg.packing else
                  f"a micro-batch of {len(lengths)} sequences of {prompt_len} + {response_len} tokens")
-        raise torch.OutOfMemoryError(f"trainer warm-up: {shape}, the largest the config allows, does not fit: "
+        raise torch.OutOfMemoryError(f"trainer warm-up: {shape}, the largest the config allows, with the optimizer "
+                                     f"state, does not fit: "
                                      f"{e}") from e
     touch_optimizer_state(optimizer)
     return {"trainer/warm_up_s": time.perf_counter() - t0}
@@ -114,7 +115,7 @@ def _forward_backward(trainer, prompts: list[list[int]], responses: list[list[in
 def keeps_zero_state(optimizer: torch.optim.Optimizer) -> bool:
     """True for torch's Adam and AdamW (AdamW subclasses Adam): the state their first step creates is zeros
     (exp_avg, exp_avg_sq, max_exp_avg_sq) and a step count of 0, so a zeroed state is a new one."""
-    return isinstance(optimizer, torch.optim.Adam)
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)  # a subclass may initialise otherwise
 
 
 def touch_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -49,7 +49,8 @@ def test_a_warmed_up_trainer_trains_bit_for_bit_like_a_cold_one(tiny, over):
     assert all(torch.equal(v, weights[k]) for k, v in warm.model.state_dict().items())  # weights untouched
     assert all(p.grad is None for p in warm.model.parameters())
     state = [v for st in warm.optimizer.state.values() for v in st.values()]  # kept where it was touched, as new
-    assert len(warm.optimizer.state) == len(list(warm.model.parameters())) and all(not v.any() for v in state)
+    trained = [p for g in warm.optimizer.param_groups for p in g["params"]]
+    assert len(warm.optimizer.state) == len(trained) and all(not v.any() for v in state)
     assert warm.step == 0 and warm.scheduler.get_last_lr() == lr and torch.equal(torch.get_rng_state(), rng)
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -153,3 +154,20 @@ def test_the_shape_is_the_largest_micro_batch_the_config_allows():
     assert longest_sequence(cfg) == (cfg.data.max_prompt_tokens, cfg.rollout.max_new_tokens)
     multi = load_config(CONFIGS / "grpo_frozenlake_cpu.yaml")
     assert longest_sequence(multi, 100) == (1, multi.env.max_tokens - 1)  # the env's first observation: unknown
+
+
+def test_resume_after_the_warm_up_takes_the_checkpoints_optimizer_state(tiny, tmp_path):
+    trained = _trainer(tiny)
+    trained.train_step(random_batch(8, 0))
+    folder = trained.save_checkpoint(str(tmp_path / "ckpt"), {"step": 1})
+    resumed = _trainer(tiny)
+    resumed.warm_up(6, 8)  # a run warms up while the engines start, then restores its checkpoint
+    resumed.load_checkpoint(folder)
+    for p, q in zip(trained.model.parameters(), resumed.model.parameters()):
+        sa, sb = trained.optimizer.state[p], resumed.optimizer.state[q]
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa) and float(sb["step"]) == 1.0
+    torch.manual_seed(3)
+    a = trained.train_step(random_batch(8, 1))
+    torch.manual_seed(3)
+    b = resumed.train_step(random_batch(8, 1))
+    assert a["actor/loss"] == b["actor/loss"] and a["actor/grad_norm"] == b["actor/grad_norm"]
