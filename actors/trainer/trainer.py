@@ -339,9 +339,8 @@ class Trainer:
             lora.load_adapter(self.peft, Path(folder) / lora.ADAPTER_DIR)
         else:
             lora.check_no_adapter(Path(folder))
-            src = AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32)
-            self.model.load_state_dict(src.state_dict())
-            del src
+            self.model.load_state_dict(  # the loaded copy is dropped before the optimizer state loads
+                AutoModelForCausalLM.from_pretrained(Path(folder) / "policy", dtype=torch.float32).state_dict())
         state = load_trainer_state(Path(folder) / "trainer_state.pt")  # weights_only=True
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
