@@ -73,7 +73,8 @@ def collate(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence
 
 
 def collate_micro_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], packing: bool,
-                        per_token: Optional[dict[str, Sequence[Sequence[float]]]] = None, pad_id: int = 0) -> MicroBatch:
+                        per_token: Optional[dict[str, Sequence[Sequence[float]]]] = None,
+                        pad_id: int = 0) -> MicroBatch:
     """A training micro-batch as trainer.packing lays it out: `collate_packed` (one packed row) or `collate`."""
     if packing:
         return collate_packed(prompt_ids, response_ids, per_token)
