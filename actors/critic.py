@@ -74,7 +74,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 precision: str = "fp32") -> torch.Tensor:
         """Values [b, L-1] float32 of every position but the last (no mask applied)."""
-        with autocast_context(precision):
+        with autocast_context(precision, input_ids.device):
             out = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                             position_ids=position_ids)
         return self.head(out.last_hidden_state[:, :-1].float()).squeeze(-1)

@@ -187,12 +187,13 @@ def apply_loss_mask(mb: MicroBatch) -> MicroBatch:
                       mb.segments)
 
 
-def autocast_context(precision: str):
-    """bf16 autocast on the model's device for "bf16-autocast", and for "fp8" on a GPU (the layers outside the FP8
-    linears, actors/trainer/fp8.py); a no-op for "fp32" and for "fp8" on the CPU (fp32 around the FP8 matmuls)."""
-    if precision == "bf16-autocast" or (precision == "fp8" and torch.cuda.is_available()):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+def autocast_context(precision: str, device: torch.device | str):
+    """bf16 autocast on `device` (the model's: a CPU model on a GPU host gets CPU autocast, not CUDA's, which would
+    leave its matmuls in fp32) for "bf16-autocast", and for "fp8" on a GPU (the layers outside the FP8 linears,
+    actors/trainer/fp8.py); a no-op for "fp32" and for "fp8" on the CPU (fp32 around the FP8 matmuls)."""
+    device_type = torch.device(device).type
+    if precision == "bf16-autocast" or (precision == "fp8" and device_type == "cuda"):
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -223,7 +224,7 @@ def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str =
     else:
         position_ids = position_ids_from_attention_mask(mb.attention_mask).to(device)
     targets = mb.targets.to(device)
-    with autocast_context(precision):
+    with autocast_context(precision, device):
         if type(model).__name__ not in FAST_PATH_ARCHS:
             out = model(input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False, **extra)
             _collect_router_logits(out, router_logits)

@@ -68,7 +68,10 @@ def apply_fp8(model: torch.nn.Module) -> torch.nn.Module:
     check_fp8_device(str(device))
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=eligible)
+    # pad_inner_dim: the weight gradient's matmul has the micro-batch's token count as its inner dimension, which
+    # the FP8 GEMM needs to be a multiple of 16 (an H200 raised "Expected trailing dimension of mat1 to be divisible
+    # by 16" for 4 x 9 tokens); torchao pads it with zeros, which add nothing to the product
+    convert_to_float8_training(model, config=Float8LinearConfig(pad_inner_dim=True), module_filter_fn=eligible)
     if count_fp8_linears(model) == 0:
         raise ValueError("trainer.precision=fp8: no linear layer of the model has in/out features divisible by 16; "
                          "nothing would run in FP8")

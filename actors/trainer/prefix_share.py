@@ -167,7 +167,7 @@ def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_
     uniq, inverse = distinct_prompts(prompt_ids)
     if layout == "auto":
         layout = choose_layout(model.config, [len(p) for p in uniq], [len(r) for r in response_ids])
-    with autocast_context(precision):
+    with autocast_context(precision, device):
         if layout == "row":
             scoring, targets = _row_forward(model, uniq, inverse, response_ids, device)
         else:

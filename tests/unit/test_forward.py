@@ -3,12 +3,15 @@ case C10, left padding), response_values and batch_logprobs."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from actors.trainer.forward import MicroBatch, batch_logprobs, collate, forward_logprobs, response_values
+from actors.trainer.forward import (MicroBatch, autocast_context, batch_logprobs, collate, forward_logprobs,
+                                   response_values)
 from orchestrator.algo import position_ids_from_attention_mask
 
 V = 97
@@ -225,3 +228,20 @@ def test_batch_logprobs_does_not_build_a_graph(model) -> None:
     out = batch_logprobs(model, [[1, 2]], [[3, 4]], 1.0, micro_batch_size=1)
     assert isinstance(out[0][0], float)
     assert model.get_output_embeddings().weight.grad is None
+
+
+def test_autocast_follows_the_models_device_not_the_host(monkeypatch):
+    """A CPU model on a GPU host (an H200 showed it: the planner's activation test measured fp32 activations under
+    bf16-autocast) gets CPU autocast; fp32 gets none; fp8 autocasts the rest of the model only on a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    with autocast_context("bf16-autocast", torch.device("cpu")):
+        assert (a @ b).dtype == torch.bfloat16
+    for precision in ("fp32", "fp8"):
+        with autocast_context(precision, "cpu"):
+            assert (a @ b).dtype == torch.float32
+    monkeypatch.undo()  # torch.autocast("cuda") asks the real CUDA state (it only warns on a host without CUDA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ctx = autocast_context("fp8", "cuda:0")
+    assert isinstance(ctx, torch.autocast) and ctx.device == "cuda" and ctx.fast_dtype == torch.bfloat16

@@ -53,6 +53,9 @@ def test_apply_fp8_converts_the_linears_and_their_matmuls_are_e4m3(tiny):
     assert fp8.count_fp8_linears(model) == 14 and type(model.lm_head) is torch.nn.Linear
     assert sorted(model.state_dict()) == names  # the weight sync and checkpoints see the same tensors
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights
+    # token counts that are not multiples of 16 (the weight gradient's inner dimension) are padded: the FP8 GEMM of
+    # an H200 refused 4 x 9 tokens without it
+    assert all(m.config.pad_inner_dim for m in model.modules() if type(m).__name__ == "Float8Linear")
     layer = model.model.layers[0].mlp.up_proj
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     out = layer(x)

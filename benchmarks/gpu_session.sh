@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The GPU checks of one lent device session, in one call (benchmarks/RESULTS.md, "On a GPU"):
+#   1. the `gpu`-marked tests (pytest -m gpu tests/gpu);
+#   2. benchmarks/gpu_trainer.py: the trainer's step time, MFU and memory estimate on the GPU, several configs;
+#   3. the unit tier with CUDA visible (the trainer's code paths on a CUDA device).
+# Each part has its own time limit and writes its log under $OUT, so one part's failure or hang leaves the rest.
+# Packages the machine lacks travel as wheels in .whl (git-ignored): ray (a stripped tarball: no Java jars, no
+# dashboard web client, binaries stripped; 20 MB), omegaconf with its antlr4 runtime, torchao, jsonschema's stack.
+#   bash benchmarks/gpu_session.sh            # OUT defaults to /tmp/gpu_out
+set -u
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  [ -f .whl/ray_stripped.tar.xz ] && tar -xJf .whl/ray_stripped.tar.xz -C /tmp/site
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, torch, transformers, ray, omegaconf; print(sys.version.split()[0], torch.__version__, \
+torch.version.cuda, transformers.__version__, ray.__version__, omegaconf.__version__, torch.cuda.get_device_name())"
+  python3 -c "import torchao; print('torchao', torchao.__version__)"
+  python3 -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== 1. pytest -m gpu tests/gpu"
+timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs --continue-on-collection-errors --timeout 150 \
+  -o addopts="-p no:cacheprovider" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
+
+echo "== 2. benchmarks/gpu_trainer.py"
+run_cfg() { timeout 90 python3 benchmarks/gpu_trainer.py --json "$OUT/gpu_trainer.jsonl" "$@" 2>>"$OUT/gpu_trainer.err" \
+  | tail -1 || echo "config $* failed or timed out (see gpu_trainer.err)"; }
+run_cfg --precision bf16-autocast
+run_cfg --precision bf16-autocast --ckpt
+run_cfg --precision fp32
+run_cfg --precision bf16-autocast --micro-batch 32
+run_cfg --precision bf16-autocast --samples 256 --micro-batch 32
+run_cfg --precision fp8 --micro-batch 32
+
+echo "== 3. the unit tier with CUDA visible"
+timeout 150 python3 -m pytest tests/unit -q -n 8 --timeout 100 -o addopts="-p no:cacheprovider" \
+  2>&1 | tee "$OUT/pytest_unit.log" | tail -60
