@@ -69,6 +69,12 @@ def _rank(rank: int, init: str, model: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The single critic's results and the two ranks' (files rank0.pt, rank1.pt)."""
+    with pytest.MonkeyPatch.context() as patch:  # gloo ranks on the CPU, on a host with CUDA too (and a forked
+        patch.setattr(torch.cuda, "is_available", lambda: False)  # rank must not touch CUDA the parent initialised)
+        yield _runs(tmp_path_factory)
+
+
+def _runs(tmp_path_factory) -> SimpleNamespace:
     path = tmp_path_factory.mktemp("critic_sharded")
     model = str(save_tiny_llama(path / "model"))
     single = Critic(model, *_cfgs(), max_new_tokens=8, num_threads=1)

@@ -9,8 +9,8 @@ import torch
 from actors.memory_metrics import peak_memory_metrics
 
 
-def test_cpu_peak_rss_per_role() -> None:
-    assert not torch.cuda.is_available()  # this module's CPU branch; tests/gpu covers the CUDA one
+def test_cpu_peak_rss_per_role(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU branch, on a host with CUDA too
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
     big = torch.ones(64 * 2**20 // 4)  # touch 64 MiB: the peak can only grow
     big.add_(1.0)

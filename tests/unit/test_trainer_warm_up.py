@@ -28,6 +28,13 @@ def tiny(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture(autouse=True)
+def cpu_trainers(monkeypatch):
+    """The warm-up is the CPU trainer's (a GPU trainer skips it: `test_a_trainer_on_a_gpu_skips_it`): the trainers
+    here stay on the CPU on a host with CUDA too (Trainer puts its model on CUDA when CUDA is available)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 def _trainer(tiny, **over) -> Trainer:
     tc = OmegaConf.structured(TrainerConfig)
     tc.update({"lr": 5e-2, "warmup_steps": 1, "micro_batch_size": 3, "num_threads": 1, "precision": "fp32",
