@@ -28,7 +28,8 @@ steps, and hands over the finished samples (as `drain`) with copies of the unfin
 checkpoint's samples again (continuations keep their tokens). The thread takes the queue and hands its finished
 samples on under `engine_lock`, so at a step boundary every sample is in exactly one of queue, engine, done.
 Engine errors stop the thread and are raised by the next `drain`. Metrics:
-`stream/busy_s` (seconds inside engine steps since the last drain), `stream/running`, `stream/queued`,
+`stream/busy_s` (seconds inside engine steps since the last drain), `stream/held_s` (seconds held by `hold` since
+the last drain: an overlapped weight sync's load, checks and probe), `stream/running`, `stream/queued`,
 `stream/interruptions` (cumulative requests aborted by weight updates).
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class StreamingGenerator:
         self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.held = False  # `hold` until `release`: the thread starts no step
+        self.held_s, self.held_since = 0.0, 0.0  # seconds held since the last drain; when the hold began
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
         self.closed = False
@@ -105,9 +107,11 @@ class StreamingGenerator:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
             self._raise_error()
             out, self.done = self.done, []
-            metrics = {"stream/busy_s": self.busy_s, "stream/running": float(self.gen.running),
+            now = time.perf_counter()
+            held_s = self.held_s + (now - self.held_since if self.held else 0.0)
+            metrics = {"stream/busy_s": self.busy_s, "stream/held_s": held_s, "stream/running": float(self.gen.running),
                        "stream/queued": float(len(self.queue)), "stream/interruptions": float(self.gen.interruptions)}
-            self.busy_s = 0.0
+            self.busy_s, self.held_s, self.held_since = 0.0, 0.0, now
         return out, metrics
 
     def resume(self, samples: list[PartialSample]) -> int:
@@ -151,12 +155,15 @@ class StreamingGenerator:
             interrupted = self.gen.interrupt()
             with self.cond:
                 self.queue = interrupted + self.queue
-                self.held = True
+                if not self.held:
+                    self.held, self.held_since = True, time.perf_counter()
         return len(interrupted)
 
     def release(self) -> None:
         """End a `hold`: the queued requests continue on `version()` (a no-op when not held)."""
         with self.cond:
+            if self.held:
+                self.held_s += time.perf_counter() - self.held_since
             self.held = False
             self.cond.notify_all()
 

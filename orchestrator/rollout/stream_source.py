@@ -106,7 +106,7 @@ class StreamRollouts:
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
         self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
-        self.busy_s = 0.0
+        self.engine_s = {"stream/busy_s": 0.0, "stream/held_s": 0.0}  # the workers' drains summed since the step
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
         # a batch was taken: until then one batch at a time (`_first_batch_alone`), at the start of a run only (a
         # resume continues as the uninterrupted run would: its checkpoint holds the batches ahead)
@@ -204,8 +204,9 @@ class StreamRollouts:
 
     def finish_in_flight(self, row: dict) -> None:
         """Nothing waits here: the weight sync pauses the engines' requests and continues them after the load."""
-        row["rollout/worker_generate_s_mean"] = self.busy_s / max(len(self.workers), 1)
-        self.busy_s = 0.0
+        busy, held = (self.engine_s[k] / max(len(self.workers), 1) for k in ("stream/busy_s", "stream/held_s"))
+        row.update({"rollout/worker_generate_s_mean": busy, "rollout/worker_held_s_mean": held})  # held: for syncs
+        self.engine_s = dict.fromkeys(self.engine_s, 0.0)
 
     def synced(self, version: int) -> None:
         self.version = version
@@ -222,9 +223,8 @@ class StreamRollouts:
         in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
         state = {"mode": STREAM, "requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
                  "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,
-                 "batches_drawn": self.batches_drawn,
-                 "multi_turn": bool(self.env_cfg), "env": self.env_cfg["name"] if self.env_cfg else None,
-                 "max_staleness": self.buffer.k}
+                 "batches_drawn": self.batches_drawn, "multi_turn": bool(self.env_cfg),
+                 "env": self.env_cfg["name"] if self.env_cfg else None, "max_staleness": self.buffer.k}
         if in_flight is not None:
             state.update(generation_state(self.buffer, in_flight))
         return state
@@ -293,7 +293,7 @@ class StreamRollouts:
             self.on_poll()
         for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0),
                                                      recover):
-            self.busy_s += metrics.get("stream/busy_s", 0.0)
+            self.engine_s = {k: v + metrics.get(k, 0.0) for k, v in self.engine_s.items()}
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
             self.stream = {k: v for k, v in metrics.items() if k.startswith("stream/")} or self.stream

@@ -51,6 +51,12 @@ class StepCosts:
         """The seconds of a sync the trainer waits for: sync_s - sync_hidden_s."""
         return self.sync_s - self.sync_hidden_s
 
+    @property
+    def sync_on_rollout_s(self) -> float:
+        """The seconds of a sync the engines are paused for: the whole sync_s, or with an overlapped sync only
+        sync_hidden_s (they generate during the trainer's send, orchestrator/weight_sync/syncer.py `start`)."""
+        return self.sync_hidden_s if self.sync_hidden_s > 0 else self.sync_s
+
 
 @dataclass
 class Phase:

@@ -18,8 +18,8 @@ the throughput that one whole batch's generation measures):
 - reward_j / reference_j need generate_j, train_j needs both, sync_j needs train_j (and critic_j),
   checkpoint_j follows sync_j; the trainer runs [reference_j], train_j, sync_j, checkpoint_j in order;
 - an overlapped sync (weight_sync.overlap, costs.sync_hidden_s > 0): the trainer holds only its send
-  ('send_j', sync_s - sync_hidden_s) and goes on; the rollout GPUs stay paused for the whole sync_s, and
-  sync_j starts no earlier than sync_{j-1} ends (one sync in flight: orchestrator/weight_sync/overlapped.py).
+  ('send_j', sync_s - sync_hidden_s) and goes on; the rollout GPUs generate during the send and are paused
+  for the rest (sync_hidden_s: load, checks, probe) from its end, and sync_j starts no earlier than sync_{j-1} ends (one sync in flight: orchestrator/weight_sync/overlapped.py).
 
 Batch j is trained by train_j on version j - 1 and its first tokens come from version >= j - 1 - k, so the
 staleness never exceeds k. With the same costs every step the period is the overlap limit
@@ -110,8 +110,8 @@ def build_stream_schedule(costs: StepCosts, steps: int, k: int, reference: str |
             after.append(free["critic"])
         s0 = max(after + [recompute_end, sync_end.get(j - 1, 0.0)])
         if c.sync_hidden_s > 0:  # overlapped: the trainer sends and goes on, the engines load behind it
-            free["trainer"] = _timed(out, "send", j, c.sync_on_trainer_s, ("trainer",), s0)
-            sync_end[j] = _timed(out, "sync", j, c.sync_s, ("rollout",), s0)
+            free["trainer"] = s0 = _timed(out, "send", j, c.sync_on_trainer_s, ("trainer",), s0)
+            sync_end[j] = _timed(out, "sync", j, c.sync_hidden_s, ("rollout",), s0)  # held from the send's end
         else:
             sync_end[j] = free["trainer"] = _timed(out, "sync", j, c.sync_s, ("trainer", "rollout"), s0)
         pauses.append((s0, sync_end[j]))
@@ -132,15 +132,15 @@ def simulate_stream(costs: StepCosts, k: int, reference: str | None = None, step
 def overlap_limit_s(costs: StepCosts, reference: str | None = None,
                     generate_scale: tuple[float, ...] = ()) -> float:
     """The fastest any overlap of generation and training can go (seconds per step): the busiest
-    resource's work per step, max(mean generate + sync, reference on trainer + train + the sync's trainer part
-    (sync_s - sync_hidden_s) + checkpoint, critic, reward, reference on its own GPUs). recompute_s is not counted (it is paid only when a sync
-    interrupts a generation). Errors: a bad generate_scale (ValueError naming it)."""
+    resource's work per step, max(mean generate + the sync's engine part (sync_on_rollout_s), reference on
+    trainer + train + the sync's trainer part (sync_s - sync_hidden_s) + checkpoint, critic, reward, reference on its
+    own GPUs). recompute_s is not counted (it is paid only when a sync interrupts a generation). Errors: a bad generate_scale (ValueError naming it)."""
     scale = check_scale(generate_scale)
     mean = sum(scale) / len(scale) if scale else 1.0
     c = costs
     on_trainer = c.reference_s if reference == "trainer" else 0.0
     own = c.reference_s if reference == "own" else 0.0
-    return max(c.generate_s * mean + c.sync_s, on_trainer + c.train_s + c.sync_on_trainer_s + c.checkpoint_s,
+    return max(c.generate_s * mean + c.sync_on_rollout_s, on_trainer + c.train_s + c.sync_on_trainer_s + c.checkpoint_s,
                c.critic_s, c.reward_s, own)
 
 

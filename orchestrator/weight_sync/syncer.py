@@ -17,8 +17,9 @@ repacks weights into its own kernels can make differ from what it loaded. Every 
 `weight_sync.timeout_s`.
 
 Overlapped syncs (`start` / `ready` / `finish_each`, driven by orchestrator/weight_sync/overlapped.py for streaming
-runs): `start` returns once the trainer has sent `version`; every engine's stream is held first (it generates
-nothing more), then loads and, when due, scores the probe, in that order on the engine, while the trainer goes on
+runs): `start` returns once the trainer has sent `version`; the engines generate on their verified weights during
+the send, then every engine's stream is held (it generates nothing more), then loads and, when due, scores the probe,
+in that order on the engine, while the trainer goes on
 (its own probe logprobs are computed right after its send, before any later call on it). `finish_each` verifies
 each engine on its own and releases the ones verified; a failed or lost one stays held, its verified version
 forgotten, so the next sync sends it full weights and probes it. Not for a concurrent strategy.
@@ -206,14 +207,16 @@ class WeightSyncer:
         ids = list(range(len(self.engines)))
         due = self.probe_ids is not None and (any(v is None for v in self.engine_versions)
                                               or probe_due(self.syncs, self.ws.probe_every))
-        for i in ids:
-            self.engines[i].stream_hold.remote()  # before its load: nothing sampled on unverified weights
         versions = {i: self.engine_versions[i] for i in ids}
         payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
                                                                                      versions)
         trainer_probe = self.trainer.probe_logprobs.remote(*self.probe_ids) if due else None
         meta = self._get(meta_ref, "the trainer's send")
         check_finite_checksums(meta.get("groups", {}))
+        # each engine's stream held after the send (it sampled on its verified weights meanwhile) and before its
+        # load, in that order on the engine: nothing is sampled on unverified weights
+        for i in ids:
+            self.engines[i].stream_hold.remote()
         loads = {i: self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids}
         probes = {i: self.engines[i].probe_logprobs.remote(*self.probe_ids) for i in ids} if due else {}
         return PendingSync(version, t0, time.perf_counter() - t0, meta, loads, trainer_probe, probes)

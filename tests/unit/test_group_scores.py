@@ -134,6 +134,7 @@ def test_groups_are_scored_as_they_complete_and_while_the_trainer_trains(monkeyp
     finished = {}
     rollouts.finish_in_flight(finished)  # take's drain and two pumps, 0.1 s each per worker: counted once
     assert finished["rollout/worker_generate_s_mean"] == pytest.approx(0.3)
+    assert finished["rollout/worker_held_s_mean"] == pytest.approx(0.15)  # 0.05 s held per drain, likewise
     engine.version = 1
     rollouts.synced(1)
     rollouts.launch(2)

@@ -198,10 +198,11 @@ def test_an_overlapped_sync_is_measured_whole_not_by_the_send_the_step_waited_fo
     assert run.phases["sync"] == pytest.approx(1.25)  # median of 1.0, 1.2, 1.4, 1.3
 
 
-def test_an_overlapped_sync_holds_the_trainer_for_its_send_and_the_engines_for_the_whole_sync():
-    """weight_sync.overlap: the trainer sends (0.3 s) and trains on; the engines pause for the whole 2 s sync.
-    Train-bound (12 > 10): the period drops from train + sync = 14 to train + send = 12.3, and the trainer's
-    busy time holds no hidden part; rollout-bound (gen 13): generate + sync = 15 either way."""
+def test_an_overlapped_sync_holds_the_trainer_for_its_send_and_the_engines_for_the_rest():
+    """weight_sync.overlap: the trainer sends (0.3 s) and trains on; the engines generate during the send and pause
+    for the rest of the 2 s sync (1.7 s: load, checks, probe). Train-bound (12 > 10): the period drops from
+    train + sync = 14 to train + send = 12.3, and the trainer's busy time holds no hidden part; rollout-bound
+    (gen 13): generate + the engines' part = 14.7 (a synchronous sync: generate + sync = 15)."""
     whole, hidden = StepCosts(generate_s=10, train_s=12, sync_s=2), StepCosts(generate_s=10, train_s=12, sync_s=2,
                                                                               sync_hidden_s=1.7)
     assert simulate_stream(whole, 1).step_s == pytest.approx(14.0)
@@ -210,11 +211,12 @@ def test_an_overlapped_sync_holds_the_trainer_for_its_send_and_the_engines_for_t
     trainer = [p for p in r.phases if "trainer" in p.resources and p.step in (6, 7)]  # two steady steps
     assert sorted(p.name for p in trainer) == ["checkpoint_6", "checkpoint_7", "send_6", "send_7", "train_6", "train_7"]
     assert sum(p.duration for p in trainer) == pytest.approx(2 * 12.3)  # busy the whole period: train + send
-    assert r.busy["rollout"] == pytest.approx(12 / 12.3)  # 10 s generating + the 2 s the engines were held
+    assert r.busy["rollout"] == pytest.approx(11.7 / 12.3)  # 10 s generating + the 1.7 s the engines were held
     assert proxy_step_s("stream", hidden, 1, None) == pytest.approx(12.3)
     assert proxy_step_s("async", whole, 1, None) == pytest.approx(14.0)
     slow_gen = StepCosts(generate_s=13, train_s=12, sync_s=2, sync_hidden_s=1.7)
-    assert simulate_stream(slow_gen, 2).step_s == pytest.approx(15.0) == pytest.approx(overlap_limit_s(slow_gen))
+    assert simulate_stream(slow_gen, 2).step_s == pytest.approx(14.7) == pytest.approx(overlap_limit_s(slow_gen))
+    assert overlap_limit_s(StepCosts(generate_s=13, train_s=12, sync_s=2)) == pytest.approx(15.0)
     syncs = sorted((p.start, p.end) for p in r.phases if p.name.startswith("sync_"))
     assert all(a[1] <= b[0] + 1e-9 for a, b in zip(syncs, syncs[1:]))  # one sync in flight at a time
     with pytest.raises(ValueError, match="StepCosts.sync_hidden_s: must be at most sync_s=1"):

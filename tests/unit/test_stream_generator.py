@@ -211,3 +211,22 @@ def test_snapshots_see_every_sample_once_and_resumed_copies_continue(monkeypatch
     for s in got:  # the tokens of the snapshot kept, the rest sampled by version 5
         assert s.response_ids[:len(held[s.key])] == held[s.key] and len(s.response_ids) == 3
         assert s.token_versions[len(held[s.key]):] == [5] * (3 - len(held[s.key]))
+
+
+def test_held_seconds_are_reported_per_drain(monkeypatch):
+    """`stream/held_s`: the seconds held since the last drain (a hold still on counts up to the drain), 0 when
+    nothing held the engine; a second hold while held does not restart the clock."""
+    gen, _ = _stream(monkeypatch)
+    try:
+        assert gen.drain(0.0)[1]["stream/held_s"] == 0.0
+        gen.hold()
+        time.sleep(0.3)
+        gen.hold()  # idempotent
+        first = gen.drain(0.0)[1]["stream/held_s"]
+        time.sleep(0.2)
+        gen.release()
+        second = gen.drain(0.0)[1]["stream/held_s"]
+        assert 0.3 <= first < 0.6 and 0.2 <= second < 0.5, (first, second)
+        assert gen.drain(0.0)[1]["stream/held_s"] == 0.0
+    finally:
+        gen.close()

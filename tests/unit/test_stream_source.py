@@ -47,7 +47,7 @@ class _FakeWorker:
         for s in out:
             s.extend([1], [-0.5], self.engine.version)
             s.finish("stop")
-        return out, {"stream/busy_s": 0.1, "stream/running": 0.0}
+        return out, {"stream/busy_s": 0.1, "stream/held_s": 0.05, "stream/running": 0.0}
 
 
 class _Loader:

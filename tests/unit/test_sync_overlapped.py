@@ -144,3 +144,27 @@ def test_a_lost_engine_is_raised_by_the_next_start_before_anything_starts_and_a_
     assert syncs.start(2) == {"sync/version": 2, "sync/send_s": 0.1} and fake.started == [1, 2]
     syncs.forget(1)  # engine 1 replaced meanwhile: its calls of sync 2 no longer count
     assert list(syncs.pending.loads) == [0]
+
+
+def test_start_holds_each_engine_after_the_trainers_send_and_before_its_load():
+    """The engines sample on their verified weights while the trainer sends (the hold used to come first: about
+    the send's seconds of generation lost per sync); each is held before its load, in call order on the engine,
+    so nothing is sampled on unverified weights."""
+    log: list = []
+
+    def call(name, result=None):
+        return SimpleNamespace(remote=lambda *a: log.append(name) or result)
+
+    send = SimpleNamespace(remote=lambda *a: log.append("trainer send") or ("payload", "meta-ref"))
+    trainer = SimpleNamespace(weight_sync=SimpleNamespace(options=lambda **kw: send),
+                              probe_logprobs=call("trainer probe", "want"))
+    engines = [SimpleNamespace(stream_hold=call(f"hold {i}"), weight_sync=call(f"load {i}", f"load-ref {i}"),
+                               probe_logprobs=call(f"probe {i}", f"probe-ref {i}")) for i in range(2)]
+    s = WeightSyncer(CFG, trainer=trainer, engines=engines)
+    s.strategy = SimpleNamespace(concurrent=False)  # what `setup` loads
+    s._get = lambda ref, what: log.append(f"wait for {what}") or {"groups": GROUPS, "bytes": 96}
+    pending = s.start(1)
+    assert log.index("trainer send") < log.index("wait for the trainer's send") < log.index("hold 0")
+    for i in range(2):
+        assert log.index(f"hold {i}") < log.index(f"load {i}")
+    assert pending.loads == {0: "load-ref 0", 1: "load-ref 1"} and pending.version == 1
