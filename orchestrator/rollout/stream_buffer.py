@@ -16,10 +16,11 @@ policy of version t - 1, and a sample's *staleness* is that version minus the ve
 
 Capacity (AReaL's rule, Fu et al. 2025 sec. 5.2): groups are started only while the groups started so far
 (dropped ones excepted) number at most (policy_version + k + 1) * prompts_per_step. Groups are taken in
-the order they complete; a group started at version v is then trained at a step t <= v + k + 1 unless it
-finished after groups started later, so the bound rarely bites. Admission: every group taken whose
-staleness exceeds k is dropped (counted in `async/dropped_groups` and `async/dropped_samples`, its slot
-freed) and never trained. Every sample is counted once: a second sample with the same key, a sample of a
+the order they complete, except that a group due at this step (over the bound at the next one) goes first and is
+waited for while still in flight, rather than passed over by later groups and dropped (which also left the
+pipeline a group short for the rest of a run: benchmarks/RESULTS.md); so the bound rarely bites. Admission: every
+group taken whose staleness exceeds k is dropped (counted in `async/dropped_groups` and `async/dropped_samples`,
+its slot freed) and never trained. Every sample is counted once: a second sample with the same key, a sample of a
 group never submitted or more samples than the group holds raise ValueError.
 
 A sample with `failed` set (a streamed episode whose environment never started, orchestrator/rollout/
@@ -34,6 +35,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.rollout.partial import PartialSample
+
+
+DUE_WAIT_S = 60.0  # how long a take waits for groups due now still in flight (orchestrator/rollout/stream_source.py)
 
 
 @dataclass
@@ -141,26 +145,31 @@ class GroupBuffer:
         if group.complete:
             self.ready.append(self.pending.pop(gid))
 
-    def take(self, count: int, policy_version: int) -> Optional[Batch]:
-        """The first `count` admissible complete groups (completion order), or None while fewer are ready.
-        Groups over the staleness bound met on the way are dropped for good (counted)."""
-        admitted, dropped, rest = [], 0, []
+    def take(self, count: int, policy_version: int, wait_for_due: bool = True) -> Optional[Batch]:
+        """`count` admissible complete groups (completion order), or None while too few are ready. Groups over the
+        staleness bound are dropped for good (counted). A group due now (admissible now, over the bound at the next
+        step) goes first, and with `wait_for_due` one still in flight is waited for (a slot kept for it) rather than
+        passed over by groups that can wait: passed over, it would be dropped at the next step and its work lost.
+        The caller stops waiting after DUE_WAIT_S (an engine held after a failed verification finishes nothing)."""
+        admitted = []
         for g in self.ready:
-            if len(admitted) == count:
-                rest.append(g)
-            elif g.staleness(policy_version) > self.k:
-                dropped += 1
+            if g.staleness(policy_version) > self.k:
+                self.dropped_groups += 1
                 self.dropped_samples += g.size
+                self.started -= 1
             else:
                 admitted.append(g)
-        self.dropped_groups += dropped
-        self.started -= dropped
-        if len(admitted) < count:
-            self.ready = admitted + rest
+        due = [g for g in admitted if g.staleness(policy_version + 1) > self.k][:count]
+        awaited = wait_for_due and sum(1 for g in self.pending.values() if g.staleness(policy_version) <= self.k
+                                       < g.staleness(policy_version + 1))  # its finished samples' oldest token decides
+        can_wait = [g for g in admitted if g not in due][:max(0, count - len(due) - awaited)]
+        chosen = {id(g) for g in due + can_wait}
+        if len(chosen) < count:
+            self.ready = admitted
             return None
-        self.ready = rest
+        self.ready = [g for g in admitted if id(g) not in chosen]
         self.trained_groups += count
-        return Batch(admitted, policy_version)
+        return Batch([g for g in admitted if id(g) in chosen], policy_version)
 
     def metrics(self, batch: Batch) -> dict[str, float]:
         """The `async/*` keys of a trained batch: `async/staleness_mean`, `_max`, the histogram

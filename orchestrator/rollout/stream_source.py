@@ -72,7 +72,7 @@ from orchestrator.rollout.partial import PartialSample
 from orchestrator.rollout.partial_episode import batch_env_tally, episode_metrics
 from orchestrator.rollout.resume_mode import STREAM, check_written_by
 from orchestrator.rollout.source import Recover
-from orchestrator.rollout.stream_buffer import GroupBuffer
+from orchestrator.rollout.stream_buffer import DUE_WAIT_S, GroupBuffer
 from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, restore_plan
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
@@ -161,7 +161,7 @@ class StreamRollouts:
         while batch is None:  # (a weight load queued on the workers, weight_sync.overlap, does not hold the step)
             self._poll(POLL_S)
             self.launch(step)
-            batch = self.buffer.take(self.per_step, version)
+            batch = self.buffer.take(self.per_step, version, wait_for_due=time.perf_counter() - t0 < DUE_WAIT_S)
         samples, self.taken, self.pump_failed = batch.samples, True, False
         if self.group_scores is not None:
             self.taken_scores = self.group_scores.pop([g.group_id for g in batch.groups])

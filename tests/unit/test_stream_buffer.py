@@ -92,6 +92,31 @@ def test_buffer_admits_by_the_oldest_token_and_drops_over_the_bound():
     assert buf.capacity(2) == 3  # its slot freed: (2 + 1 + 1) * 1 - 1
 
 
+@pytest.mark.parametrize("wait_for_due", [True, False])
+def test_a_group_due_now_is_waited_for_rather_than_passed_over_and_dropped(wait_for_due):
+    """k = 1, 2 groups a step. At the take of version 1, group 1 (complete) and group 2 (one sample still running)
+    started at version 0: over the bound at the next step. Group 3 (version 1) is complete first. Passing group 2
+    over for group 3 (the old completion-order take, and `wait_for_due=False`) drops group 2 at the next take; the
+    default waits for it. A k = 1 run on the demo showed the drop and the pipeline then a group short every step."""
+    buf = GroupBuffer(max_staleness=1, prompts_per_step=2)
+    for gid in (1, 2, 3):
+        buf.submit(gid, 2)
+    buf.add(_finished(1, 0, [0])), buf.add(_finished(1, 1, [0]))
+    buf.add(_finished(2, 0, [0, 0, 1]))  # its sample 1 is still being generated
+    buf.add(_finished(3, 0, [1])), buf.add(_finished(3, 1, [1]))
+    batch = buf.take(2, policy_version=1, wait_for_due=wait_for_due)
+    if not wait_for_due:
+        assert [g.group_id for g in batch.groups] == [1, 3]
+        buf.add(_finished(2, 1, [1, 1]))
+        assert buf.take(1, policy_version=2) is None and buf.dropped_groups == 1  # its work lost
+        return
+    assert batch is None and buf.dropped_groups == 0  # a slot kept for group 2
+    buf.add(_finished(2, 1, [1, 1]))
+    batch = buf.take(2, policy_version=1)
+    assert [g.group_id for g in batch.groups] == [1, 2] and [g.group_id for g in buf.ready] == [3]
+    assert [g.group_id for g in buf.take(1, policy_version=2).groups] == [3] and buf.dropped_groups == 0
+
+
 def test_buffer_counts_every_sample_once():
     buf = GroupBuffer(max_staleness=2, prompts_per_step=2)
     buf.submit(5, 2)
