@@ -29,7 +29,9 @@ checkpoint's samples again (continuations keep their tokens). The thread takes t
 samples on under `engine_lock`, so at a step boundary every sample is in exactly one of queue, engine, done.
 Engine errors stop the thread and are raised by the next `drain`. Metrics:
 `stream/busy_s` (seconds inside engine steps since the last drain), `stream/held_s` (seconds held by `hold` since
-the last drain: an overlapped weight sync's load, checks and probe), `stream/running`, `stream/queued`,
+the last drain: an overlapped weight sync's load, checks and probe), the engine thread's seconds outside engine
+steps since the last drain (`stream/empty_s`: nothing to run; `stream/blocked_s`: work queued but held or a caller
+waiting for the engine; `stream/add_s`: handing requests to the engine), `stream/running`, `stream/queued`,
 `stream/interruptions` (cumulative requests aborted by weight updates).
 """
 from __future__ import annotations
@@ -41,6 +43,9 @@ from typing import Callable, Optional
 
 from actors.rollout.interruptible import InterruptibleEngine
 from orchestrator.rollout.partial import PartialSample, samples_of, snapshot_copy
+
+
+IDLE_KINDS = ("empty", "blocked", "add")  # `stream/<kind>_s`: see the module docstring
 
 
 class StreamingGenerator:
@@ -57,6 +62,8 @@ class StreamingGenerator:
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.held = False  # `hold` until `release`: the thread starts no step
         self.held_s, self.held_since = 0.0, 0.0  # seconds held since the last drain; when the hold began
+        self.idle_s = dict.fromkeys(IDLE_KINDS, 0.0)  # the thread's seconds outside engine steps since the last drain
+        self.idle_since: Optional[tuple[float, str]] = None  # (when, kind) of the wait the thread is in
         self.busy_s = 0.0
         self.error: Optional[BaseException] = None
         self.closed = False
@@ -109,9 +116,14 @@ class StreamingGenerator:
             out, self.done = self.done, []
             now = time.perf_counter()
             held_s = self.held_s + (now - self.held_since if self.held else 0.0)
+            if self.idle_since is not None:  # the thread's wait so far counts now, the rest at the next drain
+                self.idle_s[self.idle_since[1]] += now - self.idle_since[0]
+                self.idle_since = (now, self.idle_since[1])
             metrics = {"stream/busy_s": self.busy_s, "stream/held_s": held_s, "stream/running": float(self.gen.running),
-                       "stream/queued": float(len(self.queue)), "stream/interruptions": float(self.gen.interruptions)}
+                       "stream/queued": float(len(self.queue)), "stream/interruptions": float(self.gen.interruptions),
+                       **{f"stream/{kind}_s": s for kind, s in self.idle_s.items()}}
             self.busy_s, self.held_s, self.held_since = 0.0, 0.0, now
+            self.idle_s = dict.fromkeys(IDLE_KINDS, 0.0)
         return out, metrics
 
     def resume(self, samples: list[PartialSample]) -> int:
@@ -206,18 +218,23 @@ class StreamingGenerator:
         while True:
             with self.cond:
                 while not self.closed and (self.waiting or self.held or not (self.queue or self.gen.running)):
+                    self.idle_since = (time.perf_counter(), "blocked" if self.waiting or self.held else "empty")
                     self.cond.wait()
+                    self.idle_s[self.idle_since[1]] += time.perf_counter() - self.idle_since[0]
+                    self.idle_since = None
                 if self.closed:
                     return
+            t0 = time.perf_counter()
             with self.engine_lock:  # the queue is taken and the finished handed on under it: `snapshot` sees
+                locked = time.perf_counter()  # a caller's pause (a load, a probe) held the engine until now
                 with self.cond:     # every sample in exactly one of queue, engine, done
                     new, self.queue = self.queue, []
                 try:
                     if new:  # added under the version of this moment (after a pause: the new one)
                         self.gen.add(new, self.version())
-                    t0 = time.perf_counter()
+                    added = time.perf_counter()
                     finished = self.gen.step() if self.gen.running else []  # a pause may have emptied it
-                    dt = time.perf_counter() - t0
+                    dt = time.perf_counter() - added
                 except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
                     with self.cond:
                         self.error = e
@@ -225,6 +242,8 @@ class StreamingGenerator:
                     return
                 with self.cond:
                     self.busy_s += dt
+                    self.idle_s["blocked"] += locked - t0
+                    self.idle_s["add"] += added - locked
                     self._finished(finished)
 
     def _finished(self, finished: list[PartialSample]) -> None:

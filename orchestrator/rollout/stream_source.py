@@ -41,23 +41,23 @@ and the tokens trained after a resume are the ones the checkpoint held. Multi-tu
 checkpoints written before this (requests only) regenerate every untrained group from its request with the
 checkpoint's weights: nothing lost or trained twice, but the tokens differ from the uninterrupted run's.
 
-A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
-its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
-incomplete group assigned to it is emptied and issued again, whole, to the replacement (same requests and
-seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
-hook raises and the run stops.
+A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in its
+bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every incomplete group
+assigned to it is emptied and issued again, whole, to the replacement (same requests and seeds;
+`rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the hook raises and
+the run stops.
 
 Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes that run on the worker's agent loop
-(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
-comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
-oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
-environment's (`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
-(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has;
-an episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains
-with the episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts,
-env/reset_failures, env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with
-env.placement=actor) and the same rule: more than env.max_failed_frac of its episodes failed stops the run
-(TooManyFailuresError naming env.name), and a batch with no trajectory at all raises RuntimeError.
+(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group comes
+back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their oldest
+sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the environment's
+(`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
+(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has; an
+episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains with the
+episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts, env/reset_failures,
+env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with env.placement=actor) and the
+same rule: more than env.max_failed_frac of its episodes failed stops the run (TooManyFailuresError naming env.name),
+and a batch with no trajectory at all raises RuntimeError.
 """
 from __future__ import annotations
 
@@ -77,6 +77,8 @@ from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, rest
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 POLL_S = 0.2  # how long one drain call waits on a worker for a finished sample
+# a worker's `stream/<kind>_s` (actors/rollout/stream.py) -> `rollout/worker_<name>_s_mean`, the mean over the workers
+ENGINE_KEYS = {f"stream/{k}_s": {"busy": "generate"}.get(k, k) for k in ("busy", "held", "empty", "blocked", "add")}
 
 
 class StreamRollouts:
@@ -106,7 +108,7 @@ class StreamRollouts:
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
         self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
-        self.engine_s = {"stream/busy_s": 0.0, "stream/held_s": 0.0}  # the workers' drains summed since the step
+        self.engine_s = dict.fromkeys(ENGINE_KEYS, 0.0)  # the workers' drains summed since the last step
         self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
         # a batch was taken: until then one batch at a time (`_first_batch_alone`), at the start of a run only (a
         # resume continues as the uninterrupted run would: its checkpoint holds the batches ahead)
@@ -204,9 +206,9 @@ class StreamRollouts:
 
     def finish_in_flight(self, row: dict) -> None:
         """Nothing waits here: the weight sync pauses the engines' requests and continues them after the load."""
-        busy, held = (self.engine_s[k] / max(len(self.workers), 1) for k in ("stream/busy_s", "stream/held_s"))
-        row.update({"rollout/worker_generate_s_mean": busy, "rollout/worker_held_s_mean": held})  # held: for syncs
-        self.engine_s = dict.fromkeys(self.engine_s, 0.0)
+        n = max(len(self.workers), 1)
+        row.update({f"rollout/worker_{name}_s_mean": self.engine_s[k] / n for k, name in ENGINE_KEYS.items()})
+        self.engine_s = dict.fromkeys(ENGINE_KEYS, 0.0)
 
     def synced(self, version: int) -> None:
         self.version = version
@@ -280,10 +282,8 @@ class StreamRollouts:
         self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
         if self.group_scores is not None:
             self.group_scores.retain(())
-        self.taken_scores = None
-        self.sent_to = list(self.workers)
-        if engine_version is not None:
-            self.version = engine_version
+        self.taken_scores, self.sent_to = None, list(self.workers)
+        self.version = self.version if engine_version is None else engine_version
         return ids
 
     def _poll(self, wait_s: float, recover: bool = True) -> None:

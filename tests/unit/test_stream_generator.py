@@ -230,3 +230,23 @@ def test_held_seconds_are_reported_per_drain(monkeypatch):
         assert gen.drain(0.0)[1]["stream/held_s"] == 0.0
     finally:
         gen.close()
+
+
+def test_the_engine_threads_time_outside_steps_is_reported_by_kind(monkeypatch):
+    """`stream/empty_s` (nothing to run), `stream/blocked_s` (work queued, but held or a caller waiting for the
+    engine) and `stream/add_s` (handing requests over): where an engine's idle time goes (benchmarks/RESULTS.md)."""
+    gen, _ = _stream(monkeypatch)
+    try:
+        time.sleep(0.3)
+        m = gen.drain(0.0)[1]
+        assert 0.25 <= m["stream/empty_s"] < 0.6 and m["stream/blocked_s"] < 0.05, m  # a wait still going counts
+        gen.hold()
+        gen.submit(_requests(0, 1))  # queued while held: blocked, not empty
+        time.sleep(0.3)
+        m = gen.drain(0.0)[1]
+        assert m["stream/blocked_s"] >= 0.25 and m["stream/empty_s"] < 0.1, m
+        gen.release()
+        assert len(_drain_all(gen, 2)) == 2
+        assert 0.0 <= gen.drain(0.0)[1]["stream/add_s"] < 0.5  # the fake engine's add is immediate
+    finally:
+        gen.close()
