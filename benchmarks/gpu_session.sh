@@ -7,7 +7,7 @@
 # Packages the machine lacks travel as wheels in .whl (git-ignored): ray (a stripped tarball: no Java jars, no
 # dashboard web client, binaries stripped; 20 MB), omegaconf with its antlr4 runtime, torchao, jsonschema's stack.
 #   bash benchmarks/gpu_session.sh            # OUT defaults to /tmp/gpu_out
-set -u
+set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -30,8 +30,8 @@ timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs --continue-on-collection-e
   -o addopts="-p no:cacheprovider" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
 
 echo "== 2. benchmarks/gpu_trainer.py"
-run_cfg() { timeout 90 python3 benchmarks/gpu_trainer.py --json "$OUT/gpu_trainer.jsonl" "$@" 2>>"$OUT/gpu_trainer.err" \
-  | tail -1 || echo "config $* failed or timed out (see gpu_trainer.err)"; }
+run_cfg() { timeout 90 python3 benchmarks/gpu_trainer.py --json "$OUT/gpu_trainer.jsonl" "$@" \
+  2>>"$OUT/gpu_trainer.err" | tail -1 || echo "config $* failed or timed out (see gpu_trainer.err)"; }
 run_cfg --precision bf16-autocast
 run_cfg --precision bf16-autocast --ckpt
 run_cfg --precision fp32

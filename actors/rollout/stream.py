@@ -54,7 +54,7 @@ class StreamingGenerator:
     def __init__(self, engine, n: int, max_tokens: int, version: Callable[[], int]):
         self.gen = InterruptibleEngine(engine)
         self.n, self.max_tokens, self.version = n, max_tokens, version
-        self.cond = threading.Condition()  # guards queue, done, waiting, busy_s, error, closed
+        self.cond = threading.Condition()  # guards queue, done, waiting, held, the seconds counters, error, closed
         self.engine_lock = threading.Lock()  # the engine: one add + step at a time, or a pause
         self.queue: list[PartialSample] = []
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
@@ -218,7 +218,8 @@ class StreamingGenerator:
         while True:
             with self.cond:
                 while not self.closed and (self.waiting or self.held or not (self.queue or self.gen.running)):
-                    self.idle_since = (time.perf_counter(), "blocked" if self.waiting or self.held else "empty")
+                    work = (self.waiting or self.held) and (self.queue or self.gen.running)  # held with nothing: empty
+                    self.idle_since = (time.perf_counter(), "blocked" if work else "empty")
                     self.cond.wait()
                     self.idle_s[self.idle_since[1]] += time.perf_counter() - self.idle_since[0]
                     self.idle_since = None

@@ -171,7 +171,8 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: st
     cols = torch.nonzero(local_mask.any(dim=0)).flatten()  # columns with a scored position in some row
     token = _IN_RING.set(True)
     try:
-        with autocast_context(precision, device):  # the whole model (FSDP2's root unit gathers the embeddings and the head)
+        # the whole model under autocast (FSDP2's root unit gathers the embeddings and the head)
+        with autocast_context(precision, device):
             out = model(input_ids=row["ids"][:, mine].to(device), position_ids=row["position_ids"][:, mine].to(device),
                         attention_mask=None, use_cache=False, logits_to_keep=cols,
                         cp_ring=RingCall(group, row["seq_len"], doc_ids))

@@ -146,11 +146,12 @@ class GroupBuffer:
             self.ready.append(self.pending.pop(gid))
 
     def take(self, count: int, policy_version: int, wait_for_due: bool = True) -> Optional[Batch]:
-        """`count` admissible complete groups (completion order), or None while too few are ready. Groups over the
-        staleness bound are dropped for good (counted). A group due now (admissible now, over the bound at the next
-        step) goes first, and with `wait_for_due` one still in flight is waited for (a slot kept for it) rather than
-        passed over by groups that can wait: passed over, it would be dropped at the next step and its work lost.
-        The caller stops waiting after DUE_WAIT_S (an engine held after a failed verification finishes nothing)."""
+        """`count` admissible complete groups (completion order), or None while too few are ready. Every ready group
+        over the staleness bound is dropped for good (counted), whether or not the batch fills. A group due now
+        (admissible now, over the bound at the next step) goes first, and with `wait_for_due` one still in flight is
+        waited for (a slot kept for it) rather than passed over by groups that can wait: passed over, it would be
+        dropped at the next step and its work lost. The caller stops waiting after DUE_WAIT_S (an engine held after
+        a failed verification finishes nothing)."""
         admitted = []
         for g in self.ready:
             if g.staleness(policy_version) > self.k:
@@ -159,10 +160,10 @@ class GroupBuffer:
                 self.started -= 1
             else:
                 admitted.append(g)
-        due = [g for g in admitted if g.staleness(policy_version + 1) > self.k][:count]
-        awaited = wait_for_due and sum(1 for g in self.pending.values() if g.staleness(policy_version) <= self.k
-                                       < g.staleness(policy_version + 1))  # its finished samples' oldest token decides
-        can_wait = [g for g in admitted if g not in due][:max(0, count - len(due) - awaited)]
+        due = [g for g in admitted if self._due(g, policy_version)][:count]
+        # a pending group's finished samples decide (one with none yet is not waited for)
+        awaited = sum(self._due(g, policy_version) for g in self.pending.values()) if wait_for_due else 0
+        can_wait = [g for g in admitted if id(g) not in {id(d) for d in due}][:max(0, count - len(due) - awaited)]
         chosen = {id(g) for g in due + can_wait}
         if len(chosen) < count:
             self.ready = admitted
@@ -170,6 +171,10 @@ class GroupBuffer:
         self.ready = [g for g in admitted if id(g) not in chosen]
         self.trained_groups += count
         return Batch([g for g in admitted if id(g) in chosen], policy_version)
+
+    def _due(self, group: Group, policy_version: int) -> bool:
+        """Admissible at this take (policy_version) and over the bound at the next one: trained now or dropped."""
+        return group.staleness(policy_version) <= self.k < group.staleness(policy_version + 1)
 
     def metrics(self, batch: Batch) -> dict[str, float]:
         """The `async/*` keys of a trained batch: `async/staleness_mean`, `_max`, the histogram

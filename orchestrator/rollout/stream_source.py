@@ -387,7 +387,7 @@ class StreamRollouts:
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
-                **episode_metrics(samples), **{k: v for k, v in self.stream.items() if k != "stream/busy_s"}}
+                **episode_metrics(samples), **{k: v for k, v in self.stream.items() if k not in ENGINE_KEYS}}
 
 
 def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,

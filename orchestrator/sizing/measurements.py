@@ -190,8 +190,8 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
 def sync_hidden_frac(rows: list[dict]) -> Optional[float]:
     """The median fraction of an overlapped weight sync (weight_sync.overlap) the trainer did not wait for:
     1 - send / whole, pairing each sync's `sync/send_s` (the row of its `sync/version`) with its `sync/seconds`
-    (start to verified: the engines held for the part after the send; the row whose `sync/verified_version` names it). None when
-    no overlapped sync was settled in `rows` (synchronous syncs, or an older run)."""
+    (start to verified: the engines held for the part after the send; the row whose `sync/verified_version` names
+    it). None when no overlapped sync was settled in `rows` (synchronous syncs, or an older run)."""
     sends = {r["sync/version"]: float(r["sync/send_s"]) for r in rows if "sync/send_s" in r and "sync/version" in r}
     fracs = [1.0 - min(sends[v], whole) / whole for r in rows
              if (v := r.get("sync/verified_version")) in sends and r.get("sync/overlapped")

@@ -64,9 +64,10 @@ def proxy_step_s(mode: str, c: StepCosts, staleness: int, reference: Optional[st
     colocated: G + max(X/2 + F, W) + T + S + X/2 + C (all on one resource; reward on the CPU).
     disaggregated: max(G + max(W, F_own), max(G, C) + F_tr, C) + T + S (checkpoint_k overlaps
     generate_{k+1}; the reference on the trainer waits for both).
-    async, stream: max((G + max(W, F_own, F_tr) + T + S) / (s + 1), G + S + R, F_tr + T + S_tr + C, W, F_own):
+    async, stream: max((G + max(W, F_own, F_tr) + T + S) / (s + 1), G + S_ro + R, F_tr + T + S_tr + C, W, F_own):
     the chain generate_k -> sync_k -> generate_{k+1+s} spans s + 1 periods; each resource's own work spans one.
-    S_tr = S - sync_hidden_s, the sync's trainer part (stream mode with weight_sync.overlap; S elsewhere).
+    S_tr = S - sync_hidden_s, the sync's trainer part, and S_ro = sync_hidden_s, its engines' part (stream mode with
+    weight_sync.overlap: the engines generate during the send; S elsewhere).
     """
     if mode == "colocated":
         return (c.generate_s + max(c.switch_s / 2 + c.reference_s, c.reward_s) + c.train_s + c.sync_s
@@ -77,7 +78,7 @@ def proxy_step_s(mode: str, c: StepCosts, staleness: int, reference: Optional[st
         pre = max(c.generate_s + max(c.reward_s, own), max(c.generate_s, c.checkpoint_s) + on_trainer)
         return pre + c.train_s + c.sync_s
     chain = c.generate_s + max(c.reward_s, own, on_trainer) + c.train_s + c.sync_s
-    return max(chain / (staleness + 1), c.generate_s + c.sync_s + c.recompute_s,
+    return max(chain / (staleness + 1), c.generate_s + c.sync_on_rollout_s + c.recompute_s,
                on_trainer + c.train_s + c.sync_on_trainer_s + c.checkpoint_s, c.reward_s, own)
 
 

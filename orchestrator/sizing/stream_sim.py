@@ -19,7 +19,8 @@ the throughput that one whole batch's generation measures):
   checkpoint_j follows sync_j; the trainer runs [reference_j], train_j, sync_j, checkpoint_j in order;
 - an overlapped sync (weight_sync.overlap, costs.sync_hidden_s > 0): the trainer holds only its send
   ('send_j', sync_s - sync_hidden_s) and goes on; the rollout GPUs generate during the send and are paused
-  for the rest (sync_hidden_s: load, checks, probe) from its end, and sync_j starts no earlier than sync_{j-1} ends (one sync in flight: orchestrator/weight_sync/overlapped.py).
+  for the rest (sync_hidden_s: load, checks, probe) from its end, and sync_j starts no earlier than sync_{j-1} ends
+  (one sync in flight: orchestrator/weight_sync/overlapped.py).
 
 Batch j is trained by train_j on version j - 1 and its first tokens come from version >= j - 1 - k, so the
 staleness never exceeds k. With the same costs every step the period is the overlap limit
@@ -134,7 +135,8 @@ def overlap_limit_s(costs: StepCosts, reference: str | None = None,
     """The fastest any overlap of generation and training can go (seconds per step): the busiest
     resource's work per step, max(mean generate + the sync's engine part (sync_on_rollout_s), reference on
     trainer + train + the sync's trainer part (sync_s - sync_hidden_s) + checkpoint, critic, reward, reference on its
-    own GPUs). recompute_s is not counted (it is paid only when a sync interrupts a generation). Errors: a bad generate_scale (ValueError naming it)."""
+    own GPUs). recompute_s is not counted (it is paid only when a sync interrupts a generation). Errors: a bad
+    generate_scale (ValueError naming it)."""
     scale = check_scale(generate_scale)
     mean = sum(scale) / len(scale) if scale else 1.0
     c = costs

@@ -217,6 +217,7 @@ def test_an_overlapped_sync_holds_the_trainer_for_its_send_and_the_engines_for_t
     slow_gen = StepCosts(generate_s=13, train_s=12, sync_s=2, sync_hidden_s=1.7)
     assert simulate_stream(slow_gen, 2).step_s == pytest.approx(14.7) == pytest.approx(overlap_limit_s(slow_gen))
     assert overlap_limit_s(StepCosts(generate_s=13, train_s=12, sync_s=2)) == pytest.approx(15.0)
+    assert proxy_step_s("stream", slow_gen, 2, None) == pytest.approx(14.7)
     syncs = sorted((p.start, p.end) for p in r.phases if p.name.startswith("sync_"))
     assert all(a[1] <= b[0] + 1e-9 for a, b in zip(syncs, syncs[1:]))  # one sync in flight at a time
     with pytest.raises(ValueError, match="StepCosts.sync_hidden_s: must be at most sync_s=1"):

@@ -226,7 +226,7 @@ def test_held_seconds_are_reported_per_drain(monkeypatch):
         time.sleep(0.2)
         gen.release()
         second = gen.drain(0.0)[1]["stream/held_s"]
-        assert 0.3 <= first < 0.6 and 0.2 <= second < 0.5, (first, second)
+        assert 0.3 <= first < 1.5 and 0.2 <= second < 1.5, (first, second)  # upper bounds: a busy 2-core host
         assert gen.drain(0.0)[1]["stream/held_s"] == 0.0
     finally:
         gen.close()
@@ -239,7 +239,7 @@ def test_the_engine_threads_time_outside_steps_is_reported_by_kind(monkeypatch):
     try:
         time.sleep(0.3)
         m = gen.drain(0.0)[1]
-        assert 0.25 <= m["stream/empty_s"] < 0.6 and m["stream/blocked_s"] < 0.05, m  # a wait still going counts
+        assert 0.25 <= m["stream/empty_s"] < 1.5 and m["stream/blocked_s"] < 0.05, m  # a wait still going counts
         gen.hold()
         gen.submit(_requests(0, 1))  # queued while held: blocked, not empty
         time.sleep(0.3)
