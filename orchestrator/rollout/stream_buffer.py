@@ -160,11 +160,11 @@ class GroupBuffer:
                 self.started -= 1
             else:
                 admitted.append(g)
-        due = [g for g in admitted if self._due(g, policy_version)][:count]
+        chosen = {id(g) for g in [g for g in admitted if self._due(g, policy_version)][:count]}  # due now
         # a pending group's finished samples decide (one with none yet is not waited for)
         awaited = sum(self._due(g, policy_version) for g in self.pending.values()) if wait_for_due else 0
-        can_wait = [g for g in admitted if id(g) not in {id(d) for d in due}][:max(0, count - len(due) - awaited)]
-        chosen = {id(g) for g in due + can_wait}
+        can_wait = [g for g in admitted if id(g) not in chosen][:max(0, count - len(chosen) - awaited)]
+        chosen |= {id(g) for g in can_wait}
         if len(chosen) < count:
             self.ready = admitted
             return None

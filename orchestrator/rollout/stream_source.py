@@ -41,23 +41,23 @@ and the tokens trained after a resume are the ones the checkpoint held. Multi-tu
 checkpoints written before this (requests only) regenerate every untrained group from its request with the
 checkpoint's weights: nothing lost or trained twice, but the tokens differ from the uninterrupted run's.
 
-A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in its
-bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every incomplete group
-assigned to it is emptied and issued again, whole, to the replacement (same requests and seeds;
-`rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the hook raises and
-the run stops.
+A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
+its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
+incomplete group assigned to it is emptied and issued again, whole, to the replacement (same requests and
+seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
+hook raises and the run stops.
 
 Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes that run on the worker's agent loop
-(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group comes
-back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their oldest
-sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the environment's
-(`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
-(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has; an
-episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains with the
-episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts, env/reset_failures,
-env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with env.placement=actor) and the
-same rule: more than env.max_failed_frac of its episodes failed stops the run (TooManyFailuresError naming env.name),
-and a batch with no trajectory at all raises RuntimeError.
+(actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
+comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
+oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
+environment's (`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
+(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has;
+an episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains
+with the episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts,
+env/reset_failures, env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with
+env.placement=actor) and the same rule: more than env.max_failed_frac of its episodes failed stops the run
+(TooManyFailuresError naming env.name), and a batch with no trajectory at all raises RuntimeError.
 """
 from __future__ import annotations
 
