@@ -69,12 +69,16 @@ def _rank(rank: int, init: str, model: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The single critic's results and the two ranks' (files rank0.pt, rank1.pt)."""
-    with pytest.MonkeyPatch.context() as patch:  # gloo ranks on the CPU, on a host with CUDA too (and a forked
-        patch.setattr(torch.cuda, "is_available", lambda: False)  # rank must not touch CUDA the parent initialised)
-        yield _runs(tmp_path_factory)
+    # gloo ranks on the CPU, on a host with CUDA too. There autograd starts a thread per device at the first
+    # backward, which forbids a fork after it: the ranks are spawned, with CUDA hidden from them
+    start_method = "spawn" if torch.cuda.is_available() else "fork"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        yield _runs(tmp_path_factory, start_method)
 
 
-def _runs(tmp_path_factory) -> SimpleNamespace:
+def _runs(tmp_path_factory, start_method: str) -> SimpleNamespace:
     path = tmp_path_factory.mktemp("critic_sharded")
     model = str(save_tiny_llama(path / "model"))
     single = Critic(model, *_cfgs(), max_new_tokens=8, num_threads=1)
@@ -83,10 +87,10 @@ def _runs(tmp_path_factory) -> SimpleNamespace:
     single.save(str(path / "single_ckpt"))
     ref["m2"] = single.update(*_batch(2))
     ref["full"] = {k: v.detach().clone() for k, v in single.model.state_dict().items()}
-    # fork: the ranks inherit this process's imports (a spawned one re-imports torch, transformers and the
-    # trainer: ~8 s of CPU each); the parent never joined a process group and runs torch on one thread
+    # fork where it may: the ranks inherit this process's imports (a spawned one re-imports torch, transformers
+    # and the trainer: ~8 s of CPU each); the parent never joined a process group and runs torch on one thread
     mp.start_processes(_rank, args=(f"file://{path}/rendezvous", model, str(path)), nprocs=D, join=True,
-                       start_method="fork")
+                       start_method=start_method)
     ranks = [torch.load(path / f"rank{r}.pt", weights_only=False) for r in range(D)]
     return SimpleNamespace(path=path, model=model, ref=ref, ranks=ranks)
 
