@@ -9,6 +9,7 @@ interrupts the requests in flight and continues them on the new weights (actors/
         ...                                  # on exit the interrupted samples continue on version()
     stream.hold(); ...; stream.release()     # the same across calls: an overlapped weight sync holds the engine
                                              # from before its load until the controller verified it
+    stream.prioritize({12, 13})              # the trainer waits for these groups: theirs first (see below)
 
 Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same engine thread: each policy turn is
 one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
@@ -27,7 +28,13 @@ the engine with the OpenMP pool size of the thread that made the engine.
 steps, and hands over the finished samples (as `drain`) with copies of the unfinished ones; `resume` queues a
 checkpoint's samples again (continuations keep their tokens). The thread takes the queue and hands its finished
 samples on under `engine_lock`, so at a step boundary every sample is in exactly one of queue, engine, done.
-Engine errors stop the thread and are raised by the next `drain`. Metrics:
+Engine errors stop the thread and are raised by the next `drain`.
+`prioritize(group_ids)` (the controller's `take` while it waits: the groups its batch still needs): while a sample
+of those groups is queued or in the engine, no sample of another group enters the engine (those in it continue).
+Measured without it (benchmarks/RESULTS.md): after a weight sync that interrupted a batch's last samples, the
+engine took them back together with the next batch's 32 fresh prompts, one prefill step of 5.3 s, then decoded
+40 sequences at 0.2 s a step, while the trainer waited for those 8 samples (8.9 s); alone they re-prefill in ~1 s
+and decode at 0.07 s a step. Metrics:
 `stream/busy_s` (seconds inside engine steps since the last drain), `stream/held_s` (seconds held by `hold` since
 the last drain: an overlapped weight sync's load, checks and probe), the engine thread's seconds outside engine
 steps since the last drain (`stream/empty_s`: nothing to run; `stream/blocked_s`: work queued but held or a caller
@@ -60,6 +67,7 @@ class StreamingGenerator:
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
         self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
+        self.first: frozenset = frozenset()  # `prioritize`: the groups whose samples enter the engine first
         self.held = False  # `hold` until `release`: the thread starts no step
         self.held_s, self.held_since = 0.0, 0.0  # seconds held since the last drain; when the hold began
         self.idle_s = dict.fromkeys(IDLE_KINDS, 0.0)  # the thread's seconds outside engine steps since the last drain
@@ -91,6 +99,13 @@ class StreamingGenerator:
             self._raise_error()
             self.on_done[id(sample)] = on_done
             self.queue.append(sample)
+            self.cond.notify_all()
+
+    def prioritize(self, group_ids) -> None:
+        """While any sample of `group_ids` (request group ids) is queued or in the engine, only those samples enter
+        the engine; the others wait in the queue (samples in the engine continue). Empty: no priority."""
+        with self.cond:
+            self.first = frozenset(group_ids)
             self.cond.notify_all()
 
     def put_done(self, finished: list) -> None:
@@ -229,7 +244,7 @@ class StreamingGenerator:
             with self.engine_lock:  # the queue is taken and the finished handed on under it: `snapshot` sees
                 locked = time.perf_counter()  # a caller's pause (a load, a probe) held the engine until now
                 with self.cond:     # every sample in exactly one of queue, engine, done
-                    new, self.queue = self.queue, []
+                    new = self._admit()
                 try:
                     if new:  # added under the version of this moment (after a pause: the new one)
                         self.gen.add(new, self.version())
@@ -246,6 +261,17 @@ class StreamingGenerator:
                     self.idle_s["blocked"] += locked - t0
                     self.idle_s["add"] += added - locked
                     self._finished(finished)
+
+    def _admit(self) -> list[PartialSample]:
+        """The queued samples the engine takes now (engine thread, under `engine_lock` and `cond`), out of the
+        queue: all of them, or only the prioritized groups' while one of theirs is queued or in the engine."""
+        first = self.first
+        if first and any(s.request.group_id in first for s in [*self.queue, *self.gen.samples()]):
+            new = [s for s in self.queue if s.request.group_id in first]
+            self.queue = [s for s in self.queue if s.request.group_id not in first]
+            return new
+        new, self.queue = self.queue, []
+        return new
 
     def _finished(self, finished: list[PartialSample]) -> None:
         """Hand finished samples on (engine thread, under `cond`): a turn's to its callback, the others to `drain`."""

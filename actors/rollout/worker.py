@@ -80,6 +80,11 @@ class RolloutWorker:
         self.stream_held = True  # a stream made before `stream_release` starts held
         return self.stream.hold() if self.stream is not None else 0
 
+    def stream_prioritize(self, group_ids: list[int]) -> None:
+        """The groups the trainer waits for: their samples enter the engine before any other's while one of them
+        is unfinished (actors/rollout/stream.py `prioritize`); empty: no priority."""
+        self._stream().prioritize(group_ids)
+
     def stream_release(self) -> None:
         """End `stream_hold`: the held requests continue on this engine's weight version."""
         self.stream_held = False

@@ -172,6 +172,16 @@ class GroupBuffer:
         self.trained_groups += count
         return Batch([g for g in admitted if id(g) in chosen], policy_version)
 
+    def awaited(self, count: int, policy_version: int) -> list[int]:
+        """The in-flight groups a take of `count` groups at `policy_version` waits for: as many as the admissible
+        ready groups leave missing, due ones first (see `take`), then in the order they were submitted (the oldest
+        are the furthest along); none already over the bound (dropped when complete). [] when the ready groups fill
+        the take. Does not change the buffer."""
+        ready = sum(g.staleness(policy_version) <= self.k for g in self.ready)
+        live = [g for g in self.pending.values() if g.staleness(policy_version) <= self.k]
+        ordered = sorted(live, key=lambda g: not self._due(g, policy_version))  # stable: submission order
+        return [g.group_id for g in ordered[:max(0, count - ready)]]
+
     def _due(self, group: Group, policy_version: int) -> bool:
         """Admissible at this take (policy_version) and over the bound at the next one: trained now or dropped."""
         return group.staleness(policy_version) <= self.k < group.staleness(policy_version + 1)

@@ -18,8 +18,9 @@ started (up to k + 1 batches of work ahead of the trainer). Until the first batc
 alone (k + 1 batches sharing the engines made the first step wait for all: benchmarks/RESULTS.md); the k batches
 ahead start as soon as it is taken. Groups go to the worker with the fewest samples outstanding and are trained in
 the order they complete; one whose oldest token is more than k versions older than the policy trained is dropped
-(counted) and its slot refilled. Submits are not waited for, and a batch already complete is taken without a call
-to the workers: a weight load queued on them (weight_sync.overlap) does not hold the step.
+(counted) and its slot refilled. While the trainer waits, each worker runs the groups its batch still needs before
+any other (`stream_prioritize`: benchmarks/RESULTS.md). Submits are not waited for, and a batch already complete is
+taken without a call to the workers: a weight load queued on them (weight_sync.overlap) does not hold the step.
 
 Scoring is pipelined per group (orchestrator/rollout/group_scores.py): each group is scored as soon as it is
 complete in the buffer (every drain issues the reward actor's call for the groups it completed, and, with a
@@ -29,17 +30,11 @@ step waits only for the calls still running (`stream/score_wait_s`). Multi-turn 
 rewards (reference logprobs only). The reward failure policy, overlong penalty and reward/* stay per batch.
 
 Checkpoints (`state_dict`): the requests of every group not trained yet, the loader after them, the counters
-and, single-turn, the generation state exactly (orchestrator/rollout/stream_state.py): each worker hands over,
-between two engine steps, its finished samples not drained yet (into the buffer, as a drain: counted once) and
-copies of its unfinished ones (in the engine or queued; generation goes on); the checkpoint then holds every
-finished sample of every untrained group (complete groups in completion order, and those of incomplete
-groups) and every in-flight sample, each with its ids, per-token versions and behaviour logprobs. A resume
-puts the finished samples back into the buffer and sends the in-flight ones to the workers as continuations
-(tokens kept, continued on the checkpoint's weights as after a weight sync, so versions and staleness stay
-right); an index neither finished nor in flight is generated from nothing. No sample is lost or trained twice,
-and the tokens trained after a resume are the ones the checkpoint held. Multi-turn runs (`env.name`) and
-checkpoints written before this (requests only) regenerate every untrained group from its request with the
-checkpoint's weights: nothing lost or trained twice, but the tokens differ from the uninterrupted run's.
+and, single-turn, the generation state exactly (orchestrator/rollout/stream_state.py: each worker hands over its
+finished samples not drained yet and copies of its unfinished ones; a resume continues them on the checkpoint's
+weights, so no sample is lost or trained twice and the tokens trained are the ones the checkpoint held).
+Multi-turn runs (`env.name`) and checkpoints written before this (requests only) regenerate every untrained group
+from its request with the checkpoint's weights: nothing lost or trained twice, but the tokens differ.
 
 A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
 its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
@@ -47,17 +42,13 @@ incomplete group assigned to it is emptied and issued again, whole, to the repla
 seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
 hook raises and the run stops.
 
-Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes that run on the worker's agent loop
+Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes on the worker's agent loop
 (actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
-comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py) whose staleness is measured from their
-oldest sampled token, so the buffer, the capacity rule and the drop rule are the ones above. Rewards are the
-environment's (`MultiTurnSource.rewards`). Failures follow the non-streaming multi-turn source
-(orchestrator/rollout/multi_turn_source.py): an env error ends its episode, which is trained with the turns it has;
-an episode whose make/reset failed has no trajectory (a `FailedEpisode` completes its slot), so its group trains
-with the episodes it has. Each batch taken gets the env/* keys of its groups (env/errors, env/timeouts,
-env/reset_failures, env/step_s, env/episodes, env/failed_frac; env/actor_restarts since the last batch with
-env.placement=actor) and the same rule: more than env.max_failed_frac of its episodes failed stops the run
-(TooManyFailuresError naming env.name), and a batch with no trajectory at all raises RuntimeError.
+comes back as `EpisodeSample`s (orchestrator/rollout/partial_episode.py), staleness from their oldest sampled
+token, so the buffer and its rules are the ones above. Rewards are the environment's; failures follow the
+non-streaming multi-turn source (orchestrator/rollout/multi_turn_source.py: an env error ends its episode, a failed
+make/reset fills its slot untrained, env/* keys per batch, env.max_failed_frac stops the run with
+TooManyFailuresError, a batch with no trajectory at all raises RuntimeError).
 """
 from __future__ import annotations
 
@@ -117,7 +108,8 @@ class StreamRollouts:
         self.group_scores = GroupScores(score_group, wait) if score_group is not None else None
         self.taken_scores: Optional[list] = None  # the last batch's groups' calls, until `scores` waits for them
         self.pump_failed = False  # a worker call failed while the trainer trains: no more pumps until `take`
-        self.submits: dict[int, list] = {}  # worker -> its stream_submit refs not read yet (`_submit_to`)
+        self.submits: dict[int, list] = {}  # worker -> its calls not waited for (`_submit_to`), read after a drain
+        self.first: dict[int, tuple] = {}  # worker -> (its handle, the groups it was told to run first)
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
@@ -151,6 +143,15 @@ class StreamRollouts:
         ref = h.stream_submit.remote(requests, self.env_cfg, w) if self.env_cfg else h.stream_submit.remote(requests)
         self.submits.setdefault(w, []).append(ref)
 
+    def _prioritize(self, group_ids: list[int]) -> None:
+        """Tell each worker which of its groups the trainer waits for, when that changed (`stream_prioritize`: they
+        enter its engine first; not waited for). Multi-turn: not told (a turn is a request of its own)."""
+        for w, h in enumerate([] if self.env_cfg else self.workers):
+            want = frozenset(g for g in group_ids if self.where.get(g) == w)
+            if self.first.get(w, (h, frozenset())) != (h, want):  # (a replacement is told, if only "none")
+                self.submits.setdefault(w, []).append(h.stream_prioritize.remote(sorted(want)))
+            self.first[w] = (h, want)
+
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
         """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
         groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
@@ -161,9 +162,11 @@ class StreamRollouts:
         self._score_ready()  # groups a checkpoint's snapshot or a resume put into the buffer
         batch = self.buffer.take(self.per_step, version)  # drained while the trainer trained: no worker call
         while batch is None:  # (a weight load queued on the workers, weight_sync.overlap, does not hold the step)
+            self._prioritize(self.buffer.awaited(self.per_step, version))  # the engines run these first
             self._poll(POLL_S)
             self.launch(step)
             batch = self.buffer.take(self.per_step, version, wait_for_due=time.perf_counter() - t0 < DUE_WAIT_S)
+        self._prioritize([])
         samples, self.taken, self.pump_failed = batch.samples, True, False
         if self.group_scores is not None:
             self.taken_scores = self.group_scores.pop([g.group_id for g in batch.groups])
@@ -185,8 +188,7 @@ class StreamRollouts:
 
     def pump(self) -> None:
         """While the trainer trains (`Job.wait`'s pump): drain every worker once without waiting, scoring the groups
-        completed. A worker call that fails is left to the polls after the train step (`take` replaces a lost
-        worker, or the weight sync does): a replacement is synced from the trainer, busy training now."""
+        completed. A failed worker call is left to the polls after the train step (`take` or the sync replace it)."""
         if not self.pump_failed:
             self._poll(0.0, recover=False)
         elif self.on_poll is not None:
@@ -218,10 +220,8 @@ class StreamRollouts:
 
     def state_dict(self) -> Optional[dict]:
         """{"mode": "stream" (orchestrator/rollout/resume_mode.py), "requests": every group started and not trained
-        (JSON), "dropped_groups", "dropped_samples", "batches_drawn", "multi_turn" (env.name set), "env" (env.name),
-        "max_staleness" (k; all checked by resume_mode.check_stream_settings)} and, single-turn, "ready", "finished", "in_flight"
-        (orchestrator/rollout/stream_state.py: the workers' snapshots, their finished samples taken into the buffer
-        first). Generation goes on."""
+        (JSON), "dropped_groups", "dropped_samples", "batches_drawn", "multi_turn", "env" (env.name), "max_staleness"
+        (k)} and, single-turn, orchestrator/rollout/stream_state.py's keys (the workers' snapshots)."""
         in_flight = None if self.env_cfg else self._snapshot()  # multi-turn: regenerated on resume
         state = {"mode": STREAM, "requests": [dataclasses.asdict(r) for _, r in sorted(self.requests.items())],
                  "dropped_groups": self.buffer.dropped_groups, "dropped_samples": self.buffer.dropped_samples,

@@ -13,6 +13,13 @@ its ids, behaviour logprobs, per-token versions run-length encoded, finish reaso
 as the pending batches of the one-step-off pipeline are (`pack_json`, orchestrator/rollout/pending.py: compact
 JSON, zlib, base64: one line in state.json; floats round-trip exactly). A sample index of a group
 neither finished nor in flight (its worker was lost at the checkpoint) is generated again from nothing.
+
+How the state is taken: each worker hands over, between two engine steps, its finished samples not drained yet
+(into the buffer, as a drain: counted once) and copies of its unfinished ones (in the engine or queued; generation
+goes on). A resume puts the finished samples back into the buffer and sends the in-flight ones to the workers as
+continuations (tokens kept, continued on the checkpoint's weights as after a weight sync, so versions and
+staleness stay right). No sample is lost or trained twice, and the tokens trained after a resume are the ones the
+checkpoint held.
 """
 from __future__ import annotations
 

@@ -117,6 +117,22 @@ def test_a_group_due_now_is_waited_for_rather_than_passed_over_and_dropped(wait_
     assert [g.group_id for g in buf.take(1, policy_version=2).groups] == [3] and buf.dropped_groups == 0
 
 
+def test_awaited_names_the_groups_a_take_still_needs_due_ones_first_then_the_oldest():
+    """What the engines are told to run first while the trainer waits (orchestrator/rollout/stream_source.py): a
+    take of 3 at version 1 with group 1 ready needs two more; group 4 (a sample of version 0: due now) first, then
+    group 2, the oldest other. Nothing once the ready groups fill the take; groups over the bound count for nothing."""
+    buf = GroupBuffer(max_staleness=1, prompts_per_step=3)
+    for gid in (1, 2, 3, 4):
+        buf.submit(gid, 2)
+    buf.add(_finished(1, 0, [1])), buf.add(_finished(1, 1, [1]))
+    buf.add(_finished(4, 0, [0, 1]))
+    assert buf.awaited(3, policy_version=1) == [4, 2]
+    assert buf.awaited(1, policy_version=1) == [] and buf.awaited(4, policy_version=1) == [4, 2, 3]
+    # at version 3 groups 1 and 4 are over the bound: group 1 fills nothing, group 4 is not waited for
+    assert buf.awaited(2, policy_version=3) == [2, 3] and buf.awaited(4, policy_version=3) == [2, 3]
+    assert buf.take(1, policy_version=1, wait_for_due=False).groups[0].group_id == 1  # awaited changed nothing
+
+
 def test_buffer_counts_every_sample_once():
     buf = GroupBuffer(max_staleness=2, prompts_per_step=2)
     buf.submit(5, 2)

@@ -149,6 +149,29 @@ def test_a_hold_lasts_across_calls_and_the_samples_continue_on_the_version_set_b
         gen.close()
 
 
+def test_prioritized_groups_enter_the_engine_before_any_other(monkeypatch):
+    """The trainer waits for groups 0 and 1, interrupted by a weight sync: groups 2 and 3, submitted meanwhile, enter
+    the engine only once 0 and 1 finished (unprioritized, all four enter at once: the hold test above). A priority
+    for groups with nothing queued or running holds nothing back."""
+    gen, _ = _stream(monkeypatch)
+    adds, add = [], gen.gen.add
+    gen.gen.add = lambda samples, v: (adds.append(sorted({s.request.group_id for s in samples})), add(samples, v))
+    try:
+        _submit_and_step(gen)  # groups 0, 1: 4 samples of 3 tokens, one step run
+        gen.hold()
+        gen.submit(_requests(2, 2))
+        gen.prioritize({0, 1})
+        gen.release()
+        got = _drain_all(gen, 8)
+        assert len({s.key for s in got}) == 8 and adds == [[0, 1], [0, 1], [2, 3]]
+        assert {s.request.group_id for s in got[:4]} == {0, 1}
+        gen.prioritize({0, 1, 7})
+        gen.submit(_requests(4, 1))
+        assert len(_drain_all(gen, 2)) == 2 and adds[-1] == [4]
+    finally:
+        gen.close()
+
+
 def test_a_pause_is_not_starved_by_back_to_back_steps(monkeypatch):
     gen, _ = _stream(monkeypatch, tokens=1000)
     try:

@@ -38,6 +38,7 @@ class _StepWorker:
         self.stream_resume = _Call(self._queue)
         self.stream_drain = _Call(self._drain)
         self.stream_snapshot = _Call(self._snapshot)
+        self.stream_prioritize = _Call(lambda group_ids: None)  # a fake engine: no order to keep
 
     def _queue(self, samples):
         self.samples += samples

@@ -33,6 +33,8 @@ class _FakeWorker:
         self.stream_drain = _Call(self._drain)
         self.stream_snapshot = _Call(lambda: ([], [snapshot_copy(s) for s in self.samples]))
         self.stream_resume = _Call(self._resume)
+        self.prioritized = []  # the group ids of each stream_prioritize call
+        self.stream_prioritize = _Call(self.prioritized.append)
 
     def _resume(self, samples):
         self.samples += samples
@@ -66,7 +68,7 @@ class _DeadWorker:
     """A worker whose process died: every call's result raises _Lost when waited for."""
 
     def __init__(self):
-        self.stream_submit = self.stream_drain = _Call(lambda *a: _Lost("actor died"))
+        self.stream_submit = self.stream_drain = self.stream_prioritize = _Call(lambda *a: _Lost("actor died"))
 
 
 def _wait(ref):
@@ -112,6 +114,18 @@ def _recording(submit: _Call, into: list) -> _Call:
         into.extend(r.group_id for r in requests)
         return submit.remote(requests, *args)
     return _Call(call)
+
+
+def test_while_the_trainer_waits_each_worker_runs_the_groups_it_needs_first_then_none():
+    """A take that waits tells each worker which of its groups the batch still needs (stream_prioritize, only when
+    that changes), and "none" once the batch is taken; a take that does not wait tells nothing."""
+    rollouts, fakes, *_ = _setup(k=1)
+    rollouts.launch(1)
+    rollouts.take(1, 0, {})  # groups 2 and 3, one on each worker, finish at the first drain
+    assert sorted(f.prioritized[0][0] for f in fakes) == [2, 3] and all(f.prioritized[1:] == [[]] for f in fakes)
+    rollouts.pump()  # the next batch (groups 4, 5) finishes while the trainer trains
+    rollouts.take(2, 1, {})
+    assert all(len(f.prioritized) == 2 for f in fakes)
 
 
 def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_groups():
