@@ -7,6 +7,7 @@ multi-turn batches get their groups' env/* keys and the env.max_failed_frac rule
 """
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -149,6 +150,35 @@ def test_batches_in_order_within_the_bound_and_resume_brings_back_untrained_grou
     resumed.launch(4)  # the capacity counts the 3 trained batches: (3 + 1 + 1) batches in all, no more
     assert resumed.buffer.started == 5 * 2 and resumed_loader.drawn == 5 - 3 - len(untrained) // 2
     assert rollouts.discard() == sorted(untrained) and rollouts.requests == {}
+
+
+def test_a_due_group_stuck_in_flight_is_waited_for_until_due_wait_s_then_passed_over(monkeypatch):
+    """k = 1, one worker. Group 4 (batch 2) has a sample that never finishes (an engine held after a failed
+    verification finishes nothing): at version 1 it is due, so the take keeps a slot for it, tells the worker to run
+    it first, and after DUE_WAIT_S takes the groups it has (5, due too, then 6) rather than wait for ever."""
+    from orchestrator.rollout import stream_source
+
+    monkeypatch.setattr(stream_source, "DUE_WAIT_S", 0.3)
+    rollouts, (fake,), engine, _, _ = _setup(k=1, workers=1)
+    drain = fake._drain
+
+    def stuck_drain(wait_s):
+        held = [s for s in fake.samples if s.key == "4:1"]
+        fake.samples = [s for s in fake.samples if s.key != "4:1"]
+        out = drain(wait_s)
+        fake.samples += held
+        return out
+    fake.stream_drain = _Call(stuck_drain)
+    rollouts.launch(1)
+    rollouts.take(1, 0, {})  # batch 1 (groups 2, 3); batch 2 (groups 4, 5) starts
+    rollouts.pump()  # version 0: 4:0 and group 5 finish, 4:1 never does
+    engine.version = 1
+    rollouts.synced(1)
+    rollouts.launch(2)  # batch 3 (groups 6, 7)
+    t0 = time.perf_counter()
+    trajs = rollouts.take(2, 1, {})
+    assert time.perf_counter() - t0 >= 0.3 and [t.group_id for t in trajs][::2] == [5, 6]
+    assert [4] in fake.prioritized and fake.prioritized[-1] == []
 
 
 def test_a_group_over_the_bound_is_dropped_and_its_slot_refilled():
