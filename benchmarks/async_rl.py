@@ -11,9 +11,10 @@ samples trained.
     .venv/bin/python benchmarks/async_rl.py --only sync_disaggregated,k2 --steps 8 --out /tmp/async_rl
 
 Options: --only a,b (modes by name, default all of MODES); --steps N (default 16); --target R (the reward whose
-wall time is compared, default 0.7); --out DIR (one run folder per mode and results.json); --resume (keep the
-modes already in DIR/results.json); --report (summarise the runs already in DIR again, run nothing); extra
-key=value overrides for every mode.
+wall time is compared, default 0.7); --out DIR (one run folder per mode and results.json); --seeds 0,1,2 (every
+mode once per seed, into DIR/seed<S>, then a table over the seeds: one seed's time to a reward varies by more than
+the modes differ, benchmarks/RESULTS.md); --resume (keep the modes already in DIR/results.json); --report
+(summarise the runs already in DIR again, run nothing); extra key=value overrides for every mode.
 
 Ratios printed: for each mode, wall time to the target reward of the best synchronous mode / its own (the
 issue's target: >= 1.6x), and its step time / max(generation, training) of the synchronous disaggregated run
@@ -164,23 +165,49 @@ def read_rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--target", type=float, default=0.7)
-    ap.add_argument("--out", default="/tmp/rl_orch_async_rl")
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--report", action="store_true", help="summarise the runs already in --out again, run nothing")
-    ap.add_argument("extra", nargs="*")
-    args = ap.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODES)
-    if unknown := [n for n in names if n not in MODES]:
-        ap.error(f"--only: unknown modes {unknown}; known: {list(MODES)}")
-    out = Path(args.out)
+def seed_overrides(seed: int) -> list[str]:
+    """The config keys one seed sets: the data order, the sampling seeds and the trainer's initial RNG."""
+    return [f"run.seed={seed}", f"rollout.seed={seed}", f"data.seed={seed}"]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2
+
+
+def aggregate(per_seed: dict[int, dict], target: float) -> str:
+    """The markdown table over seeds: per mode, each seed's time to `target` against that seed's best synchronous
+    mode (batch and policy clocks), their median, and the ratio of the times summed over the seeds where both
+    reached it (the mode's total time to the reward, every seed counted by its seconds); per-step speed likewise."""
+    lines = [f"| mode | seeds | per step vs best sync | batch clock to {target}: per seed | median | summed | "
+             "policy clock: per seed | median | summed | step / overlap limit |", "|---" * 10 + "|"]
+    for name in MODES:
+        runs = {s: r for s, r in per_seed.items() if "error" not in r.get(name, {"error": 1})}
+        if not runs:
+            continue
+        cells = [name, ",".join(map(str, runs))]
+        step = [min(per_seed[s][n]["step_s"] for n in SYNC if n in per_seed[s]) / r[name]["step_s"]
+                for s, r in runs.items() if any(n in per_seed[s] for n in SYNC)]
+        cells.append(f"{_median(step):.2f}x (median)" if step else "-")
+        for key in ("wall_to_target_s", "policy_to_target_s"):
+            pairs = [(_best_sync(per_seed[s], key), r[name].get(key)) for s, r in runs.items()]
+            ratios = [f"{b / m:.2f}x" if b and m else "not reached" for b, m in pairs]
+            both = [(b, m) for b, m in pairs if b and m]
+            cells += [" / ".join(ratios), f"{_median([b / m for b, m in both]):.2f}x" if both else "-",
+                      f"{sum(b for b, _ in both) / sum(m for _, m in both):.2f}x" if both else "-"]
+        limits = [r[name]["step_s"] / max(per_seed[s]["sync_disaggregated"]["generate_s"],
+                                         per_seed[s]["sync_disaggregated"]["train_s"])
+                  for s, r in runs.items() if "sync_disaggregated" in per_seed[s]]
+        cells.append(" / ".join(f"{x:.2f}" for x in limits) or "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_all(names: list[str], out: Path, args, extra: list[str]) -> dict:
+    """Run (or with --report, summarise again) every mode of `names` into `out`; returns name -> results."""
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "results.json"
-    results = json.loads(saved.read_text()) if args.resume and saved.exists() else {}
+    results = json.loads(saved.read_text()) if (args.resume or args.report) and saved.exists() else {}
     for name in names:
         if args.report:
             if (out / name / "metrics.jsonl").exists():
@@ -188,9 +215,37 @@ def main(argv=None) -> int:
             continue
         if name in results and "error" not in results[name]:
             continue
-        results[name] = run_mode(name, out, args.steps, args.target, args.extra)
+        results[name] = run_mode(name, out, args.steps, args.target, extra)
         saved.write_text(json.dumps(results, indent=1))
-    print(table({n: results[n] for n in MODES if n in results}, args.target))
+    return {n: results[n] for n in MODES if n in results and n in names}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--target", type=float, default=0.7)
+    ap.add_argument("--out", default="/tmp/rl_orch_async_rl")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds: every mode per seed, into OUT/seed<S>")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--report", action="store_true", help="summarise the runs already in --out again, run nothing")
+    ap.add_argument("extra", nargs="*")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(MODES)
+    if unknown := [n for n in names if n not in MODES]:
+        ap.error(f"--only: unknown modes {unknown}; known: {list(MODES)}")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--seeds {args.seeds!r}: comma-separated integers, e.g. 0,1,2")
+    if not seeds:
+        print(table(run_all(names, Path(args.out), args, args.extra), args.target))
+        return 0
+    per_seed = {}
+    for seed in seeds:
+        per_seed[seed] = run_all(names, Path(args.out) / f"seed{seed}", args, [*seed_overrides(seed), *args.extra])
+        print(f"seed {seed}:\n{table(per_seed[seed], args.target)}\n", flush=True)
+    print(aggregate(per_seed, args.target))
     return 0
 
 

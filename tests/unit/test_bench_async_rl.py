@@ -53,3 +53,21 @@ def test_the_final_checkpoint_write_is_not_step_time():
     rows = _rows(10.0, [{}] * 5 + [{"timing/step_s": 19.0, "timing/checkpoint_s": 9.0}])  # the final checkpoint
     out = bench.summarise(rows, target=0.6)
     assert out["step_s"] == 10.0 and out["wall"][-1] == 60.0
+
+
+def test_seeds_aggregate_each_seeds_ratio_their_median_and_the_summed_times():
+    """Two seeds: k1 reaches the reward 2x sooner in seed 0 and 1.25x in seed 1 (against that seed's synchronous
+    run); summed, 300 s against 180 s; a seed where k1 never reaches it counts in no ratio."""
+    def run(step_s, wall, policy):
+        return {"step_s": step_s, "generate_s": 8.0, "train_s": 10.0, "wall_to_target_s": wall,
+                "policy_to_target_s": policy}
+    per_seed = {0: {"sync_disaggregated": run(20.0, 100.0, 80.0), "k1": run(10.0, 50.0, 40.0)},
+                1: {"sync_disaggregated": run(20.0, 200.0, 150.0), "k1": run(11.0, 160.0, 100.0)},
+                2: {"sync_disaggregated": run(20.0, 100.0, 80.0), "k1": run(10.0, None, None)}}
+    k1 = next(line for line in bench.aggregate(per_seed, 0.7).splitlines() if line.startswith("| k1 "))
+    cells = [c.strip() for c in k1.strip("|").split("|")]
+    assert cells[1] == "0,1,2" and cells[2] == "2.00x (median)"
+    assert cells[3:6] == ["2.00x / 1.25x / not reached", "1.62x", "1.43x"]  # 300 / 210
+    assert cells[6:9] == ["2.00x / 1.50x / not reached", "1.75x", "1.64x"]  # 230 / 140
+    assert cells[9] == "1.00 / 1.10 / 1.00"  # step / max(generation 8 s, training 10 s) of the synchronous run
+    assert bench.seed_overrides(3) == ["run.seed=3", "rollout.seed=3", "data.seed=3"]
