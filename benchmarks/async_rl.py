@@ -7,6 +7,11 @@ mode, one after another, held-out eval and trackers off, and prints one table: s
 reward over the first and last 5 steps, wall time to reach a reward, and the staleness distribution of the
 samples trained.
 
+The synchronous baselines: `sync_colocated` (trainer and engine time-share one fake GPU, the other idle),
+`sync_colocated_2gpu` (both fake GPUs, each an engine and a trainer rank, as colocated runs on a GPU node),
+`sync_colocated_cpu` (no fake GPUs: each phase on both cores in turn, what the demo runs on this machine) and
+`sync_disaggregated` (trainer and engine on a core each, in turn). "Best sync" is the fastest of those run.
+
     .venv/bin/python benchmarks/async_rl.py --out /tmp/async_rl                  # every mode, 16 steps (~40 min)
     .venv/bin/python benchmarks/async_rl.py --only sync_disaggregated,k2 --steps 8 --out /tmp/async_rl
 
@@ -47,13 +52,17 @@ SPLIT = ["rollout.num_workers=1", "trainer.num_workers=1", "placement.trainer_pe
 STREAM = ["placement.mode=disaggregated_async", "rollout.partial_rollout=true", *SPLIT]
 MODES: dict[str, list[str]] = {
     "sync_colocated": ["placement.mode=colocated"],
+    # colocated on both fake GPUs, as on a 2-GPU node: each core holds an engine and a trainer rank (gloo DP)
+    "sync_colocated_2gpu": ["placement.mode=colocated", "rollout.num_workers=2", "trainer.num_workers=2"],
+    # what a user of this 2-core machine runs (the demo): no fake GPUs, each phase on both cores in turn
+    "sync_colocated_cpu": ["placement.mode=colocated", "placement.resource=CPU", "placement.fake_gpus=0"],
     "sync_disaggregated": ["placement.mode=disaggregated", *SPLIT],
     "one_step_off": ["placement.mode=disaggregated_async", "algo.max_staleness=1", *SPLIT],
     "k1": [*STREAM, "algo.max_staleness=1"],
     "k2": [*STREAM, "algo.max_staleness=2"],
     "k4": [*STREAM, "algo.max_staleness=4"],
 }
-SYNC = ("sync_colocated", "sync_disaggregated")
+SYNC = ("sync_colocated", "sync_colocated_2gpu", "sync_colocated_cpu", "sync_disaggregated")
 SAMPLES = 32  # samples per step: rollout.prompts_per_step 4 x rollout.n 8 of the demo config
 
 
