@@ -265,8 +265,8 @@ class StreamingGenerator:
     def _admit(self) -> list[PartialSample]:
         """The queued samples the engine takes now (engine thread, under `engine_lock` and `cond`), out of the
         queue: all of them, or only the prioritized groups' while one of theirs is queued or in the engine."""
-        first = self.first
-        if first and any(s.request.group_id in first for s in [*self.queue, *self.gen.samples()]):
+        first = self.first  # (runs every engine step: with nothing queued there is nothing to decide)
+        if first and self.queue and any(s.request.group_id in first for s in [*self.queue, *self.gen.samples()]):
             new = [s for s in self.queue if s.request.group_id in first]
             self.queue = [s for s in self.queue if s.request.group_id not in first]
             return new
