@@ -58,7 +58,7 @@ def ray_local():
     module's end, unless this fixture started it and nothing is left in it (then kept, see KEPT)."""
     ours, KEPT["ray"] = KEPT["ray"] and ray.is_initialized(), False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
         ours = True
     yield

@@ -29,7 +29,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 def ray_fake_gpus():
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, resources={"fake_gpu": 4}, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, resources={"fake_gpu": 4}, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "WARNING"}})
     yield
     ray.shutdown()
