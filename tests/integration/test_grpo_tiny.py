@@ -2,7 +2,8 @@
 
 Checks that the weights change, that every engine holds exactly the trainer's weights after the sync
 (checksums and logprobs), that a corrupted transfer is caught, that metrics and checkpoint exist and
-load, that a resume continues where the run stopped, and that short resources fail placement clearly.
+load, that the reference, KL and IcePop's mismatch metrics are reported, that a resume continues where the run
+stopped (one run and its resume serve all of these), and that short resources and a hung phase fail clearly.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from orchestrator.controller import GRPOController
 from orchestrator.placement.groups import PlacementError
 from orchestrator.rollout import PromptRequest
 from orchestrator.weight_sync import WeightMismatchError, compare_checksums
-from tests.integration.conftest import assert_engine_holds_trainer_weights, run_rows, tiny_overrides
+from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
@@ -28,22 +29,29 @@ def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [REWARD, *extra])
 
 
-def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "checkpoint.every_steps=1")
-    controller = GRPOController(cfg)
-    try:
-        result = controller.run()
-        # the engine's checksums equal the trainer's after the last sync
-        trainer, worker = assert_engine_holds_trainer_weights(controller, 2)
-        # and the engine samples from the trainer's policy: its logprobs match the trainer's (C03)
-        req = PromptRequest(group_id=0, prompt_ids=[1, 2, 3, 4, 5], answer="")
-        trajs, _ = ray.get(worker.generate.remote([req]))
-        ours = ray.get(trainer.logprobs.remote([t.prompt_ids for t in trajs], [t.response_ids for t in trajs]))
-        for t, lp in zip(trajs, ours):
-            assert max(abs(a - b) for a, b in zip(t.logprobs, lp)) < 2e-3
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
+def _check_engine_samples_from_the_trainer(controller) -> None:
+    """The first engine's checksums equal the trainer's after the last sync, and its logprobs match the trainer's
+    (C03): it samples from the trainer's policy."""
+    trainer, worker = assert_engine_holds_trainer_weights(controller, 2)
+    req = PromptRequest(group_id=0, prompt_ids=[1, 2, 3, 4, 5], answer="")
+    trajs, _ = ray.get(worker.generate.remote([req]))
+    ours = ray.get(trainer.logprobs.remote([t.prompt_ids for t in trajs], [t.response_ids for t in trajs]))
+    for t, lp in zip(trajs, ours):
+        assert max(abs(a - b) for a, b in zip(t.logprobs, lp)) < 2e-3
+
+
+def _check_a_corrupted_transfer_is_caught(controller) -> None:
+    trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
+    named, meta = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
+    bad = [(n, t.clone()) for n, t in named]
+    victim = next(i for i, (n, _) in enumerate(bad) if "mlp.down_proj" in n)
+    bad[victim][1].view(-1)[0] += 0.5
+    report = ray.get(worker.weight_sync.remote("object_store", "load", bad, 7))
+    with pytest.raises(WeightMismatchError, match="mlp"):
+        compare_checksums(meta["groups"], report["groups"], where="rollout worker 0")
+
+
+def _check_rows(controller, rows) -> None:
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("reward/mean", "timing/generate_s", "timing/train_s", "timing/weight_sync_s", "sync/bytes",
                 "actor/grad_norm", "rollout/response_len_mean"):
@@ -56,6 +64,19 @@ def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_mo
         hit = 1 - r["rollout/prefill_tokens_computed"] / r["rollout/prefill_tokens_requested"]
         assert r["rollout/prefix_cache_hit_rate"] == pytest.approx(hit)
         assert r["rollout/worker0_tokens_per_s"] > 0
+        # the reference and the KL term (algo.kl_coef > 0)
+        assert r["timing/reference_s"] > 0 and "actor/kl" in r
+        # algo.rollout_correction (orchestrator/algo/mismatch.py) through the whole path: config, controller,
+        # trainer actor, loss; the fp32 CPU engine and the fp32 trainer differ by float noise only, so IcePop's
+        # [0.5, 2] band keeps every token and the mismatch KL is tiny but measured every step
+        assert 0 <= r["rollout/mismatch_kl_k3"] < 1e-4 and abs(r["rollout/mismatch_kl_k1"]) < 1e-3
+        assert 0.5 < r["rollout/mismatch_ratio_min"] <= r["rollout/mismatch_ratio_max"] < 2.0
+        assert r["rollout/mismatch_masked_token_frac"] == 0.0 and r["rollout/mismatch_masked_seq_frac"] == 0.0
+        assert r["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-2)
+        assert r["actor/grad_norm"] > 0
+
+
+def _check_checkpoint(result, tiny_model) -> None:
     from transformers import AutoModelForCausalLM
 
     trained = AutoModelForCausalLM.from_pretrained(f"{result.checkpoint}/policy", dtype=torch.float32).state_dict()
@@ -66,42 +87,35 @@ def test_two_steps_change_weights_sync_exactly_and_checkpoint(ray_local, tiny_mo
     assert state["step"] == 2 and state["loader"]["position"] > 0
 
 
-def test_corrupted_transfer_is_caught_with_kl_and_reference(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=1", "algo.kl_coef=0.05", "algo.kl_estimator=k3")
-    controller = GRPOController(cfg)
-    try:
-        result = controller.run()
-        assert controller.actors.reference is not None
-        assert result.rows[0]["timing/reference_s"] > 0 and "actor/kl" in result.rows[0]
-        trainer, worker = controller.actors.trainer, controller.actors.rollout[0]
-        named, meta = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
-        bad = [(n, t.clone()) for n, t in named]
-        victim = next(i for i, (n, _) in enumerate(bad) if "mlp.down_proj" in n)
-        bad[victim][1].view(-1)[0] += 0.5
-        report = ray.get(worker.weight_sync.remote("object_store", "load", bad, 7))
-        with pytest.raises(WeightMismatchError, match="mlp"):
-            compare_checksums(meta["groups"], report["groups"], where="rollout worker 0")
-    finally:
-        controller.shutdown()
+# One 2-step run on two engines (KL with a reference, IcePop token masking, a checkpoint every step) serves the
+# checks of the run (rows, sync, logprobs, checkpoint, a corrupted transfer caught), then its checkpoint serves the
+# resume: a second controller continues it to step 3. (Before: four runs, one per check.)
+RUN = ("checkpoint.every_steps=1", "rollout.num_workers=2", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
+       "algo.rollout_correction.mode=token_mask")
 
 
-def test_resume_continues_from_latest_checkpoint_with_two_engines(ray_local, tiny_model, tmp_path):
-    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.every_steps=1", "rollout.num_workers=2"))
+def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume(ray_local, tiny_model, tmp_path):
+    first = GRPOController(_cfg(tiny_model, tmp_path, *RUN))
     try:
-        first.run()
+        result = first.run()
+        assert first.actors.reference is not None
+        _check_engine_samples_from_the_trainer(first)
+        _check_rows(first, [json.loads(line) for line in open(result.metrics)])
+        _check_a_corrupted_transfer_is_caught(first)  # last: it leaves engine 0 holding corrupted weights
         saved_loader = first.loader.state_dict()
     finally:
         first.shutdown()
-    second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "checkpoint.resume=latest",
-                                 "rollout.num_workers=2"))
+    _check_checkpoint(result, tiny_model)
+
+    second = GRPOController(_cfg(tiny_model, tmp_path, *RUN, "trainer.total_steps=3", "checkpoint.resume=latest"))
     try:
-        result = second.run()
+        resumed = second.run()
         assert ray.get(second.actors.trainer.get_step.remote()) == 3
     finally:
         second.shutdown()
     assert second.start_step == 2
-    assert [r["step"] for r in result.rows] == [1, 2, 3]
-    assert result.checkpoint.endswith("step_000003")
+    assert [r["step"] for r in resumed.rows] == [1, 2, 3]
+    assert resumed.checkpoint.endswith("step_000003")
     assert saved_loader["position"] + 2 == second.loader.state_dict()["position"] or second.loader.epoch > 0
 
 
@@ -121,19 +135,3 @@ def test_a_hung_phase_stops_the_run_with_a_timeout_error(ray_local, tiny_model, 
             controller.run()
     finally:
         controller.shutdown()
-
-
-def test_two_steps_with_icepop_token_masking_report_the_rollout_mismatch(ray_local, tiny_model, tmp_path):
-    # algo.rollout_correction (orchestrator/algo/mismatch.py) through the whole path: config, controller, trainer
-    # actor, loss; the fp32 CPU engine and the fp32 trainer differ by float noise only, so IcePop's [0.5, 2]
-    # band keeps every token and the mismatch KL is tiny but measured every step
-    cfg = _cfg(tiny_model, tmp_path, "algo.rollout_correction.mode=token_mask")
-    rows = run_rows(cfg)
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        print({k: v for k, v in r.items() if "mismatch" in k or k == "actor/tis_weight_mean"})
-        assert 0 <= r["rollout/mismatch_kl_k3"] < 1e-4 and abs(r["rollout/mismatch_kl_k1"]) < 1e-3
-        assert 0.5 < r["rollout/mismatch_ratio_min"] <= r["rollout/mismatch_ratio_max"] < 2.0
-        assert r["rollout/mismatch_masked_token_frac"] == 0.0 and r["rollout/mismatch_masked_seq_frac"] == 0.0
-        assert r["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-2)
-        assert r["actor/grad_norm"] > 0

@@ -51,43 +51,34 @@ class KillDuringGenerate(GRPOController):
         return trajs
 
 
-def test_a_killed_rollout_worker_is_replaced_and_its_groups_reissued(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path)
+# One run serves both faults: rollout worker 0's first weight load hangs past weight_sync.timeout_s (the worker is
+# replaced at sync 1, then synced), and at step 2 its replacement is killed during generation (replaced again, its
+# groups reissued). Before: one run per fault.
+def test_a_hung_weight_load_and_a_killed_worker_are_replaced_and_the_groups_reissued(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=15")
     controller = KillDuringGenerate(cfg)
     try:
+        controller.job.start()
+        controller.job.wait(controller.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
+        controller.job.start = lambda resume_from=None: None  # run() on the job started above
         result = controller.run()
         new_pid = ray.get(controller.job.actors.rollout[0].pid.remote())
-        # the replacement took step 2's weights before it sampled, and every later sync verified it
+        # the replacements took the current weights before they sampled, and every later sync verified them
         assert_engine_holds_trainer_weights(controller, 3)
     finally:
         controller.shutdown()
     assert controller.killed and new_pid != controller.killed[0]
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
+    assert [r["sync/engine_restarts"] for r in rows] == [1, 0, 0]  # the hung load, replaced at sync 1
+    assert [r["sync/version"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]  # the kill during step 2's generation
     assert [r["rollout/groups_reissued"] for r in rows] == [0, 2, 0]  # prompts_per_step groups, all on worker 0
-    assert rows[-1]["faults/restarts_total"] == 1
+    assert rows[-1]["faults/restarts_total"] == 2
     # every step trained on its own 2 groups of n = 4 samples: nothing lost, nothing counted twice
     for step, groups in controller.samples.items():
         assert sorted(groups) == [2 * step, 2 * step + 1]
         assert set(groups.values()) == {4}
-
-
-def test_a_hung_weight_load_is_replaced_then_synced(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=15", "trainer.total_steps=2")
-    controller = GRPOController(cfg)
-    try:
-        controller.job.start()
-        controller.job.wait(controller.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
-        controller.job.start = lambda resume_from=None: None  # run() on the job started above
-        result = controller.run()
-        assert_engine_holds_trainer_weights(controller, 2)
-    finally:
-        controller.shutdown()
-    rows = [json.loads(line) for line in open(result.metrics)]
-    assert [r["sync/engine_restarts"] for r in rows] == [1, 0]
-    assert [r["sync/version"] for r in rows] == [1, 2]
-    assert rows[-1]["faults/restarts_total"] == 1
 
 
 def test_past_max_restarts_the_run_stops_naming_the_worker(ray_local, tiny_model, tmp_path):
