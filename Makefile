@@ -27,16 +27,15 @@ demo: model
 system-deps:
 	./scripts/install_system_deps.sh
 
-# unit tests (pure CPU, no Ray) on both cores (pytest-xdist); then the Ray/vLLM/deploy tiers on both cores too,
-# a file per xdist worker at a time (tests/conftest.py groups them; files that hold host-wide ports share a group).
-# Both run whatever fails; the exit code says whether anything failed. Exit code 5 (ARGS selected nothing in a
-# tier) is not a failure. Prints the slowest tests of each tier and the total time (docs/testing.md: the budget).
+# unit tests (pure CPU, no Ray) on both cores (pytest-xdist); then the Ray/vLLM tiers one test at a time (they
+# size their actors to the machine, and two at once only shared the same 2 cores: docs/testing.md). Both run
+# whatever fails; the exit code says whether anything failed. Exit code 5 (ARGS selected nothing in a tier) is not
+# a failure. Prints the slowest tests of each tier (tests/conftest.py) and the total time (docs/testing.md: budget).
 T0 := $(shell date +%s)
 test: model system-deps
 	@rc=0; \
 	$(BIN)/python -m pytest tests/unit -q -n 2 --timeout=900 -m "not gpu" $(ARGS) || [ $$? -eq 5 ] || rc=1; \
-	$(BIN)/python -m pytest tests --ignore=tests/unit -v -n 2 --dist loadgroup --timeout=900 -m "not gpu" \
-		$(ARGS) || [ $$? -eq 5 ] || rc=1; \
+	$(BIN)/python -m pytest tests --ignore=tests/unit -v --timeout=900 -m "not gpu" $(ARGS) || [ $$? -eq 5 ] || rc=1; \
 	echo "make test: $$(( $$(date +%s) - $(T0) )) s in all (install, model and system packages included), rc=$$rc"; \
 	exit $$rc
 
@@ -44,7 +43,7 @@ test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q -n 2
 
 test-integration: model
-	$(BIN)/python -m pytest tests/integration -v -n 2 --dist loadgroup --timeout=900
+	$(BIN)/python -m pytest tests/integration -v --timeout=900
 
 test-e2e: model
 	$(BIN)/python -m pytest tests/e2e -v --timeout=900

@@ -2,9 +2,6 @@
 - `gpu`-marked tests are skipped where CUDA is not available;
 - a local Ray kept between modules (tests/integration/conftest.py, `ray_local`) is shut down before any test that
   does not use that fixture;
-- the Ray tiers run on both cores (`make test`: `pytest -n 2 --dist loadgroup`): every test outside tests/unit is
-  put in its file's xdist group, so a file's tests run in one worker, in order, sharing its module fixtures (one
-  Ray, one tiny model); files that hold something host-wide share one group and never run side by side;
 - at the end, the total time and the slowest tests of each tier (docs/testing.md keeps the budget per tier).
 """
 from __future__ import annotations
@@ -15,11 +12,6 @@ from pathlib import PurePosixPath
 
 import pytest
 
-# Files that hold something of the whole host, run one after the other in one xdist worker: `ray start --head` on
-# Ray's default ports (6379, 8265) writes /tmp/ray/ray_current_cluster; ray.cluster_utils.Cluster starts several
-# raylets and writes the same file.
-HOST_GROUP = "host-ray"
-HOST_FILES = ("tests/e2e/test_ray_job_submit.py", "tests/integration/test_rollout_node_loss.py")
 TIERS = ("unit", "integration", "e2e", "deploy", "gpu")
 SLOWEST_PER_TIER = 15
 _START = time.time()
@@ -30,12 +22,7 @@ def _tier(nodeid: str) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" and parts[1] in TIERS else "other"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        if _tier(item.nodeid) != "unit" and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(HOST_GROUP if path in HOST_FILES else path))
     import torch
 
     if torch.cuda.is_available():
@@ -74,7 +61,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for reports in terminalreporter.stats.values():
         for rep in reports:
             if isinstance(rep, pytest.TestReport):
-                seconds[rep.nodeid.split("@")[0]] += rep.duration
+                seconds[rep.nodeid] += rep.duration
     if not seconds:
         return
     by_tier: dict[str, list[tuple[float, str]]] = defaultdict(list)

@@ -63,6 +63,19 @@ def _size_cpu_threads() -> None:
         torch.set_num_threads(n)
 
 
+def _eager_sampler_on_cpu(enforce_eager: bool) -> None:
+    """With rollout.enforce_eager on the CPU backend, nothing in this engine's process is compiled: vLLM still
+    wraps one sampler helper in torch.compile (`batched_count_greater_than`, the rank of each sampled token, an
+    integer count) and compiled it with inductor at the first generate, 4 s of each engine's start on this 2-core
+    machine (a tiny-model run: 16.8 s -> 12.8 s, docs/testing.md). Eager, the count is the same and no sampled token
+    or logprob changes (the CPU sampler is a fused C++ op, never compiled). On GPUs vLLM's compiled count saves
+    memory, so it stays; with enforce_eager=false the model is compiled and so is the helper."""
+    if enforce_eager:
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
+
+
 class VLLMEngine:
     """A vLLM `LLM` with token-id prompts in and trajectories out."""
 
@@ -164,6 +177,7 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
     if not on_gpu:
         _set_cpu_env(rollout_cfg.kv_cache_space_gib)
         _size_cpu_threads()
+        _eager_sampler_on_cpu(rollout_cfg.enforce_eager)
     kwargs: dict[str, Any] = dict(
         model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
         enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
