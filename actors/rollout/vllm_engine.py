@@ -71,9 +71,9 @@ def _eager_sampler_on_cpu(enforce_eager: bool) -> None:
     or logprob changes (the CPU sampler is a fused C++ op, never compiled). On GPUs vLLM's compiled count saves
     memory, so it stays; with enforce_eager=false the model is compiled and so is the helper."""
     if enforce_eager:
-        import torch._dynamo
+        import torch
 
-        torch._dynamo.config.disable = True
+        torch.compiler.set_stance("force_eager")  # every torch.compile in this process runs its function eagerly
 
 
 class VLLMEngine:
