@@ -3,7 +3,7 @@
 Checks that the weights change, that every engine holds exactly the trainer's weights after the sync
 (checksums and logprobs), that a corrupted transfer is caught, that metrics and checkpoint exist and
 load, that the reference, KL and IcePop's mismatch metrics are reported, that a resume continues where the run
-stopped (one run and its resume serve all of these), and that short resources and a hung phase fail clearly.
+stopped, that the gloo broadcast syncs a run (one run and its resume serve all of these), and that short resources and a hung phase fail clearly.
 """
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ def _check_rows(controller, rows) -> None:
                 "actor/grad_norm", "rollout/response_len_mean"):
         assert all(key in r for r in rows), key
     assert rows[-1]["sync/version"] == 2
+    # weight_sync.strategy=nccl (gloo on CPU): the broadcast is bucketed (4 MiB buckets)
+    assert rows[-1]["sync/buckets"] >= 2 and rows[-1]["sync/seconds"] > 0
     for r in rows:  # vLLM's own prefix-cache counters: every prompt token of every sample is looked up
         n_prompt = 2 * 4 * len(controller.prompt_ids[0])  # prompts_per_step x n x tokens (equal-length prompts)
         assert abs(r["rollout/prefill_tokens_requested"] - n_prompt) <= 2 * 4 * 2
@@ -87,11 +89,11 @@ def _check_checkpoint(result, tiny_model) -> None:
     assert state["step"] == 2 and state["loader"]["position"] > 0
 
 
-# One 2-step run on two engines (KL with a reference, IcePop token masking, a checkpoint every step) serves the
-# checks of the run (rows, sync, logprobs, checkpoint, a corrupted transfer caught), then its checkpoint serves the
-# resume: a second controller continues it to step 3. (Before: four runs, one per check.)
+# One 2-step run on two engines (KL with a reference, IcePop token masking, the gloo broadcast, a checkpoint every
+# step) serves the checks of the run (rows, sync, logprobs, checkpoint, a corrupted transfer caught), then its
+# checkpoint serves the resume: a second controller continues it to step 3. (Before: five runs, one per check.)
 RUN = ("checkpoint.every_steps=1", "rollout.num_workers=2", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
-       "algo.rollout_correction.mode=token_mask")
+       "algo.rollout_correction.mode=token_mask", "weight_sync.strategy=nccl", "weight_sync.bucket_mb=4")
 
 
 def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume(ray_local, tiny_model, tmp_path):
