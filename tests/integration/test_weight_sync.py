@@ -24,6 +24,7 @@ from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
+REWARD_OVERRIDE = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"  # tests/gpu
 
 
 def _cfg(tiny_model: Path, out: Path, *extra: str):
