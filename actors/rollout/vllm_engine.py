@@ -169,7 +169,7 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
     """The keyword arguments of our `vllm.LLM` (also used by benchmarks/rollout_overhead.py for bare vLLM).
     Sets vLLM's environment first: the engine core in this process (so the worker extension can join the
     ray.util.collective weight-sync group, which needs a Ray actor process, and share tensors in place)
-    and, without CUDA, the CPU backend's thread binding and KV-cache budget."""
+    and, without CUDA, the CPU backend's thread binding and KV-cache budget, and (enforce_eager) no compilation."""
     import torch
 
     on_gpu = torch.cuda.is_available()
