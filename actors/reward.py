@@ -73,6 +73,7 @@ class RewardActor:
         memory_limit_mb: int = 4096,
     ) -> None:
         self._scorer = RewardScorer(functions, timeout_s, num_workers, mp_start_method, memory_limit_mb)
+        self._scorer.start()  # the workers and the functions' imports now, while the engines start, not in step 1
         self._model = None
         self._model_weight = 0.0
         self._model_lock = threading.Lock()  # one forward at a time, whatever the actor's max_concurrency

@@ -12,6 +12,7 @@ import types
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
 from orchestrator.reward import (
@@ -79,6 +80,19 @@ def test_resolve_reward_fn() -> None:
 def scorer() -> Iterator[RewardScorer]:
     with RewardScorer([("accuracy", 1.0)], timeout_s=5.0, num_workers=2) as s:
         yield s
+
+
+def test_start_brings_the_workers_up_before_the_first_score() -> None:
+    scorer = RewardScorer([("accuracy", 1.0), (f"{HELPERS}:length", 0.5)], timeout_s=5.0, num_workers=1)
+    try:
+        assert scorer.start() > 0
+        workers = psutil.Process().children(recursive=True)  # the forkserver and its worker, up before any score
+        assert len(workers) >= 2, workers
+        assert scorer.score(["\\boxed{4}"], ["4"], [0]).rewards[0] > 1.0
+    finally:
+        scorer.close()
+    with pytest.raises(RuntimeError, match="start called after close"):
+        scorer.start()
 
 
 def test_c06a_boxed_scores_one_in_main_thread(scorer: RewardScorer) -> None:
