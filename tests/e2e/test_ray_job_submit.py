@@ -53,7 +53,8 @@ def test_default_job_through_ray_job_submit(ray_head, tmp_path):
     out = tmp_path / "run"
     cmd = [RAY, "job", "submit", "--address", DASHBOARD, "--working-dir", str(REPO), "--",
            sys.executable, "-m", "orchestrator", "configs/grpo_arith_cpu.yaml", "trainer.total_steps=1",
-           f"run.output_dir={out}", f"checkpoint.dir={out}/ckpt", "run.progress=false"]
+           f"run.output_dir={out}", f"checkpoint.dir={out}/ckpt", "run.progress=false",
+           "eval.num_prompts=16"]  # the demo's eval at steps 0 and 1, on 16 of its 64 prompts
     for _ in range(75):  # the dashboard answers before the head's job agent registers: Ray says to retry
         proc = subprocess.run(cmd, env=ray_head, capture_output=True, text=True, timeout=1200)
         if proc.returncode == 0 or "No available agent to submit job" not in proc.stderr:
@@ -66,6 +67,7 @@ def test_default_job_through_ray_job_submit(ray_head, tmp_path):
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert [r["step"] for r in rows if "reward/mean" in r] == [1]
     assert [r["step"] for r in rows if "eval/pass_at_1" in r] == [0, 1]  # the demo's held-out eval: step 0, the end
+    assert all(r["eval/prompts"] == 16 for r in rows if "eval/pass_at_1" in r)
     assert all(0.0 <= r["reward/mean"] <= 1.0 and r["rollout/tokens"] > 0 for r in rows if "reward/mean" in r)
     ckpt = out / "ckpt" / "step_000001" / "policy"
     assert (ckpt / "config.json").is_file() and any(ckpt.glob("*.safetensors"))

@@ -28,11 +28,13 @@ def _cfg(tiny_model, out, *extra):
         REWARD, "placement.mode=disaggregated_async", "trainer.total_steps=3", "checkpoint.every_steps=1", *extra])
 
 
-def test_async_staleness_never_exceeds_its_bound(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path)
+# One 3-step run serves the staleness, version and checkpoint checks, then its resume from step 2's checkpoint.
+def test_async_staleness_within_its_bound_and_a_resume_trains_the_pending_batch(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "checkpoint.keep_last=3")
     controller = GRPOController(cfg)
     try:
         result = controller.run()
+        final_loader = controller.loader.state_dict()
         # engines and trainer agree at the end: version 3 and equal checksums; 3 optimizer steps
         trainer, worker = assert_engine_holds_trainer_weights(controller, 3)
         assert ray.get(trainer.get_step.remote()) == 3
@@ -59,17 +61,12 @@ def test_async_staleness_never_exceeds_its_bound(ray_local, tiny_model, tmp_path
     # a checkpoint stores the loader before the pending batch's prompts: the same positions as a sync run
     per_step = cfg.rollout.prompts_per_step
     positions = [json.loads((tmp_path / "ckpt" / f"step_{s:06d}" / "state.json").read_text())["loader"]["position"]
-                 for s in (2, 3) if (tmp_path / "ckpt" / f"step_{s:06d}").exists()]
-    assert positions == [2 * per_step, 3 * per_step][-len(positions):] and positions
+                 for s in (2, 3)]
+    assert positions == [2 * per_step, 3 * per_step]
+    _check_resume_trains_the_batch_generated_before_the_checkpoint(tiny_model, tmp_path, final_loader)
 
 
-def test_resume_trains_the_batch_generated_before_the_checkpoint(ray_local, tiny_model, tmp_path):
-    first = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.keep_last=3"))
-    try:
-        first.run()
-        final_loader = first.loader.state_dict()
-    finally:
-        first.shutdown()
+def _check_resume_trains_the_batch_generated_before_the_checkpoint(tiny_model, tmp_path, final_loader) -> None:
     shutil.rmtree(tmp_path / "ckpt" / "step_000003")  # as if the run stopped after step 2 (batch 3 generated)
     assert "async" in json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())
     second = GRPOController(_cfg(tiny_model, tmp_path, "checkpoint.resume=latest"))

@@ -1,10 +1,11 @@
 """Non-finite updates on Ray (local, CPU, tiny random model, vLLM on CPU): skipped, not applied, counted.
 
 - A GRPO run whose step 2 has a NaN loss (a policy-loss plugin, `algo.plugins`, that returns NaN while a flag
-  file exists; the test sets the flag around step 2 only) skips that update: the trainer's weights and AdamW
+  file exists; the test sets the flag around the NaN steps only) skips that update: the trainer's weights and AdamW
   state after step 2 equal those after step 1 bit for bit, step 3 trains again, the engine holds the trainer's
-  weights, and the row counts it (actor/skipped_updates, actor/nonfinite_loss, actor/skipped_updates_total).
-- The same NaN on every step from step 2 on stops the run after run.max_skipped_updates=2 with DivergedError.
+  weights after every step, and the row counts it (actor/skipped_updates, actor/nonfinite_loss,
+  actor/skipped_updates_total). The same run's NaNs at steps 4 and 5, in a row, stop it with DivergedError
+  (run.max_skipped_updates=2).
 - Two FSDP2 ranks (trainer.num_workers=2) where only rank 1's shard has NaN advantages both skip: the ranks stay
   in step, weights and optimizer state unchanged; the next good batch trains on both.
 """
@@ -56,17 +57,18 @@ def _restore_policy_losses():
         POLICY_LOSSES.unregister(name)
 
 
-def _run_with_nan(tiny_model, tmp_path, name: str, nan_steps: set, *extra):
-    """A 3-step run whose steps in `nan_steps` have a NaN loss; returns (controller, rows or the error,
-    {step: (weights, optimizer state) after it})."""
+def _run_with_nan(tiny_model, tmp_path, name: str, nan_steps: set, steps: int, *extra):
+    """A run of `steps` steps whose steps in `nan_steps` have a NaN loss; returns (controller,
+    {step: (weights, optimizer state) after it}, [the steps after which the engine held the trainer's weights at
+    that version])."""
     flag = tmp_path / "nan_flag"
     plugin = tmp_path / f"{name}.py"
     plugin.write_text(PLUGIN.format(flag=str(flag), name=name))
-    over = tiny_overrides(tiny_model, tmp_path, **{"trainer.total_steps": 3})
+    over = tiny_overrides(tiny_model, tmp_path, **{"trainer.total_steps": steps})
     cfg = load_config("configs/grpo_arith_cpu.yaml", over + [REWARD, f"algo.plugins=['{plugin}']",
                                                              f"algo.policy_loss={name}", *extra])
     controller = GRPOController(cfg)
-    snaps, step = {}, controller.step
+    snaps, synced, step = {}, [], controller.step
 
     def flagged_step(s):
         flag.touch() if s in nan_steps else flag.unlink(missing_ok=True)
@@ -74,10 +76,12 @@ def _run_with_nan(tiny_model, tmp_path, name: str, nan_steps: set, *extra):
         trainer = controller.actors.trainer
         named, _ = ray.get(trainer.weights_for_sync.options(num_returns=2).remote("float32"))
         snaps[s] = ({k: v.clone() for k, v in named}, ray.get(trainer.optimizer_state.remote())["state"])
+        assert_engine_holds_trainer_weights(controller, s)
+        synced.append(s)
         return out
 
     controller.step = flagged_step
-    return controller, snaps
+    return controller, snaps, synced
 
 
 def _same(a, b) -> bool:
@@ -87,34 +91,30 @@ def _same(a, b) -> bool:
     return weights and state
 
 
-def test_a_nan_step_is_skipped_and_the_weights_stay_the_last_good_ones(ray_local, tiny_model, tmp_path, capsys):
-    controller, snaps = _run_with_nan(tiny_model, tmp_path, "nan_at_step_2", {2})
-    try:
-        result = controller.run()
-        assert_engine_holds_trainer_weights(controller, 3)
-    finally:
-        controller.shutdown()
-    rows = {r["step"]: r for r in map(json.loads, open(result.metrics))}
-    assert [rows[s]["actor/skipped_updates"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
-    assert rows[2]["actor/nonfinite_loss"] == 1.0 and rows[2]["actor/loss"] is None  # NaN in the JSONL log
-    assert [rows[s]["actor/skipped_updates_total"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
-    assert [rows[s]["actor/skipped_in_a_row"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
-    assert _same(snaps[1], snaps[2])  # weights and AdamW state bit for bit the last good ones
-    assert not _same(snaps[2], snaps[3])  # step 3 trained again
-    assert all(s["step"] == 1 for s in snaps[2][1].values())  # the skipped step did not count in AdamW's step
-
-
-def test_max_skipped_updates_in_a_row_stop_the_run(ray_local, tiny_model, tmp_path):
-    controller, snaps = _run_with_nan(tiny_model, tmp_path, "nan_from_step_2", {2, 3}, "run.max_skipped_updates=2")
+# One run serves both checks: step 2's NaN is skipped and step 3 trains again; the NaNs of steps 4 and 5 in a row
+# then stop it at run.max_skipped_updates=2.
+def test_a_nan_step_is_skipped_and_two_in_a_row_stop_the_run(ray_local, tiny_model, tmp_path):
+    controller, snaps, synced = _run_with_nan(tiny_model, tmp_path, "nan_at_steps_2_4_5", {2, 4, 5}, 6,
+                                              "run.max_skipped_updates=2")
     try:
         with pytest.raises(DivergedError) as e:
             controller.run()
     finally:
         controller.shutdown()
+    assert synced == [1, 2, 3, 4]  # after each: the engine held the trainer's weights (at that version)
+    rows = {r["step"]: r for r in map(json.loads, open(tmp_path / "metrics.jsonl"))}
+    assert sorted(rows) == [1, 2, 3, 4]  # step 5 raised: no row
+    assert [rows[s]["actor/skipped_updates"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 0.0, 1.0]
+    assert rows[2]["actor/nonfinite_loss"] == 1.0 and rows[2]["actor/loss"] is None  # NaN in the JSONL log
+    assert [rows[s]["actor/skipped_updates_total"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 2.0]
+    assert [rows[s]["actor/skipped_in_a_row"] for s in (1, 2, 3, 4)] == [0.0, 1.0, 0.0, 1.0]
+    assert _same(snaps[1], snaps[2])  # weights and AdamW state bit for bit the last good ones
+    assert not _same(snaps[2], snaps[3])  # step 3 trained again
+    assert all(s["step"] == 1 for s in snaps[2][1].values())  # the skipped step did not count in AdamW's step
+    assert _same(snaps[3], snaps[4])
     msg = str(e.value)
     assert "run.max_skipped_updates=2: 2 optimizer updates in a row were skipped" in msg
-    assert "step 2: non-finite loss; step 3: non-finite loss" in msg and "checkpoint.resume=latest" in msg
-    assert _same(snaps[1], snaps[2])
+    assert "step 4: non-finite loss; step 5: non-finite loss" in msg and "checkpoint.resume=latest" in msg
 
 
 def _batch(n: int = 8, seed: int = 0, nan_rows=()) -> TrainBatch:

@@ -53,23 +53,30 @@ def test_the_example_by_dotted_path_needs_no_registry_line(tiny_model, tmp_path)
         _cfg(tiny_model, tmp_path, "weight_sync.strategy=no_such_pkg.strategy")
 
 
-@pytest.mark.parametrize("name", ["shared_file", "docs.examples.weight_sync_example"])
-def test_example_strategy_syncs_verified_and_bit_exact(ray_local, tiny_model, tmp_path, name):
-    cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={name}")
-    trainer, engines = _start(cfg, tiny_model)
+# One trainer and two engines serve both names: a syncer by the registered name, then one by the dotted path.
+def test_example_strategy_syncs_verified_and_bit_exact(ray_local, tiny_model, tmp_path):
+    trainer, engines = _start(_cfg(tiny_model, tmp_path, "weight_sync.strategy=shared_file"), tiny_model)
     try:
-        syncer = make_syncer(cfg, trainer, engines)
-        for version in (1, 2):
-            if version > 1:
-                _train_once(trainer, version)
-            metrics = syncer.sync(version)  # verified: version + checksums of every engine
-            _assert_bit_exact(trainer, engines, "float32")
-            assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version, version]
-            assert metrics["sync/version"] == version and metrics["sync/bytes"] == metrics["sync/bytes_full"] > 0
-        left = sorted(p.name for p in (Path(cfg.weight_sync.disk.path) / "shared_file").iterdir())
-        assert left == ["v2"], f"old versions or temporary folders left behind: {left}"
-        ray.get(engines[1].extension_call.remote("inject_fault_next_load"))
-        with pytest.raises(WeightMismatchError, match="rollout worker 1"):
-            syncer.sync(3)
+        for first, name in ((1, "shared_file"), (4, "docs.examples.weight_sync_example")):
+            _check_syncs_verified_and_bit_exact(_cfg(tiny_model, tmp_path / name, f"weight_sync.strategy={name}"),
+                                                trainer, engines, first)
     finally:
         _kill(trainer, *engines)
+
+
+def _check_syncs_verified_and_bit_exact(cfg, trainer, engines, first: int) -> None:
+    """Versions first, first + 1 (an optimizer step between them) bit-exact and verified; the older version's
+    folder removed; a corrupted load at first + 2 caught."""
+    syncer = make_syncer(cfg, trainer, engines)
+    for version in (first, first + 1):
+        if version > first:
+            _train_once(trainer, version)
+        metrics = syncer.sync(version)  # verified: version + checksums of every engine
+        _assert_bit_exact(trainer, engines, "float32")
+        assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version, version]
+        assert metrics["sync/version"] == version and metrics["sync/bytes"] == metrics["sync/bytes_full"] > 0
+    left = sorted(p.name for p in (Path(cfg.weight_sync.disk.path) / "shared_file").iterdir())
+    assert left == [f"v{first + 1}"], f"old versions or temporary folders left behind: {left}"
+    ray.get(engines[1].extension_call.remote("inject_fault_next_load"))
+    with pytest.raises(WeightMismatchError, match="rollout worker 1"):
+        syncer.sync(first + 2)

@@ -88,8 +88,21 @@ def _check_a_broadcast_without_receivers_times_out(trainer, version: int) -> Non
         ray.get(meta, timeout=60)  # the engines never call receive
 
 
+def _check_delta_above_threshold_sends_full(tiny_model: Path, out: Path, trainer, engines, version: int) -> None:
+    """A delta syncer set up again on the same actors with weight_sync.delta.max_changed_fraction=0.01: its first
+    sync is full (no base yet); after an fp32 Adam step nearly every element changed, so the next is full too."""
+    cfg = _cfg(tiny_model, out, "weight_sync.strategy=delta", "weight_sync.delta.max_changed_fraction=0.01")
+    syncer = make_syncer(cfg, trainer, engines)
+    assert syncer.sync(version)["sync/delta_engines"] == 0
+    _train_once(trainer, version + 1)
+    m = syncer.sync(version + 1)
+    assert m["sync/changed_fraction"] > 0.5 and m["sync/delta_engines"] == 0
+    _assert_bit_exact(trainer, engines, "float32")
+
+
 # One trainer and two engines per strategy serve every check of that strategy: bit-exact across three versions,
-# then (disk, nccl) a corrupted bucket caught and retried, then (nccl) a broadcast nobody receives timing out.
+# then (disk, nccl) a corrupted bucket caught and retried, then (nccl) a broadcast nobody receives timing out,
+# (delta) a syncer whose threshold the changes pass sending full weights.
 @pytest.mark.parametrize("strategy", ["object_store", "disk", "nccl", "delta"])
 def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategy):
     timeout = ["weight_sync.timeout_s=8"] if strategy == "nccl" else []  # for the broadcast nobody receives
@@ -112,6 +125,7 @@ def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, t
             assert left == ["v3"], f"old versions or temporary folders left behind: {left}"
         if strategy == "delta":
             assert metrics["sync/delta_engines"] == 2 and 0 < metrics["sync/delta_ratio"] <= 1.2
+            _check_delta_above_threshold_sends_full(tiny_model, tmp_path, trainer, engines, 4)
         if strategy in ("nccl", "disk"):
             _check_a_corrupted_bucket_is_caught(syncer, engines, 4)
         if strategy == "nccl":
@@ -141,19 +155,5 @@ def test_delta_missed_version_falls_back_to_full_in_bf16_with_tied_embeddings(ra
         # the tied output head is verified too: it is re-tied to the new embedding on the engine
         checks = ray.get(engines[1].checksums.remote())
         assert "lm_head" in checks["groups"] and checks["shadow_version"] == 4
-    finally:
-        _kill(trainer, *engines)
-
-
-def test_delta_above_threshold_sends_full(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=delta", "weight_sync.delta.max_changed_fraction=0.01")
-    trainer, engines = _start(cfg, tiny_model)
-    try:
-        syncer = make_syncer(cfg, trainer, engines)
-        syncer.sync(1)
-        _train_once(trainer, 2)
-        m = syncer.sync(2)  # fp32 after an Adam step: nearly every element changed
-        assert m["sync/changed_fraction"] > 0.5 and m["sync/delta_engines"] == 0
-        _assert_bit_exact(trainer, engines, "float32")
     finally:
         _kill(trainer, *engines)
