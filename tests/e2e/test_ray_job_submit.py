@@ -54,7 +54,8 @@ def test_default_job_through_ray_job_submit(ray_head, tmp_path):
     cmd = [RAY, "job", "submit", "--address", DASHBOARD, "--working-dir", str(REPO), "--",
            sys.executable, "-m", "orchestrator", "configs/grpo_arith_cpu.yaml", "trainer.total_steps=1",
            f"run.output_dir={out}", f"checkpoint.dir={out}/ckpt", "run.progress=false",
-           "eval.num_prompts=16"]  # the demo's eval at steps 0 and 1, on 16 of its 64 prompts
+           "eval.num_prompts=16", "rollout.prompts_per_step=2"]  # every phase on less: eval 16 of the demo's 64
+    # prompts (steps 0 and 1), a step of 2 groups of rollout.n=8 (the demo's 4)
     for _ in range(75):  # the dashboard answers before the head's job agent registers: Ray says to retry
         proc = subprocess.run(cmd, env=ray_head, capture_output=True, text=True, timeout=1200)
         if proc.returncode == 0 or "No available agent to submit job" not in proc.stderr:

@@ -40,13 +40,18 @@ ray.shutdown()
 """
 
 
-def _start_local_ray(tmp_path: Path, loopback: bool) -> dict:
+def _start_local_ray(tmp_path: Path, loopback: bool) -> subprocess.Popen:
+    """SCRIPT in a fresh process, with its own token file under `tmp_path` (`_result` reads what it printed)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
     env.update({"RAY_AUTH_TOKEN_PATH": str(tmp_path / "auth_token"), "PYTHONPATH": str(ROOT)})
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(loopback).lower()], cwd=ROOT, env=env, text=True,
-                         capture_output=True, timeout=180)
-    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line, f"no result (rc {out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(loopback).lower()], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    stdout, stderr = proc.communicate(timeout=180)
+    line = next((x for x in stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line, f"no result (rc {proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
     return json.loads(line[len("RESULT"):])
 
 
@@ -54,16 +59,15 @@ def _loopback(ip: str) -> bool:
     return ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
 
 
-def test_local_ray_listens_on_loopback_only_and_its_token_is_private(tmp_path):
-    got = _start_local_ray(tmp_path, loopback=True)
-    print("ray_loopback=true:", got)
+# Both local Rays at once (each its own ports and token file): one with run.ray_loopback=true, one with false.
+def test_local_ray_listens_on_loopback_only_its_token_is_private_and_rays_default_does_not(tmp_path):
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    on, off = _start_local_ray(tmp_path / "on", loopback=True), _start_local_ray(tmp_path / "off", loopback=False)
+    got, default = _result(on), _result(off)
+    print("ray_loopback=true:", got, "\nray_loopback=false:", default)
     assert got["node_ip"] == "127.0.0.1" and got["sockets"] >= 4  # GCS, raylet, worker, agents
     assert all(_loopback(ip) for ip in got["listen"]), got
-    token = tmp_path / "auth_token"
+    token = tmp_path / "on" / "auth_token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text()) == 64
-
-
-def test_rays_default_listens_beyond_loopback(tmp_path):
-    got = _start_local_ray(tmp_path, loopback=False)
-    print("ray_loopback=false:", got)
-    assert not all(_loopback(ip) for ip in got["listen"]), got
+    assert not all(_loopback(ip) for ip in default["listen"]), default  # the measurement has teeth

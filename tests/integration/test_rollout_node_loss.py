@@ -84,9 +84,9 @@ def _rollout_node(controller) -> str:
 # itself) finds no room and stops the run naming the missing resources.
 def test_a_lost_node_is_survived_on_a_spare_node_and_without_room_stops_naming_the_missing_resources(
         cluster, tiny_model, tmp_path):
-    controller = _start(cluster, tiny_model, tmp_path, "trainer.total_steps=5", "placement.timeout_s=10")
+    controller = _start(cluster, tiny_model, tmp_path, "trainer.total_steps=5", "placement.timeout_s=5")
     try:
-        with pytest.raises(PlacementError, match=r"rollout worker 0 cannot be restarted.*placement.timeout_s=10s"
+        with pytest.raises(PlacementError, match=r"rollout worker 0 cannot be restarted.*placement.timeout_s=5s"
                                                  r".*'slot': \(2\.0, 1\.0\).*checkpoint.resume=auto"):
             controller.run()
         assert len(controller.lost) == 2 and controller.lost[1].node_id == controller.spare_node.node_id

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -55,18 +56,29 @@ def test_sigkilled_trainer_restarts_from_the_checkpoint(ray_local, tiny_model, t
     assert json.loads(open(f"{result.checkpoint}/state.json").read())["step"] == 4
 
 
-def _start_run(tmp_path, tiny_model, *extra) -> tuple[subprocess.Popen, str]:
+def _launch(tmp_path, tiny_model, *extra) -> tuple[subprocess.Popen, Path]:
+    """`python -m orchestrator run` of a 40-step tiny run in its own process (its watchdog, its local Ray); its
+    output goes to `tmp_path`/log.txt (`_log`: a pipe nobody reads while the other run is checked could fill)."""
     out = tmp_path / "run"
+    out.mkdir(parents=True)
     args = tiny_overrides(tiny_model, out) + [REWARD, "trainer.total_steps=40", *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "configs/grpo_arith_cpu.yaml", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    with open(tmp_path / "log.txt", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "configs/grpo_arith_cpu.yaml", *args],
+                                stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return proc, out
+
+
+def _log(out: Path) -> str:
+    return (out.parent / "log.txt").read_text(errors="replace")
+
+
+def _wait_for_step_1(proc: subprocess.Popen, out: Path) -> None:
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text().strip()):  # step 1 done: Ray and every actor are up
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        assert proc.poll() is None and time.monotonic() < deadline, _log(out)[-3000:]
         time.sleep(0.5)
-    return proc, str(out)
 
 
 def _session_processes(sid: int) -> list[psutil.Process]:
@@ -80,10 +92,26 @@ def _session_processes(sid: int) -> list[psutil.Process]:
     return found
 
 
-def test_sigterm_checkpoints_after_the_step_and_exits_143(tiny_model, tmp_path):
-    proc, out = _start_run(tmp_path, tiny_model)
+# Two runs at once, each with its own local Ray in its own session (they start in less time than two in a row):
+# one gets SIGTERM, the other's controller SIGKILL.
+def test_sigterm_exits_143_after_a_checkpoint_and_a_sigkilled_controller_leaves_no_process(tiny_model, tmp_path):
+    term, term_out = _launch(tmp_path / "term", tiny_model)
+    kill, _ = _launch(tmp_path / "kill", tiny_model)
+    try:
+        _wait_for_step_1(term, term_out)
+        _check_sigterm_checkpoints_after_the_step_and_exits_143(term, term_out)
+        _wait_for_step_1(kill, tmp_path / "kill" / "run")
+        _check_sigkilled_controller_leaves_no_process_behind(kill)
+    finally:
+        for proc in (term, kill):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _check_sigterm_checkpoints_after_the_step_and_exits_143(proc: subprocess.Popen, out: Path) -> None:
     proc.send_signal(signal.SIGTERM)  # to the watchdog, as scancel / a pod eviction would: forwarded
-    log, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    log = _log(out)
     assert proc.returncode == 143, log[-3000:]
     rows = [json.loads(line) for line in open(f"{out}/metrics.jsonl")]
     last = rows[-1]["step"]
@@ -93,15 +121,14 @@ def test_sigterm_checkpoints_after_the_step_and_exits_143(tiny_model, tmp_path):
     assert f"stopped after step {last}; resume with checkpoint.resume=" in log
 
 
-def test_sigkilled_controller_leaves_no_process_behind(tiny_model, tmp_path):
-    proc, _ = _start_run(tmp_path, tiny_model)
+def _check_sigkilled_controller_leaves_no_process_behind(proc: subprocess.Popen) -> None:
     controller = psutil.Process(proc.pid).children()[0]  # the watchdog's child: the controller, in its own session
     sid = os.getsid(controller.pid)
     before = _session_processes(sid)
     names = " ".join(p.name() for p in before)
     assert len(before) >= 4 and "raylet" in names and "gcs_server" in names, names  # Ray runs in that session
     os.kill(controller.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    proc.wait(timeout=60)
     assert proc.returncode == 128 + 9
     left = _session_processes(sid)
     assert left == [], [(p.pid, p.cmdline()[:2]) for p in left]
