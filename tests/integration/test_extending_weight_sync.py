@@ -17,7 +17,7 @@ from orchestrator.config import ConfigError
 from orchestrator.weight_sync import WeightMismatchError, predict_sync, setup_from_fabric, strategy_names
 from orchestrator.weight_sync import registry
 from orchestrator.weight_sync.syncer import make_syncer
-from tests.integration.test_weight_sync import _assert_bit_exact, _cfg, _kill, _start, _train_once
+from tests.integration.test_weight_sync import _assert_bit_exact, _cfg, _kill, _start, _sync_versions_bit_exact
 
 pytestmark = pytest.mark.integration
 EXAMPLE = "docs.examples.weight_sync_example"
@@ -68,13 +68,8 @@ def _check_syncs_verified_and_bit_exact(cfg, trainer, engines, first: int) -> No
     """Versions first, first + 1 (an optimizer step between them) bit-exact and verified; the older version's
     folder removed; a corrupted load at first + 2 caught."""
     syncer = make_syncer(cfg, trainer, engines)
-    for version in (first, first + 1):
-        if version > first:
-            _train_once(trainer, version)
-        metrics = syncer.sync(version)  # verified: version + checksums of every engine
-        _assert_bit_exact(trainer, engines, "float32")
-        assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version, version]
-        assert metrics["sync/version"] == version and metrics["sync/bytes"] == metrics["sync/bytes_full"] > 0
+    for metrics in _sync_versions_bit_exact(syncer, trainer, engines, (first, first + 1)):  # verified syncs
+        assert metrics["sync/bytes"] == metrics["sync/bytes_full"] > 0
     left = sorted(p.name for p in (Path(cfg.weight_sync.disk.path) / "shared_file").iterdir())
     assert left == [f"v{first + 1}"], f"old versions or temporary folders left behind: {left}"
     ray.get(engines[1].extension_call.remote("inject_fault_next_load"))

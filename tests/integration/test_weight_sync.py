@@ -64,6 +64,21 @@ def _assert_bit_exact(trainer, engines, dtype: str, ids=(0, 1)) -> None:
         assert not differing, f"engine {i} differs from the trainer in {differing[:3]}"
 
 
+def _sync_versions_bit_exact(syncer, trainer, engines, versions) -> list[dict]:
+    """Syncs each version (an optimizer step before every one but the first), each verified and bit-exact on
+    every engine, which then reports that version; returns each sync's metrics."""
+    synced = []
+    for version in versions:
+        if version > versions[0]:
+            _train_once(trainer, version)
+        metrics = syncer.sync(version)
+        _assert_bit_exact(trainer, engines, "float32")
+        assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version] * len(engines)
+        assert metrics["sync/version"] == version
+        synced.append(metrics)
+    return synced
+
+
 def _kill(*actors) -> None:
     for a in actors:
         ray.kill(a)
@@ -111,13 +126,9 @@ def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, t
     trainer, engines = _start(cfg, tiny_model)
     try:
         syncer = make_syncer(cfg, trainer, engines)
-        for version in (1, 2, 3):
-            if version > 1:
-                _train_once(trainer, version)
-            metrics = syncer.sync(version)
-            _assert_bit_exact(trainer, engines, "float32")
-            assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version, version]
-            assert metrics["sync/version"] == version and metrics["sync/seconds"] > 0
+        synced = _sync_versions_bit_exact(syncer, trainer, engines, (1, 2, 3))
+        assert all(m["sync/seconds"] > 0 for m in synced)
+        metrics = synced[-1]
         if strategy == "nccl":
             assert metrics["sync/buckets"] >= 3  # 1 MiB buckets: the broadcast really was bucketed
         if strategy == "disk":
