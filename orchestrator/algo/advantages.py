@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -34,13 +34,16 @@ ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimatorFn] = Registry("advantage estim
 AdvantageEstimator = Literal["grpo", "rloo", "dr_grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
+def register_advantage_estimator(name: str, settings: Optional[Mapping[str, Any]] = None,
+                                 source: str = "") -> Callable[[AdvantageEstimatorFn], AdvantageEstimatorFn]:
     """Decorator registering ``fn(inputs: AdvantageInputs, cfg) -> Tensor [B, T]`` as ``algo.estimator=name``.
 
     ``cfg`` is the run's ``algo`` config (``AlgoConfig``; ``AdvantageConfig`` through ``compute_advantages``):
-    read ``cfg.adv_eps`` and any other field from it. Raises ValueError when ``name`` is taken.
+    read ``cfg.adv_eps`` and any other field from it. ``settings`` / ``source``: the ``algo`` keys that define
+    the estimator's method in its paper, used unless the user sets them (``Registry.register``). Raises
+    ValueError when ``name`` is taken or the settings are malformed.
     """
-    return ADVANTAGE_ESTIMATORS.register(name)
+    return ADVANTAGE_ESTIMATORS.register(name, settings, source)
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,8 @@ def rloo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
     return _finish(s.count / s.n_minus_1 * s.centred, s, inputs.response_mask)
 
 
-@register_advantage_estimator("dr_grpo")
+@register_advantage_estimator("dr_grpo", {"loss_agg": "seq-mean-token-sum-norm"},
+                              "Dr. GRPO, Liu et al. 2025 ('Understanding R1-Zero-Like Training'): token sums over a constant")
 def dr_grpo(inputs: AdvantageInputs, cfg: Any) -> Tensor:
     """``r_i - mean_g``, no std division.
 

@@ -17,7 +17,7 @@ Pure torch; no Ray, no vLLM.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -37,14 +37,17 @@ PolicyLossFn = Callable[["LossInputs", Any], "tuple[Tensor, dict[str, float]]"]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algo.policy_loss")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+def register_policy_loss(name: str, settings: Optional[Mapping[str, Any]] = None,
+                         source: str = "") -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator registering ``fn(inputs: LossInputs, cfg) -> (loss scalar, metrics)`` as ``algo.policy_loss=name``.
 
     The loss must be ``sum(units) / inputs.normalizer`` (use ``aggregate``) so that micro-batches and
     data-parallel ranks add up to the global batch's loss; metrics are python floats over this
-    micro-batch's response tokens (``loss_metrics``). Raises ValueError when ``name`` is taken.
+    micro-batch's response tokens (``loss_metrics``). ``settings`` / ``source``: the ``algo`` keys that define
+    the loss in its paper (``{"loss_agg": "seq-mean-token-mean"}``), used unless the user sets them
+    (``Registry.register``). Raises ValueError when ``name`` is taken or the settings are malformed.
     """
-    return POLICY_LOSSES.register(name)
+    return POLICY_LOSSES.register(name, settings, source)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,10 @@ def _gspo(inputs: LossInputs, cfg: Any, token: bool) -> tuple[Tensor, dict[str, 
     return finish_loss(pg, clipped, dataclasses.replace(t, ratio=ratio), inputs, cfg)
 
 
-@register_policy_loss("gspo")
+_GSPO_PAPER = {"loss_agg": "seq-mean-token-mean", "gspo_clip_low": 3e-4, "gspo_clip_high": 4e-4}
+
+
+@register_policy_loss("gspo", _GSPO_PAPER, "GSPO, Zheng et al. 2025, eq. 5 (1/G over sequences) and sec. 5.1 (clip)")
 def gspo(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     """GSPO, Zheng et al. 2025 ("Group Sequence Policy Optimization"), eq. 5-7: the sequence ratio, clipped.
 
@@ -70,7 +73,7 @@ def gspo(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     return _gspo(inputs, cfg, token=False)
 
 
-@register_policy_loss("gspo_token")
+@register_policy_loss("gspo_token", _GSPO_PAPER, "GSPO-token, Zheng et al. 2025, eq. 13 and sec. 5.1")
 def gspo_token(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     """GSPO-token, Zheng et al. 2025, eq. 13-14: ``s_i,t = sg[s_i] * pi(y_i,t) / sg[pi(y_i,t)]``.
 
@@ -89,7 +92,8 @@ def cispo_weight(ratio: Tensor, clip_low: Any, clip_high: float) -> Tensor:
     return torch.clamp(ratio, min=low, max=1.0 + clip_high).detach()
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", {"loss_agg": "token-mean", "cispo_clip_low": None},
+                      "CISPO, MiniMax-M1 2025, eq. 4 (1 / sum_i |o_i|; no lower weight bound)")
 def cispo(inputs: LossInputs, cfg: Any) -> tuple[Tensor, dict[str, float]]:
     """CISPO, MiniMax 2025 ("MiniMax-M1", arXiv 2506.13585), eq. 4-5: clip the weight, keep every token.
 

@@ -20,11 +20,24 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from types import MappingProxyType
+from typing import Any, Generic, Optional, TypeVar
 
 F = TypeVar("F", bound=Callable)
+
+
+@dataclass(frozen=True)
+class PaperSettings:
+    """The settings that define a registered method in its paper: ``algo`` keys (without the ``algo.``
+    prefix) -> values, and where they come from (paper, equation). ``load_config`` applies them unless the
+    user sets the key, and warns once when the user sets one against the paper
+    (orchestrator/config/paper_defaults.py)."""
+
+    values: Mapping[str, Any]
+    source: str
 
 
 class Registry(Generic[F]):
@@ -38,16 +51,24 @@ class Registry(Generic[F]):
     def __init__(self, kind: str, config_key: str):
         self.kind, self.config_key = kind, config_key
         self._entries: dict[str, F] = {}
+        self._settings: dict[str, PaperSettings] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, settings: Optional[Mapping[str, Any]] = None, source: str = "") -> Callable[[F], F]:
         """Decorator: ``@registry.register("name")`` adds the function under ``name`` and returns it unchanged.
+
+        Args:
+            settings: the ``algo`` keys (``{"loss_agg": "seq-mean-token-mean"}``) that define the method in
+                its paper; ``load_config`` uses them unless the user sets them (``PaperSettings``).
+            source: where ``settings`` come from ("GSPO, Zheng et al. 2025, eq. 5"); required with them.
 
         Raises:
             ValueError: ``name`` is empty or not a string, or already taken by another function (a
-                second import of the same module under another name, or two plugins choosing one name).
+                second import of the same module under another name, or two plugins choosing one name);
+                ``settings`` whose keys are not non-empty strings, or given without a ``source``.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind}: the registered name must be a non-empty string, got {name!r}")
+        paper = _paper_settings(f"{self.kind} {name!r}", settings, source)
 
         def decorator(fn: F) -> F:
             old = self._entries.get(name)
@@ -55,9 +76,15 @@ class Registry(Generic[F]):
                 raise ValueError(f"{self.config_key}: {self.kind} {name!r} is already registered by "
                                  f"{_qualname(old)}; choose another name for {_qualname(fn)}")
             self._entries[name] = fn
+            if paper is not None:
+                self._settings[name] = paper
             return fn
 
         return decorator
+
+    def settings(self, name: str) -> Optional[PaperSettings]:
+        """The paper settings registered with ``name``, or None (none declared, or not registered)."""
+        return self._settings.get(name)
 
     def get(self, name: str) -> F:
         """The function registered as ``name``.
@@ -88,9 +115,21 @@ class Registry(Generic[F]):
     def unregister(self, name: str) -> None:
         """Remove ``name`` (tests restore a registry this way); a missing name is a no-op."""
         self._entries.pop(name, None)
+        self._settings.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+def _paper_settings(what: str, settings: Optional[Mapping[str, Any]], source: str) -> Optional[PaperSettings]:
+    if not settings:
+        return None
+    bad = [k for k in settings if not isinstance(k, str) or not k or k.startswith("algo.")]
+    if bad:
+        raise ValueError(f"{what}: settings keys must be algo keys without the 'algo.' prefix, got {bad}")
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"{what}: settings {dict(settings)} need a source (paper and equation)")
+    return PaperSettings(MappingProxyType(dict(settings)), source)
 
 
 def _qualname(fn: Callable) -> str:

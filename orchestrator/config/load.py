@@ -22,6 +22,7 @@ from orchestrator.config.critic import check_critic
 from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
 from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
+from orchestrator.config.paper_defaults import apply_paper_settings, declared_keys
 from orchestrator.config.partial_rollout import check_partial_rollout
 from orchestrator.config.precision import check_precision
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
@@ -74,6 +75,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         merged.metrics.redact = sorted(set(merged.metrics.redact) | from_env)
     except (OmegaConfBaseException, TypeError, ValueError) as e:
         raise ConfigError(_describe(e) if isinstance(e, OmegaConfBaseException) else str(e)) from None
+    _import_algo_plugins(merged)  # their paper settings too (orchestrator/config/paper_defaults.py)
+    _run(lambda c: apply_paper_settings(c.algo, set_keys(layers, declared_keys(c.algo))), merged)
     validate(merged)
     if not plan_only:
         _run(check_precision, merged)  # trainer.precision=fp8: torchao, no LoRA, the GPU's FP8 support
