@@ -12,6 +12,7 @@ each hold the trainer, the rollout worker and a spare). The schedule (SCHEDULE):
     step 6   the engine hangs in the weight sync            (inject_hang_next_load; weight_sync.timeout_s=30)
     step 8   the rollout worker is SIGKILLed again
     step 10  a reward function allocates 30 GiB on every call (data fault: reward.memory_limit_mb stops it)
+    step 11  the rollout worker is SIGKILLed as the sync's logprob probe reaches it (orchestrator/faults.py fault_hook)
     step 13  the newest checkpoint (step 12) is torn, then the trainer's process is SIGKILLed before it trains
     step 16  the rollout worker is SIGKILLed a third time
     step 19  the rollout worker's node is removed           after its groups were launched
@@ -54,9 +55,10 @@ from safetensors.torch import load_file  # noqa: E402
 from benchmarks.fault_injection import DATA_FAULTS, set_flags  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.controller import GRPOController  # noqa: E402
+from orchestrator.faults import fault_hook  # noqa: E402
 
 SCHEDULE = [(2, "reward_hang"), (3, "rollout_kill"), (5, "nan_loss"), (6, "engine_hang"), (8, "rollout_kill"),
-            (10, "reward_memory"), (13, "torn_checkpoint"), (13, "trainer_kill"), (16, "rollout_kill"),
+            (10, "reward_memory"), (11, "probe_kill"), (13, "torn_checkpoint"), (13, "trainer_kill"), (16, "rollout_kill"),
             (19, "node_removed")]
 PROMPTS, N = 2, 4
 FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
@@ -64,6 +66,7 @@ FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 
 HANDLED_BY = {"reward_hang": "reward/timeouts", "reward_memory": "reward/memory_errors",
               "nan_loss": "actor/skipped_updates", "rollout_kill": "rollout/worker_restarts",
               "node_removed": "rollout/worker_restarts", "engine_hang": "sync/engine_restarts",
+              "probe_kill": "sync/engine_restarts",
               "trainer_kill": "run/restarts", "torn_checkpoint": "run/restarts"}
 
 
@@ -89,7 +92,7 @@ class ScheduledFaults(GRPOController):
         self.attempts, self.first_start, self.start, self.end = Counter(), {}, {}, {}
         self.samples: dict[int, list[tuple[int, str]]] = {}  # in the order the trainer gets them
         self.digests: dict[int, str] = {}  # sha256 of the trainer's weights after each step
-        self.current = 0
+        self.current, self.kill_in = 0, None  # kill_in: the fault window in which worker 0 is killed next
 
     def _take(self, step: int, fault: str) -> bool:
         if (step, fault) not in self.pending:
@@ -108,12 +111,20 @@ class ScheduledFaults(GRPOController):
             weights = Path(self.last_checkpoint) / "policy" / "model.safetensors"
             with open(weights, "r+b") as f:
                 f.truncate(weights.stat().st_size // 2)
+        if self._take(step, "probe_kill"):  # the sync at the end of this step: worker 0 dies as the probe reaches it
+            self.kill_in = "probe"
         if self._take(step, "engine_hang"):  # the sync at the end of this step hangs on engine 0
             self.job.wait(self.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
         out = super().step(step)
         self.end[step] = time.monotonic()
         self.digests[step] = self._weights_digest()  # after the timing: not part of the step
         return out
+
+    def fault(self, window: str, k: int, handle) -> None:
+        """The fault hook (orchestrator/faults.py): SIGKILL rollout worker 0 as a call in window `kill_in` reaches it."""
+        if k == 0 and window == self.kill_in:
+            self.kill_in = None
+            os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
 
     def _weights_digest(self) -> str:
         named, _ = ray.get(self.actors.trainer.weights_for_sync.options(num_returns=2).remote("float32"))
@@ -169,7 +180,8 @@ def run_once(out: Path, steps: int, inject: bool) -> dict:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = controller.run()
+            with fault_hook(controller.fault):
+                result = controller.run()
     finally:
         controller.shutdown()
         ray.shutdown()

@@ -21,6 +21,8 @@ import time
 
 import ray
 
+from orchestrator.faults import EnginesLost, call_engine, gather_engines
+
 SLEEP_LEVEL = 1  # vLLM: weights to host memory, KV cache dropped (level 2 would drop the weights: no delta sync)
 
 
@@ -28,20 +30,36 @@ def time_slice(job, phase: str, row: dict) -> None:
     """Hook before `phase` ("train" or "weight_sync") of a step of `job` (orchestrator.job.Job); a no-op
     unless placement.mode=colocated.
 
-    Raises ValueError for another phase name; an engine's own error (e.g. a load into a sleeping engine)
-    comes back through `job.wait` (bounded by run.phase_timeout_s)."""
+    Raises ValueError for another phase name; an engine's own error (e.g. a load into a sleeping engine) is
+    raised; a lost engine is replaced (`on_every_engine`)."""
     if job.cfg.placement.mode != "colocated":
         return
-    workers = job.actors.rollout
     t0 = time.perf_counter()
     if phase == "train":
-        job.wait([w.sleep_engine.remote(SLEEP_LEVEL) for w in workers])
+        on_every_engine(job, "sleep", "sleep_engine", SLEEP_LEVEL)
         row["colocate/sleep_s"] = time.perf_counter() - t0
     elif phase == "weight_sync":
-        job.wait([w.wake_engine.remote(["weights"]) for w in workers])
+        on_every_engine(job, "wake", "wake_engine", ["weights"])
         row["colocate/wake_s"] = time.perf_counter() - t0
     else:
         raise ValueError(f"time_slice phase={phase!r}: use 'train' or 'weight_sync'")
+
+
+def on_every_engine(job, window: str, method: str, *args) -> list:
+    """Every rollout worker's `method(*args)` (orchestrator/faults.py `call_engine` in `window`), each within
+    run.phase_timeout_s; a worker lost or hung in the call is replaced (`job.replace_rollout`: synced to the
+    current weights) and called again. Returns the results in worker order. Raises RestartsExhausted past
+    run.max_restarts, RuntimeError for a strategy that cannot take a new engine (naming it)."""
+    workers, done = job.actors.rollout, {}
+    while len(done) < len(workers):
+        refs = {k: call_engine(workers, k, window, method, *args) for k in range(len(workers)) if k not in done}
+        try:
+            done.update(gather_engines(refs, job.cfg.run.phase_timeout_s, method, "run.phase_timeout_s"))
+        except EnginesLost as e:
+            done.update(e.answered)
+            for k in e.engines:
+                job.replace_rollout(k, e.reasons[k])
+    return [done[k] for k in range(len(workers))]
 
 
 def sleep_events(workers) -> list[list]:

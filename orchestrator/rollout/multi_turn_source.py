@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
+from orchestrator.faults import call_engine
 from orchestrator.reward.failures import FailureTally, check_failed_frac
 from orchestrator.rollout.agent_loop import GroupRequest
 from orchestrator.rollout.env import resolve_env_factory
@@ -80,7 +81,7 @@ class MultiTurnSource(RolloutSource):
         return launched
 
     def _call(self, worker: int, payload: list[dict]):
-        return self.workers[worker].generate_multiturn.remote(payload, self.env_cfg, worker)
+        return call_engine(self.workers, worker, self.window, "generate_multiturn", payload, self.env_cfg, worker)
 
     def release(self, launched: Launched) -> None:
         for r in launched.requests:

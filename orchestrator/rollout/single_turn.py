@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.faults import call_engine
 from orchestrator.rollout.source import Launched, RolloutSource
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
@@ -22,7 +23,7 @@ class SingleTurnSource(RolloutSource):
         return [(k, s) for k, s in enumerate(shards) if s]
 
     def _call(self, worker: int, payload: list[PromptRequest]) -> Any:
-        return self.workers[worker].generate.remote(payload)
+        return call_engine(self.workers, worker, self.window, "generate", payload)
 
     def _metrics(self, launched: Launched, trajs: list[Trajectory]) -> dict:
         results = launched.results

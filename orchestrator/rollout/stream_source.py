@@ -33,14 +33,13 @@ Checkpoints (`state_dict`): the requests of every group not trained yet, the loa
 and, single-turn, the generation state exactly (orchestrator/rollout/stream_state.py: each worker hands over its
 finished samples not drained yet and copies of its unfinished ones; a resume continues them on the checkpoint's
 weights, so no sample is lost or trained twice and the tokens trained are the ones the checkpoint held).
-Multi-turn runs (`env.name`) and checkpoints written before this (requests only) regenerate every untrained group
-from its request with the checkpoint's weights: nothing lost or trained twice, but the tokens differ.
+Multi-turn runs and older checkpoints (requests only) regenerate every untrained group from its request with the
+checkpoint's weights: nothing lost or trained twice, but the tokens differ.
 
-A lost rollout worker (its process died or hung: the job's `recover` hook, orchestrator/job.py, replaces it in
-its bundle, synced to the current weights; or the weight sync replaced it) loses the groups it held: every
-incomplete group assigned to it is emptied and issued again, whole, to the replacement (same requests and
-seeds; `rollout/worker_restarts` and `rollout/groups_reissued` in the step's row). Past run.max_restarts the
-hook raises and the run stops.
+A lost rollout worker (in any call: orchestrator/faults.py `call_engine`; the job's `recover` hook replaces it,
+synced to the current weights, or the weight sync did) loses its groups: every incomplete group assigned to it
+is issued again, whole, to the replacement (same requests and seeds; `rollout/worker_restarts`,
+`rollout/groups_reissued`). Past run.max_restarts the hook raises and the run stops.
 
 Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes on the worker's agent loop
 (actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
@@ -56,6 +55,7 @@ import dataclasses
 import time
 from typing import Callable, Iterator, Optional
 
+from orchestrator.faults import call_engine
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
@@ -86,8 +86,7 @@ class StreamRollouts:
                  score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
         self.on_poll = on_poll  # before every drain: the job's overlapped weight sync verified as it returns
         self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
-        self.recover = recover  # the job's hook for a lost worker (orchestrator/rollout/source.py's Recover)
-        self.env_cfg = env_cfg  # multi-turn tasks (env.name): the `env` section the workers run episodes with
+        self.recover, self.env_cfg = recover, env_cfg  # (env_cfg: multi-turn tasks, the `env` section of episodes)
         self.sent_to = list(workers)  # the handle each worker's groups went to (a replacement differs)
         self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
         self.restarts = self.reissued = 0  # since the last batch taken
@@ -99,8 +98,7 @@ class StreamRollouts:
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
         self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
-        self.engine_s = dict.fromkeys(ENGINE_KEYS, 0.0)  # the workers' drains summed since the last step
-        self.stream: dict[str, float] = {}  # the last `stream/*` metrics a worker reported
+        self.engine_s, self.stream = dict.fromkeys(ENGINE_KEYS, 0.0), {}  # drains summed; a worker's last stream/*
         # a batch was taken: until then one batch at a time (`_first_batch_alone`), at the start of a run only (a
         # resume continues as the uninterrupted run would: its checkpoint holds the batches ahead)
         self.taken = start_step > 0
@@ -139,9 +137,11 @@ class StreamRollouts:
         """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key), not
         waited for: a weight load queued on the worker must not hold the step. Its result is read after worker w's
         next drain returns (`_from_each`: the worker ran the submit first); a lost worker is found by that drain."""
-        h = self.workers[w]
-        ref = h.stream_submit.remote(requests, self.env_cfg, w) if self.env_cfg else h.stream_submit.remote(requests)
-        self.submits.setdefault(w, []).append(ref)
+        self._send(w, "stream_submit", *((requests, self.env_cfg, w) if self.env_cfg else (requests,)))
+
+    def _send(self, w: int, method: str, *args) -> None:
+        """Worker w's `method` (submit, prioritize, resume), not waited for: read as a submit (`_from_each`)."""
+        self.submits.setdefault(w, []).append(call_engine(self.workers, w, "stream_submit", method, *args))
 
     def _prioritize(self, group_ids: list[int]) -> None:
         """Tell each worker which of its groups the trainer waits for, when that changed (`stream_prioritize`: they
@@ -149,7 +149,7 @@ class StreamRollouts:
         for w, h in enumerate([] if self.env_cfg else self.workers):
             want = frozenset(g for g in group_ids if self.where.get(g) == w)
             if self.first.get(w, (h, frozenset())) != (h, want):  # (a replacement is told, if only "none")
-                self.submits.setdefault(w, []).append(h.stream_prioritize.remote(sorted(want)))
+                self._send(w, "stream_prioritize", sorted(want))
             self.first[w] = (h, want)
 
     def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
@@ -261,14 +261,14 @@ class StreamRollouts:
                 self.where[gid], self.outstanding[w] = w, self.outstanding[w] + len(to_run)
                 sends.setdefault(w, []).extend(to_run)
         for w, samples in sends.items():
-            self.submits.setdefault(w, []).append(self.workers[w].stream_resume.remote(samples))  # read as submits
+            self._send(w, "stream_resume", samples)
 
     def _snapshot(self) -> list[PartialSample]:
         """Every worker's snapshot (actors/rollout/stream.py): its finished samples into the buffer, as a drain;
         returns copies of the unfinished ones of groups in flight. A lost worker's groups start again on its
         replacement (`_lost`); the checkpoint holds none of their samples then (a resume generates them again)."""
         in_flight: list[PartialSample] = []
-        for i, (finished, running) in self._from_each(lambda i, h: h.stream_snapshot.remote()):
+        for i, (finished, running) in self._from_each("stream_snapshot"):
             self._received(i, finished)
             in_flight += [s for s in running if s.request.group_id in self.buffer.pending]
         return in_flight
@@ -291,8 +291,7 @@ class StreamRollouts:
         scoring of the groups completed (`recover`: see `_from_each`). `on_poll` first."""
         if self.on_poll is not None:
             self.on_poll()
-        for i, (samples, metrics) in self._from_each(lambda i, h: h.stream_drain.remote(wait_s if i == 0 else 0.0),
-                                                     recover):
+        for i, (samples, metrics) in self._from_each("stream_drain", recover, lambda i: (wait_s if i == 0 else 0.0,)):
             self.engine_s = {k: v + metrics.get(k, 0.0) for k, v in self.engine_s.items()}
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
@@ -313,14 +312,15 @@ class StreamRollouts:
             self.outstanding[w] -= 1
             self._add(s)
 
-    def _from_each(self, call: Callable, recover: bool = True) -> Iterator[tuple[int, object]]:
-        """`call(i, handle)` -> a Ray ref, on every worker at once (a replaced worker gets its groups first);
-        yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and skipped (not
-        `recover`: any failed one is skipped, and `pump_failed` set)."""
+    def _from_each(self, method: str, recover: bool = True,
+                   args: Callable[[int], tuple] = lambda i: ()) -> Iterator[tuple[int, object]]:
+        """Every worker's `method(*args(i))` at once (a replaced worker gets its groups first; the fault window is the
+        method's name); yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and
+        skipped (not `recover`: any failed one is skipped, and `pump_failed` set)."""
         for w in range(len(self.workers)):
             self._reissue_if_replaced(w)
         handles = list(self.workers)
-        refs = [call(i, h) for i, h in enumerate(handles)]
+        refs = [call_engine(handles, i, method, method, *args(i)) for i in range(len(handles))]
         for i, ref in enumerate(refs):
             try:
                 out = self.wait(ref)

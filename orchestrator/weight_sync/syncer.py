@@ -39,7 +39,7 @@ from typing import Any, Optional
 import ray
 
 from actors.weight_sync.base import SyncContext, WeightSender
-from orchestrator.faults import EnginesLost, describe, is_actor_lost
+from orchestrator.faults import EnginesLost, call_engine, gather_engines
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.fp8_check import check_fp8_report
 from orchestrator.weight_sync.probe import ProbeMismatchError, compare_probe, probe_due, tolerance_for
@@ -104,10 +104,11 @@ class WeightSyncer:
                           dtype=self.dtype, options=self.strategy.options(self.ws))
         self.info = self._get(self.trainer.weight_sync.remote(self.entry, "setup", ctx), "the sender's setup")
         refs = [self.trainer.weight_sync.remote(self.entry, "connect", self.info)]
-        refs += [e.weight_sync.remote(self.entry, "connect", self.info, k) for k, e in enumerate(self.engines)]
+        refs += [call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k)
+                 for k in range(len(self.engines))]
         self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
         if self.ws.probe and self.engines:
-            self.probe_ids = tuple(self._get(self.engines[0].probe_tokens.remote(), "the probe's tokens"))
+            self.probe_ids = tuple(self._get(call_engine(self.engines, 0, "probe", "probe_tokens"), "the probe's tokens"))
 
     def check_replaceable(self, k: int, why: str) -> None:
         """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
@@ -124,7 +125,8 @@ class WeightSyncer:
         then, unless `version` is None (no sync yet: it holds what the others hold), sync and verify it on
         `version`. Returns the sync's `sync/*` metrics ({} without a sync)."""
         self.engines[k], self.engine_versions[k] = handle, None
-        self._get(handle.weight_sync.remote(self.entry, "connect", self.info, k), f"connecting rollout worker {k}")
+        self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
+                  f"connecting rollout worker {k}")
         return {} if version is None else self.sync(version, [k])
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
@@ -154,18 +156,20 @@ class WeightSyncer:
         weight_sync.probe_tolerance (0: the engine dtype's default). Returns {"sync/probe_max_abs_diff": the
         largest difference in nats over the engines, "sync/probe_s": seconds}. Raises ProbeMismatchError
         (a WeightMismatchError) naming the first engine outside the tolerance, whose verified version is
-        forgotten (the redo sends it full weights); RuntimeError before setup made the probe's tokens."""
+        forgotten (the redo sends it full weights); EnginesLost naming the engines that died or did not answer
+        within weight_sync.timeout_s; RuntimeError before setup made the probe's tokens."""
         if self.probe_ids is None:
             raise RuntimeError("weight-sync probe: no probe tokens (weight_sync.probe=false, or setup not run)")
         ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
         t0 = time.perf_counter()
         prompt, cont = self.probe_ids
-        refs = [self.trainer.probe_logprobs.remote(prompt, cont)]
-        refs += [self.engines[i].probe_logprobs.remote(prompt, cont) for i in ids]
-        want, *got = self._get(refs, "the logprob probe")
+        trainer_ref = self.trainer.probe_logprobs.remote(prompt, cont)
+        got = gather_engines({i: call_engine(self.engines, i, "probe", "probe_logprobs", prompt, cont) for i in ids},
+                             self.ws.timeout_s, "logprob probe")  # a lost engine: EnginesLost (replaced, redone)
+        want = self._get(trainer_ref, "the trainer's logprob probe")
         tolerance = tolerance_for(self.ws.probe_tolerance, self.dtype)
         largest = 0.0
-        for i, lps in zip(ids, got):
+        for i, lps in got.items():
             try:
                 largest = max(largest, compare_probe(lps, want, tolerance, where=f"rollout worker {i}"))
             except ProbeMismatchError:
@@ -216,9 +220,10 @@ class WeightSyncer:
         # each engine's stream held after the send (it sampled on its verified weights meanwhile) and before its
         # load, in that order on the engine: nothing is sampled on unverified weights
         for i in ids:
-            self.engines[i].stream_hold.remote()
-        loads = {i: self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids}
-        probes = {i: self.engines[i].probe_logprobs.remote(*self.probe_ids) for i in ids} if due else {}
+            call_engine(self.engines, i, "load", "stream_hold")
+        loads = {i: call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", payload, version)
+                 for i in ids}
+        probes = {i: call_engine(self.engines, i, "probe", "probe_logprobs", *self.probe_ids) for i in ids} if due else {}
         return PendingSync(version, t0, time.perf_counter() - t0, meta, loads, trainer_probe, probes)
 
     def ready(self, pending: PendingSync) -> bool:
@@ -248,7 +253,7 @@ class WeightSyncer:
             except WeightMismatchError as e:
                 failed[i] = str(e)
                 continue
-            self.engines[i].stream_release.remote()
+            call_engine(self.engines, i, "load", "stream_release")
         for i in (*failed, *lost):
             self.engine_versions[i] = None
         if not failed and not lost:
@@ -284,33 +289,20 @@ class WeightSyncer:
         payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
                                                                                      versions)
         if self.strategy.concurrent:  # the receivers meet the sender on the wire
-            loads = [self.engines[i].weight_sync.remote(self.entry, "load", None, version) for i in ids]
+            loads = [call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", None, version) for i in ids]
             meta, *reports = self._get([meta_ref, *loads], f"the {self.name} transfer")
         else:
             meta = self._get(meta_ref, "the trainer's send")
             check_finite_checksums(meta.get("groups", {}))  # before any engine loads non-finite weights
-            loads = {i: self.engines[i].weight_sync.remote(self.entry, "load", payload, version) for i in ids}
+            loads = {i: call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", payload, version)
+                     for i in ids}
             return meta, self._loads(loads)
         return meta, dict(zip(ids, reports))
 
     def _loads(self, loads: dict) -> dict[int, dict]:
         """{engine index: its report} of the engines' loads. Raises EnginesLost naming every engine that died
         or did not answer within weight_sync.timeout_s (after waiting for all of them)."""
-        ready, _ = ray.wait(list(loads.values()), num_returns=len(loads), timeout=self.ws.timeout_s)
-        done, reports, lost = set(ready), {}, {}
-        for i, ref in loads.items():
-            if ref not in done:
-                lost[i] = f"its weight load did not answer within weight_sync.timeout_s={self.ws.timeout_s:g}s"
-                continue
-            try:
-                reports[i] = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - a dead engine is reported, anything else raised
-                if not is_actor_lost(e):
-                    raise
-                lost[i] = describe(e)
-        if lost:
-            raise EnginesLost(lost)
-        return reports
+        return gather_engines(loads, self.ws.timeout_s, "weight load")
 
     def _after_verified(self, version: int) -> None:
         """The sender's clean-up once every engine was verified on this version (only for senders that

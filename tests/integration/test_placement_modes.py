@@ -9,6 +9,7 @@ sleep/wake calls in the right order.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import ray
@@ -16,6 +17,7 @@ from ray.util import placement_group_table
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
+from orchestrator.faults import fault_hook
 from orchestrator.job import actor_options
 from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups
 from orchestrator.placement.plan import plan_job
@@ -109,23 +111,38 @@ def test_colocated_actors_share_a_bundle_and_see_their_cores(ray_fake_gpus):
     assert seen[("reference", 0)][2] == {"fake_gpu": 0.3333} and seen[("trainer", 1)][2] == {"fake_gpu": 0.5}
 
 
+# The same run serves the colocated fault window: rollout worker 0 is killed (SIGKILL) as step 2's sleep call
+# reaches it (orchestrator/faults.py fault_hook); it is replaced in its bundle, synced to version 1, put to sleep,
+# and the run goes on.
 def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_model, tmp_path):
     cfg = _cfg("placement.mode=colocated", "placement.fake_gpus=1", "algo.kl_coef=0.05",
                "weight_sync.strategy=object_store", model=tiny_model, out=tmp_path)
     controller = GRPOController(cfg)
+    sleeps, killed = [], []
+
+    def kill_at_second_sleep(window: str, k: int, handle) -> None:
+        sleeps.extend([k] if window == "sleep" else [])
+        if window == "sleep" and len(sleeps) == 2 and not killed:
+            killed.append(ray.get(handle.pid.remote()))
+            os.kill(killed[0], signal.SIGKILL)
+
     try:
-        result = controller.run()
+        with fault_hook(kill_at_second_sleep):
+            result = controller.run()
         worker = controller.actors.rollout[0]
         events = ray.get(worker.sleep_events.remote())
         affinity = ray.get(worker.cpu_affinity.remote())
+        new_pid = ray.get(worker.pid.remote())
     finally:
         controller.shutdown()
     assert [r["step"] for r in result.rows] == [1, 2]
     assert all(r["colocate/sleep_s"] >= 0 and r["colocate/wake_s"] >= 0 for r in result.rows)
+    assert killed and new_pid != killed[0] and [r["faults/restarts_total"] for r in result.rows] == [0, 1]
     assert affinity == sorted(os.sched_getaffinity(0))[:1]  # the engine is pinned to fake GPU 0's core
     kinds = [e[0] if e[0] != "wake_up" else f"wake_up:{','.join(e[1])}" for e in events]
     kinds = ["probe" if e == ("generate", "probe") else k for e, k in zip(events, kinds)]
-    step = ["generate", "sleep", "wake_up:weights", "load", "wake_up:kv_cache", "probe"]
+    step = ["sleep", "wake_up:weights", "load", "wake_up:kv_cache", "probe"]
     # each step: generate -> sleep (train) -> wake weights -> weight load -> the sync's logprob probe wakes the KV
-    # cache (weight_sync.probe; without it the next generate does)
-    assert kinds == step + step, events
+    # cache (weight_sync.probe; without it the next generate does). The replacement (step 2) is synced to version 1
+    # and probed first, then sleeps for step 2's training.
+    assert kinds == ["load", "probe"] + step, events

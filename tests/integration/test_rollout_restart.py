@@ -15,7 +15,7 @@ import ray
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.faults import RestartsExhausted
+from orchestrator.faults import RestartsExhausted, fault_hook
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -51,30 +51,63 @@ class KillDuringGenerate(GRPOController):
         return trajs
 
 
-# One run serves both faults: rollout worker 0's first weight load hangs past weight_sync.timeout_s (the worker is
-# replaced at sync 1, then synced), and at step 2 its replacement is killed during generation (replaced again, its
-# groups reissued). Before: one run per fault.
-def test_a_hung_weight_load_and_a_killed_worker_are_replaced_and_the_groups_reissued(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=6")  # a sync takes 0.1-0.3 s here
-    controller = KillDuringGenerate(cfg)
+class KillInWindows(GRPOController):
+    """Kills rollout worker 0's process (SIGKILL) right before its call in each (step, fault window) of `schedule`
+    (orchestrator/faults.py `fault_hook`: at the call site, not after a sleep); records the groups and samples
+    every step trained on."""
+
+    schedule = ((2, "generate"), (3, "probe"), (3, "eval"))  # eval: after step 3's training and sync
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.at, self.killed, self.samples = 0, {}, {}
+
+    def step(self, step: int):
+        self.at = step
+        return super().step(step)
+
+    def generate(self, requests, row):
+        trajs = super().generate(requests, row)
+        self.samples[row["step"]] = Counter(t.group_id for t in trajs)
+        return trajs
+
+    def kill(self, window: str, k: int, handle) -> None:
+        if k == 0 and (self.at, window) in self.schedule and (self.at, window) not in self.killed:
+            self.killed[self.at, window] = ray.get(handle.pid.remote())
+            os.kill(self.killed[self.at, window], signal.SIGKILL)
+
+
+# One run serves every fault window of a synchronous step (docs/faults.md): rollout worker 0's first weight load
+# hangs past weight_sync.timeout_s (replaced at sync 1, then synced); at step 2 its replacement is killed as its
+# generate call is made (replaced again, its groups reissued); at step 3 the next one is killed as the logprob probe
+# reaches it (a lost engine, not a failed sync: replaced and the sync redone), and the next as the eval reaches it.
+def test_a_worker_lost_in_every_window_of_a_step_is_replaced_and_nothing_is_lost(ray_local, tiny_model, tmp_path):
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=6", "run.max_restarts=4",  # a sync takes 0.1-0.3 s
+               "eval.every_steps=3", "eval.data=arith", "eval.num_prompts=2", "eval.n=2", "eval.temperature=1.0",
+               "eval.max_new_tokens=4")
+    controller = KillInWindows(cfg)
     try:
         controller.job.start()
         controller.job.wait(controller.job.actors.rollout[0].extension_call.remote("inject_hang_next_load", 600))
         controller.job.start = lambda resume_from=None: None  # run() on the job started above
-        result = controller.run()
+        with fault_hook(controller.kill):
+            result = controller.run()
         new_pid = ray.get(controller.job.actors.rollout[0].pid.remote())
         # the replacements took the current weights before they sampled, and every later sync verified them
         assert_engine_holds_trainer_weights(controller, 3)
     finally:
         controller.shutdown()
-    assert controller.killed and new_pid != controller.killed[0]
+    assert sorted(controller.killed) == sorted(KillInWindows.schedule) and new_pid not in controller.killed.values()
     rows = [json.loads(line) for line in open(result.metrics)]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["sync/engine_restarts"] for r in rows] == [1, 0, 0]  # the hung load, replaced at sync 1
-    assert [r["sync/version"] for r in rows] == [1, 2, 3]
-    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]  # the kill during step 2's generation
-    assert [r["rollout/groups_reissued"] for r in rows] == [0, 2, 0]  # prompts_per_step groups, all on worker 0
-    assert rows[-1]["faults/restarts_total"] == 2
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the eval of the starting weights
+    assert [r["sync/engine_restarts"] for r in steps] == [1, 0, 1]  # the hung load (sync 1), the probe (sync 3)
+    assert [r["sync/version"] for r in steps] == [1, 2, 3]
+    assert [r["rollout/worker_restarts"] for r in steps] == [0, 1, 0]  # the kill as step 2's generate call was made
+    assert [r["rollout/groups_reissued"] for r in steps] == [0, 2, 0]  # prompts_per_step groups, all on worker 0
+    assert rows[-1]["eval/worker_restarts"] == 1 and rows[-1]["eval/weight_version"] == 3
+    assert rows[-1]["eval/prompts"] == rows[0]["eval/prompts"] == 2 and rows[-1]["eval/samples"] == 4  # whole
+    assert controller.job.restarts.used == 4
     # every step trained on its own 2 groups of n = 4 samples: nothing lost, nothing counted twice
     for step, groups in controller.samples.items():
         assert sorted(groups) == [2 * step, 2 * step + 1]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.faults import EnginesLost, RestartBudget, RestartsExhausted, describe
+from orchestrator.faults import ENGINE_WINDOWS, EnginesLost, RestartBudget, RestartsExhausted, call_engine, describe, fault_hook
 from orchestrator.job import Job
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.single_turn import SingleTurnSource
@@ -164,3 +164,42 @@ def test_a_second_batch_on_a_worker_already_replaced_goes_to_the_replacement_wit
     assert (row1["rollout/worker_restarts"], row1["rollout/groups_reissued"]) == (1, 1)
     assert (row2["rollout/worker_restarts"], row2["rollout/groups_reissued"]) == (0, 2)  # one restart in all
     assert workers[0].name == "w0-new" and workers[0].calls == [[10], [10, 11]]
+
+
+class _Method:
+    def __init__(self, calls: list, name: str, k: int):
+        self.calls, self.name, self.k = calls, name, k
+
+    def remote(self, *args):
+        self.calls.append(("call", self.k, self.name, args))
+        return f"ref-{self.k}"
+
+
+class _Handle:
+    """A stand-in for a rollout worker's actor handle: records `<method>.remote(*args)`."""
+
+    def __init__(self, calls: list, k: int):
+        self.calls, self.k = calls, k
+
+    def __getattr__(self, name: str):
+        return _Method(self.calls, name, self.k)
+
+
+def test_call_engine_runs_the_fault_hooks_first_then_the_call_and_only_inside_the_block():
+    calls: list = []
+    workers = [_Handle(calls, 0), _Handle(calls, 1)]
+    with fault_hook(lambda window, k, handle: calls.append(("hook", window, k, handle is workers[k]))):
+        assert call_engine(workers, 1, "probe", "probe_logprobs", [1, 2], [3]) == "ref-1"
+    assert calls == [("hook", "probe", 1, True), ("call", 1, "probe_logprobs", ([1, 2], [3]))]
+    call_engine(workers, 0, "generate", "generate", ["r"])  # outside the block: no hook
+    assert calls[-1] == ("call", 0, "generate", (["r"],)) and len(calls) == 3
+    with pytest.raises(ValueError, match=r"unknown window 'probes'.*'probe'"):
+        call_engine(workers, 0, "probes", "probe_logprobs")
+    assert set(ENGINE_WINDOWS) >= {"load", "probe", "generate", "eval", "stream_drain", "stream_snapshot", "sleep",
+                                   "wake", "connect", "stream_submit"}
+
+
+def test_engines_lost_keeps_what_the_other_engines_answered():
+    e = EnginesLost({1: "lost during its logprob probe: ActorDiedError"}, {0: [-1.0, -2.0]})
+    assert e.engines == [1] and e.answered == {0: [-1.0, -2.0]} and "rollout worker 1: lost during" in str(e)
+    assert EnginesLost({0: "x"}).answered == {}
