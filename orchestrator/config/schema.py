@@ -292,19 +292,23 @@ class MemoryConfig:
 
 @dataclass
 class GuardsConfig:
-    """Optional run-health guards (orchestrator/guards/signals.py), each off by default. A tripped guard sets
-    its `guard/<name>` metric to 1 and prints a warning (Prometheus alerts in deploy/prometheus/alerts.yml)."""
+    """Run-health guards (orchestrator/guards/signals.py): reward collapse, pinned lengths and grad-norm spikes warn by
+    default (kl spikes need algo.kl_coef > 0: off). A tripped guard sets its `guard/<name>` metric to 1 and prints a
+    warning naming the signal and the step (Prometheus alerts in deploy/prometheus/alerts.yml)."""
     action: str = choice("warn", ("warn", "stop"))  # warn | stop: what a tripped guard does to the run
     # every sample of the step got the same reward (reward/std = 0, e.g. all 0) this many steps in a row
-    reward_collapse_steps: int = number(0, ge=0, note="(0 = off)")
+    reward_collapse_steps: int = number(5, ge=0, note="(0 = off)")
     # rollout/truncated_frac >= truncated_frac (responses cut at max_new_tokens) this many steps in a row
-    truncated_steps: int = number(0, ge=0, note="(0 = off)")
+    truncated_steps: int = number(5, ge=0, note="(0 = off)")
     truncated_frac: float = number(0.9, gt=0, le=1)
     # actor/kl (policy vs reference: needs algo.kl_coef > 0) / actor/grad_norm above factor x their running median
     kl_spike_factor: float = number(0.0, ge=0, note="(0 = off; else > 1)")
-    grad_norm_spike_factor: float = number(0.0, ge=0, note="(0 = off; else > 1)")
+    grad_norm_spike_factor: float = number(10.0, ge=0, note="(0 = off; else > 1)")
     spike_window: int = number(20, ge=1)  # steps in the running median
     spike_min_steps: int = number(5, ge=1)  # values the median needs before a spike counts
+    # the trainer's mean NLL of the weight-sync probe text above the starting weights' by this many nats per token:
+    # the policy diverged, named before a probe mismatch blames the sync (orchestrator/weight_sync/probe.py)
+    probe_nll_rise: float = number(5.0, ge=0, finite=True, note="(0 = off)")
 
 
 @dataclass

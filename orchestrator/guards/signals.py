@@ -1,4 +1,4 @@
-"""Optional run-health guards (the `guards` config section), each off by default, each a `guard/<name>`
+"""Run-health guards (the `guards` config section; reward_collapse, length_pinned, grad_norm_spike on by default), each a `guard/<name>`
 metric in the step's row (1 = tripped this step, 0 = not; absent when the guard is off) and a printed warning;
 with `guards.action=stop` a tripped guard stops the run (`GuardTripped`). Prometheus alerts on
 `rl_orch_guard_tripped{guard=...}` live in deploy/prometheus/alerts.yml. Pure: no Ray, no torch.

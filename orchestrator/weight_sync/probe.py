@@ -16,13 +16,23 @@ temperature 1, log_softmax(logits). The sampled tokens' temperature handling (ca
 where it matters, on the rollout's own logprobs; the probe checks the weights.
 
 Tolerance (`weight_sync.probe_tolerance`, 0 = by the engine's dtype, `DEFAULT_TOLERANCE`): ten times the
-largest difference measured after normal syncs (docs/weight-sync.md gives the measurement).
+largest difference measured after normal syncs (docs/weight-sync.md gives the measurement), per token times
+max(1, |trainer logprob| / LOGPROB_SCALE): a correct engine's rounding error grows with the logits' magnitude (a
+diverged policy scored a probe token at -176.5 nats, engine and trainer 0.0176 apart with identical weights: 1e-4
+per nat; the tolerance allows 2.5e-4 per nat there, while a token near -11 nats keeps 2.8e-3).
+
+Divergence first (issue 37): before an engine is blamed, the trainer's own probe logprobs are compared with the
+ones of the weights the run started from (`probe_nll`, taken at the syncer's setup). A mean rise of more than
+`guards.probe_nll_rise` nats per token means the policy diverged (an lr typo: trainer.lr=0.5 gave -176 nats per
+token after one step): `divergence_note` names it, and a probe mismatch of a diverged policy is raised as
+`PolicyDivergedError` naming the divergence, not the sync.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
 
+from orchestrator.guards import DivergedError
 from orchestrator.weight_sync.checksum import WeightMismatchError
 
 # Fixed text: the prompt and the continuation are scored together, the continuation's tokens compared.
@@ -34,12 +44,41 @@ PROBE_CONTINUATION = " He has 12 + 30 = 42 apples, so the answer is 42."
 # CPUs' kernels); bfloat16 engine 0.376 (x10 = 3.8, rounded up: a 16-bit engine against an fp32 trainer
 # only catches gross faults). float16: not measured on CPU, the bfloat16 value (float16 is the finer).
 DEFAULT_TOLERANCE = {"float32": 1e-3, "bfloat16": 4.0, "float16": 4.0}
+LOGPROB_SCALE = 4.0  # nats: the tolerance grows in proportion to |trainer logprob| beyond this
 
 
 class ProbeMismatchError(WeightMismatchError):
     """An engine's logprobs of the probe sequence differ from the trainer's by more than the tolerance:
     its resident weights are not the trainer's although the transfer verified (retried like a checksum
     mismatch by `WeightSyncer.sync_with_retries`)."""
+
+
+class PolicyDivergedError(DivergedError):
+    """The policy diverged (its own probe logprobs fell far below the starting weights'): a probe mismatch then is
+    the diverged arithmetic, not the weight sync. The message names the signal, the version and what to do."""
+
+
+def probe_nll(logprobs: Sequence[float]) -> float:
+    """Mean negative logprob in nats per token of the probe's continuation (inf for a non-finite or empty one)."""
+    values = [float(x) for x in logprobs]
+    if not values or not all(math.isfinite(x) for x in values):
+        return math.inf
+    return -sum(values) / len(values)
+
+
+def divergence_note(trainer: Sequence[float], start_nll: float, rise: float, version: int) -> str | None:
+    """One line naming the divergence when the trainer's probe mean NLL (`probe_nll(trainer)`) exceeds the
+    starting weights' `start_nll` by more than `rise` nats per token (guards.probe_nll_rise; 0 = off), or is not
+    finite; else None."""
+    if rise <= 0 or not math.isfinite(start_nll):
+        return None
+    nll = probe_nll(trainer)
+    if nll - start_nll <= rise:
+        return None
+    return (f"the policy diverged by weight version {version}: the trainer's own logprobs of the fixed probe text "
+            f"average {-nll:.4g} nats per token (the starting weights: {-start_nll:.4g}; guards.probe_nll_rise="
+            f"{rise:g}), the signature of an update far too large (trainer.lr, trainer.grad_clip, the advantages) "
+            "or of non-finite training; resume from a checkpoint before it with a lower trainer.lr")
 
 
 def probe_tokens(encode: Callable[[str], Sequence[int]], min_tokens: int = 8) -> tuple[list[int], list[int]]:
@@ -72,8 +111,9 @@ def probe_due(sync_index: int, every: int) -> bool:
 
 def compare_probe(engine: Sequence[float], trainer: Sequence[float], tolerance: float, where: str) -> float:
     """Largest |engine[i] - trainer[i]| in nats (float). Raises ProbeMismatchError naming `where`, the
-    largest difference, the token position and the tolerance when it exceeds `tolerance` or a value is
-    not finite (NaN is reported as NaN); ValueError when the lengths differ."""
+    largest difference, the token position and the tolerance when a difference exceeds `tolerance` x
+    max(1, |trainer[i]| / LOGPROB_SCALE) (module docstring) or a value is not finite (NaN is reported as NaN); ValueError when the
+    lengths differ."""
     if len(engine) != len(trainer):
         raise ValueError(f"{where}: the probe has {len(engine)} engine logprobs for {len(trainer)} trainer logprobs")
     diffs = [abs(float(a) - float(b)) for a, b in zip(engine, trainer)]
@@ -82,11 +122,13 @@ def compare_probe(engine: Sequence[float], trainer: Sequence[float], tolerance: 
         i = bad[0]
         raise ProbeMismatchError(f"{where}: probe logprob at token {i} is not finite (engine {engine[i]}, trainer "
                                  f"{trainer[i]}): the engine's resident weights are not usable")
-    worst = max(range(len(diffs)), key=diffs.__getitem__) if diffs else 0
-    largest = diffs[worst] if diffs else 0.0
-    if largest > tolerance:
+    allowed = [tolerance * max(1.0, abs(float(b)) / LOGPROB_SCALE) for b in trainer]
+    worst = max(range(len(diffs)), key=lambda i: diffs[i] / allowed[i]) if diffs else 0
+    largest = max(diffs, default=0.0)
+    if diffs and diffs[worst] > allowed[worst]:
         raise ProbeMismatchError(
             f"{where}: probe logprobs differ from the trainer's by up to {largest:.3g} nats (token {worst}: engine "
-            f"{engine[worst]:.6g}, trainer {trainer[worst]:.6g}), above weight_sync.probe_tolerance={tolerance:g}: "
-            "the engine computes with weights other than the ones it verified on loading")
+            f"{engine[worst]:.6g}, trainer {trainer[worst]:.6g}), above weight_sync.probe_tolerance={tolerance:g}"
+            + (f" (x {allowed[worst] / tolerance:.3g} at that logprob)" if allowed[worst] > tolerance else "")
+            + ": the engine computes with weights other than the ones it verified on loading")
     return largest

@@ -42,7 +42,9 @@ from actors.weight_sync.base import SyncContext, WeightSender
 from orchestrator.faults import EnginesLost, call_engine, gather_engines
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.fp8_check import check_fp8_report
-from orchestrator.weight_sync.probe import ProbeMismatchError, compare_probe, probe_due, tolerance_for
+from orchestrator.weight_sync.probe import (
+    PolicyDivergedError, ProbeMismatchError, compare_probe, divergence_note, probe_due, probe_nll, tolerance_for,
+)
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,9 @@ class WeightSyncer:
         self.entry = get(self.name)
         self.info: dict = {}
         self.probe_ids: Optional[tuple[list[int], list[int]]] = None  # (prompt, continuation), made at setup
+        self.start_nll = float("inf")  # the trainer's probe NLL at setup (the weights the run starts from)
+        self.diverged: Optional[str] = None  # the divergence note of the last probe, said once
+        self.syncing = 0  # the version of the sync in progress (the last one started)
         self.syncs = 0  # syncs that passed verification (weight_sync.probe_every counts them)
         self.cleanup_due: Optional[int] = None  # an overlapped sync's version whose `after_verified` is still due
 
@@ -109,6 +114,8 @@ class WeightSyncer:
         self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
         if self.ws.probe and self.engines:
             self.probe_ids = tuple(self._get(call_engine(self.engines, 0, "probe", "probe_tokens"), "the probe's tokens"))
+            self.start_nll = probe_nll(self._get(self.trainer.probe_logprobs.remote(*self.probe_ids),
+                                                 "the trainer's probe of its starting weights"))
 
     def check_replaceable(self, k: int, why: str) -> None:
         """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
@@ -134,7 +141,7 @@ class WeightSyncer:
         sync of an engine, and every weight_sync.probe_every-th sync); returns `sync/*` metrics (`sync/seconds`
         without the probe, which reports `sync/probe_s` and `sync/probe_max_abs_diff` when it ran)."""
         ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
-        t0 = time.perf_counter()
+        t0, self.syncing = time.perf_counter(), version
         fresh = any(self.engine_versions[i] is None for i in ids)  # a new, restarted or failed engine: probe it
         meta, reports = self._transfer(version, ids)
         check_finite_checksums(meta.get("groups", {}))  # the trainer's own NaN: NonFiniteWeightsError, never retried
@@ -167,15 +174,34 @@ class WeightSyncer:
         got = gather_engines({i: call_engine(self.engines, i, "probe", "probe_logprobs", prompt, cont) for i in ids},
                              self.ws.timeout_s, "logprob probe")  # a lost engine: EnginesLost (replaced, redone)
         want = self._get(trainer_ref, "the trainer's logprob probe")
-        tolerance = tolerance_for(self.ws.probe_tolerance, self.dtype)
         largest = 0.0
         for i, lps in got.items():
             try:
-                largest = max(largest, compare_probe(lps, want, tolerance, where=f"rollout worker {i}"))
+                largest = max(largest, self._compare_probe(i, lps, want))
             except ProbeMismatchError:
                 self.engine_versions[i] = None
                 raise
-        return {"sync/probe_max_abs_diff": largest, "sync/probe_s": time.perf_counter() - t0}
+        return {"sync/probe_max_abs_diff": largest, "sync/probe_s": time.perf_counter() - t0,
+                "sync/probe_nll": probe_nll(want)}
+
+    def _compare_probe(self, i: int, engine: list, trainer: list) -> float:
+        """`compare_probe` of engine i, divergence first: a diverged policy is said once, when first seen (a warning
+        naming the signal and the version; PolicyDivergedError with guards.action=stop), and its probe mismatch
+        raised as PolicyDivergedError, not as a sync fault."""
+        note = divergence_note(trainer, self.start_nll, self.cfg.guards.probe_nll_rise, self.syncing)
+        if note is not None and self.diverged is None:
+            if self.cfg.guards.action == "stop":
+                raise PolicyDivergedError(f"{note} (guards.action=stop)")
+            print(f"WARNING: {note}", flush=True)
+        self.diverged = note
+        try:
+            return compare_probe(engine, trainer, tolerance_for(self.ws.probe_tolerance, self.dtype),
+                                 where=f"rollout worker {i}")
+        except ProbeMismatchError as e:
+            if note is None:
+                raise
+            raise PolicyDivergedError(f"{note}. The weight sync is not at fault: the probe's difference ({e}) is "
+                                      "the diverged policy's arithmetic") from None
 
     def sync_with_retries(self, version: int, retries: int) -> dict:
         """`sync(version)`, redone up to `retries` times (weight_sync.retries) when verification fails: a
@@ -237,6 +263,7 @@ class WeightSyncer:
         a failed or lost engine stays held with its verified version forgotten. Raises TimeoutError when the
         trainer's probe does not return."""
         v, lost, failed = pending.version, {}, {}
+        self.syncing = v
         reports = self._collect(pending.loads, lost)
         want = self._get(pending.trainer_probe, "the trainer's probe") if pending.trainer_probe else None
         probes = self._collect({i: pending.probes[i] for i in reports}, lost) if want is not None else {}
@@ -246,8 +273,7 @@ class WeightSyncer:
                 self.strategy.check_reports(v, {i: rep})
                 self._verify(v, pending.meta, {i: rep})
                 if i in probes:
-                    tol = tolerance_for(self.ws.probe_tolerance, self.dtype)
-                    largest = max(largest, compare_probe(probes[i], want, tol, where=f"rollout worker {i}"))
+                    largest = max(largest, self._compare_probe(i, probes[i], want))
                 elif want is not None:
                     continue  # lost during its probe
             except WeightMismatchError as e:

@@ -111,6 +111,20 @@ def assert_engine_holds_trainer_weights(controller, version: int):
     return trainer, worker
 
 
+def run_error(cfg, error: type):
+    """Run a GRPOController on `cfg`, which must stop with `error` (shut down either way); returns (the error, the
+    controller, shut down)."""
+    from orchestrator.controller import GRPOController
+
+    controller = GRPOController(cfg)
+    try:
+        with pytest.raises(error) as info:
+            controller.run()
+    finally:
+        controller.shutdown()
+    return info.value, controller
+
+
 def run_rows(cfg) -> list[dict]:
     """Run a GRPOController on `cfg` to the end (shut down even when it fails) and return its metrics rows."""
     from orchestrator.controller import GRPOController

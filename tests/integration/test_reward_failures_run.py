@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.controller import GRPOController
 from orchestrator.reward import TooManyFailuresError
-from tests.integration.conftest import tiny_overrides
+from tests.integration.conftest import run_error, tiny_overrides
 
 pytestmark = pytest.mark.integration
 HANG = "tests.unit.reward_helpers:hang"
@@ -18,13 +17,8 @@ HANG = "tests.unit.reward_helpers:hang"
 def test_every_reward_call_timing_out_stops_the_run(ray_local, tiny_model, tmp_path):
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
         f"reward.functions=[{{name: '{HANG}', weight: 1.0}}]", "reward.timeout_s=1"])
-    controller = GRPOController(cfg)
-    try:
-        with pytest.raises(TooManyFailuresError) as info:
-            controller.run()
-    finally:
-        controller.shutdown()
-    message = str(info.value)
+    error, controller = run_error(cfg, TooManyFailuresError)
+    message = str(error)
     for text in ("step 1: 2 of 2 reward function calls", f"'{HANG}': 2 timeouts",
                  "raise reward.timeout_s (now 1 s)", "reward.max_failed_frac=0.5"):
         assert text in message, (text, message)

@@ -41,7 +41,7 @@ def test_sane_values_still_load():
     cfg = load_config(CPU_YAML, ["trainer.lr=1.0", "trainer.betas=[0.0, 0.999]", "guards.kl_spike_factor=3",
                                  "algo.kl_coef=0.01", "guards.grad_norm_spike_factor=5", "run.max_skipped_updates=0"])
     assert cfg.trainer.lr == 1.0 and cfg.guards.kl_spike_factor == 3 and cfg.run.max_skipped_updates == 0
-    assert cfg.guards.action == "warn" and cfg.guards.reward_collapse_steps == 0  # every guard off by default
+    assert cfg.guards.action == "warn" and cfg.guards.reward_collapse_steps == 5  # the default guards warn
 
 
 @dataclasses.dataclass

@@ -113,7 +113,9 @@ def test_run_guards_from_a_loaded_config():
     cfg = load_config("configs/grpo_arith_cpu.yaml", ["run.max_skipped_updates=2", "guards.reward_collapse_steps=1"])
     guards = RunGuards(cfg)
     out = guards.after_step(1, {**_row(1.0), "reward/std": 0.0})
-    assert out == {"actor/skipped_updates_total": 1.0, "actor/skipped_in_a_row": 1.0, "guard/reward_collapse": 1.0}
+    # the guards on by default (length_pinned, grad_norm_spike) report 0: their signals are absent or normal here
+    assert out == {"actor/skipped_updates_total": 1.0, "actor/skipped_in_a_row": 1.0, "guard/reward_collapse": 1.0,
+                   "guard/length_pinned": 0.0, "guard/grad_norm_spike": 0.0}
     with pytest.raises(DivergedError, match="run.max_skipped_updates=2"):
         guards.after_step(2, _row(1.0))
 

@@ -8,8 +8,10 @@ import pytest
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.weight_sync import WeightMismatchError
-from orchestrator.weight_sync.probe import (DEFAULT_TOLERANCE, ProbeMismatchError, compare_probe, probe_due,
-                                            probe_tokens, tolerance_for)
+from orchestrator.guards import DivergedError
+from orchestrator.weight_sync.probe import (DEFAULT_TOLERANCE, LOGPROB_SCALE, PolicyDivergedError, ProbeMismatchError,
+                                            compare_probe, divergence_note, probe_due, probe_nll, probe_tokens,
+                                            tolerance_for)
 from orchestrator.weight_sync.syncer import WeightSyncer
 
 CFG = load_config("configs/grpo_arith_cpu.yaml")
@@ -25,6 +27,30 @@ def test_outside_tolerance_names_engine_difference_token_and_tolerance():
                                                  r"trainer -2.5\), above weight_sync.probe_tolerance=0.001"):
         compare_probe([-1.0, -2.0, -3.0], [-1.0, -2.0001, -2.5], 1e-3, "rollout worker 1")
     assert issubclass(ProbeMismatchError, WeightMismatchError)  # retried like a checksum mismatch
+
+
+def test_the_tolerance_grows_with_the_logprob_magnitude_beyond_the_scale():
+    # the diverged run of issue 37: identical weights, a token at -176.5 nats, 0.0176 apart: arithmetic, not a fault
+    assert compare_probe([-176.49], [-176.472], 1e-3, "rollout worker 0") == pytest.approx(0.018, abs=1e-3)
+    # the negative control's corrupted layer (docs/weight-sync.md): 0.0544 at -11.2 nats is still caught ...
+    with pytest.raises(ProbeMismatchError, match=r"\(x 2\.81 at that logprob\)"):
+        compare_probe([-11.2755], [-11.2211], 1e-3, "rollout worker 1")
+    # ... and within LOGPROB_SCALE nats the tolerance is the configured one
+    assert LOGPROB_SCALE == 4.0
+    with pytest.raises(ProbeMismatchError, match=r"probe_tolerance=0.001: the engine"):
+        compare_probe([-3.0], [-3.0011], 1e-3, "rollout worker 1")
+
+
+def test_a_diverged_policy_is_named_by_its_own_probe_nll_and_a_healthy_one_is_not():
+    start = probe_nll([-2.0, -1.0, -3.0])
+    assert start == pytest.approx(2.0)
+    assert divergence_note([-2.5, -1.5, -4.0], start, 5.0, 3) is None  # +0.67 nats: training, not divergence
+    note = divergence_note([-176.5, -150.0, -200.0], start, 5.0, 2)
+    assert note.startswith("the policy diverged by weight version 2: the trainer's own logprobs of the fixed probe text "
+                           "average -175.5 nats per token (the starting weights: -2") and "trainer.lr" in note
+    assert divergence_note([math.nan, -1.0], start, 5.0, 4).startswith("the policy diverged by weight version 4")
+    assert divergence_note([-176.5], start, 0.0, 2) is None  # guards.probe_nll_rise=0: off
+    assert issubclass(PolicyDivergedError, DivergedError) and not issubclass(PolicyDivergedError, WeightMismatchError)
 
 
 def test_nan_is_reported_as_not_finite_not_as_a_difference():
