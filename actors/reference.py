@@ -14,6 +14,7 @@ from actors.trainer import prefix_share
 from actors.trainer.forward import batch_logprobs
 from actors.trainer import attention
 from actors.pinning import pin_from_env_count
+from orchestrator.algo.sampler_support import Sampling
 
 
 class Reference:
@@ -23,7 +24,7 @@ class Reference:
     (actors/trainer/prefix_share.py); ignored with packed rows or a model that path does not support.
     `attn_implementation` (trainer.attn_implementation): see actors/trainer/attention.py."""
 
-    def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
+    def __init__(self, model_path: str, temperature: Sampling, micro_batch_size: int, precision: str = "fp32",
                  pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None,
                  shared_prefix: bool = True, attn_implementation: str = "auto"):
         torch.set_num_threads(num_threads or pin_from_env_count())  # fake GPUs: pinned cores (actors/pinning.py)

@@ -23,6 +23,7 @@ from actors.trainer.context_parallel import RING_ATTENTION, cp_forward_logprobs
 from actors.trainer.forward import batch_logprobs
 from actors.trainer.fsdp import join_group
 from actors.trainer.leader import RankLeader
+from orchestrator.algo.sampler_support import Sampling
 
 
 class ContextParallelReference(RankLeader, Reference):
@@ -34,7 +35,7 @@ class ContextParallelReference(RankLeader, Reference):
 
     ROLE = "reference"
 
-    def __init__(self, model_path: str, temperature: float, micro_batch_size: int, precision: str = "fp32",
+    def __init__(self, model_path: str, temperature: Sampling, micro_batch_size: int, precision: str = "fp32",
                  pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None, *, rank: int,
                  world_size: int, group_name: str, timeout_s: float):
         if world_size < 2 or not 0 <= rank < world_size:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import ray
 
 from actors.pinning import CORES_ENV, engine_env
+from orchestrator.algo.sampler_support import SamplerSettings
 from orchestrator.critic_step import critic_checkpoint, restore_critic
 from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
 from orchestrator.overlap import pump_until, refs_ready
@@ -348,7 +349,8 @@ def _start_trainers(cfg, opts, model_path: str, pad_id: int) -> list:
     that form one torch.distributed group while they start (`_start_ranks`); rank 0 first."""
     from actors.trainer.trainer import TrainerActor
 
-    args = (model_path, cfg.trainer, cfg.algo, cfg.rollout.temperature, cfg.rollout.max_new_tokens, pad_id)
+    args = (model_path, cfg.trainer, cfg.algo, SamplerSettings.from_rollout(cfg.rollout), cfg.rollout.max_new_tokens,
+            pad_id)  # the sampling distribution the engines sample from, replayed (orchestrator/algo/sampler_support.py)
     if cfg.trainer.num_workers == 1:
         return [TrainerActor.options(**opts("trainer")).remote(*args)]
     from actors.trainer.sharded import ShardedTrainerActor
@@ -382,8 +384,8 @@ def _start_reference(cfg, opts, model_path: str, pad_id: int) -> list:
     """The reference model (algo.kl_coef > 0): one ReferenceActor (actors/reference.py), or with
     trainer.context_parallel_size = c > 1 c ContextParallelReferenceActor ranks (actors/reference_cp.py; `_start_ranks`)."""
     packed = cfg.trainer.micro_batch_tokens if cfg.trainer.packing else None
-    args = (model_path, cfg.rollout.temperature, cfg.trainer.micro_batch_size, cfg.trainer.precision, pad_id,
-            cfg.trainer.num_threads)
+    args = (model_path, SamplerSettings.from_rollout(cfg.rollout), cfg.trainer.micro_batch_size, cfg.trainer.precision,
+            pad_id, cfg.trainer.num_threads)
     c = cfg.trainer.context_parallel_size
     if c == 1:
         from actors.reference import ReferenceActor

@@ -31,6 +31,8 @@ import asyncio
 import itertools
 from typing import Any, Optional
 
+from orchestrator.algo.sampler_support import SamplerSettings
+
 _REQUEST_IDS = itertools.count()  # process-wide: batchers made one after another on one engine never share an id
 
 
@@ -55,6 +57,7 @@ class ContinuousBatcher:
         self.llm_engine = engine.llm.llm_engine
         self.temperature = engine.cfg.temperature if temperature is None else temperature
         self.top_p = engine.cfg.top_p if top_p is None else top_p
+        self.distribution = SamplerSettings.from_rollout(engine.cfg)  # its top_k and min_p too
         self._futures: dict[str, asyncio.Future] = {}
         self._driver: Optional[asyncio.Task] = None
         self.sampling = dict(sampling or {})
@@ -76,8 +79,9 @@ class ContinuousBatcher:
         if not prompt_ids or max_tokens < 1:
             raise ValueError(f"generate: need a non-empty prompt and max_tokens >= 1, got {len(prompt_ids)} "
                              f"prompt ids and max_tokens={max_tokens}")
-        params = SamplingParams(temperature=self.temperature, top_p=self.top_p, max_tokens=int(max_tokens),
-                                logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY, seed=seed, **self.sampling)
+        distribution = {**self.distribution.vllm_kwargs(), "temperature": self.temperature, "top_p": self.top_p}
+        params = SamplingParams(**distribution, max_tokens=int(max_tokens), logprobs=0,
+                                output_kind=RequestOutputKind.FINAL_ONLY, seed=seed, **self.sampling)
         request_id = f"mt-{next(_REQUEST_IDS)}"
         future = asyncio.get_running_loop().create_future()
         self.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=[int(t) for t in prompt_ids]), params)

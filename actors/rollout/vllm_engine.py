@@ -11,6 +11,7 @@ import gc
 import os
 from typing import Any, Optional, Sequence
 
+from orchestrator.algo.sampler_support import SamplerSettings
 from orchestrator.rollout.seeds import sample_seed
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
@@ -234,7 +235,8 @@ def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
 
 
 def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=None, **extra):
-    """`n` samples per prompt at `rollout.temperature`/`top_p`, up to `rollout.max_new_tokens` (exactly that many
+    """`n` samples per prompt from the rollout's sampling distribution (temperature, top_p, top_k, min_p: one
+    `SamplerSettings`, the one the trainer replays), up to `rollout.max_new_tokens` (exactly that many
     with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0); `seed`: vLLM's
     per-request seed (None: the engine's random state). `override` (a request's SamplingOverride, held-out eval):
     its temperature (0 = greedy) and max_new_tokens instead, never ignore_eos. `extra`: other SamplingParams
@@ -246,7 +248,8 @@ def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=No
     else:
         kwargs = dict(temperature=rollout_cfg.temperature, max_tokens=rollout_cfg.max_new_tokens,
                       ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
-    return SamplingParams(**{"n": n, "top_p": rollout_cfg.top_p, "logprobs": 0, "seed": seed, **kwargs, **extra})
+    distribution = SamplerSettings.from_rollout(rollout_cfg).vllm_kwargs()
+    return SamplingParams(**{"n": n, **distribution, "logprobs": 0, "seed": seed, **kwargs, **extra})
 
 
 def generation_inputs(rollout_cfg, requests: Sequence[PromptRequest], n: int) -> tuple[list, Any, list]:

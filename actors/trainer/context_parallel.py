@@ -53,6 +53,7 @@ from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context
 from orchestrator.algo import EntropySink, position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.ring_attention import zigzag_positions
 from orchestrator.algo.ring_dist import ring_attention_dist
+from orchestrator.algo.sampler_support import Sampling
 
 RING_ATTENTION = "rl_orch_ring"  # the attn_implementation name registered with transformers
 
@@ -152,7 +153,7 @@ def split_row(mb: MicroBatch, c: int) -> dict:
     return row
 
 
-def cp_forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str = "fp32", *, group=None,
+def cp_forward_logprobs(model, mb: MicroBatch, temperature: Sampling, precision: str = "fp32", *, group=None,
                         entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """Logprobs [b, L-1] float32 of `mb` (as `actors.trainer.forward.forward_logprobs`: masked positions
     scored, 0 elsewhere), computed over the context-parallel `group` (every rank of it calls this with the same

@@ -22,6 +22,7 @@ import torch
 
 from orchestrator.algo import EntropySink, position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.packing import pack_first_fit_decreasing, packed_position_ids, token_occupancy
+from orchestrator.algo.sampler_support import Sampling
 
 
 @dataclass
@@ -202,7 +203,7 @@ FAST_PATH_ARCHS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2For
                              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"})
 
 
-def forward_logprobs(model, mb: MicroBatch, temperature: float, precision: str = "fp32",
+def forward_logprobs(model, mb: MicroBatch, temperature: Sampling, precision: str = "fp32",
                      router_logits: Optional[list] = None, entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """Logprobs [b, L-1] float32 of each next token under `model`, with the sampling temperature
     applied (log_softmax(logits / T), case C03); position ids from the attention mask (case C10).
@@ -259,7 +260,7 @@ def response_values(t: torch.Tensor, mb: MicroBatch) -> list[list[float]]:
 
 
 @torch.no_grad()
-def batch_logprobs(model, prompt_ids, response_ids, temperature: float, micro_batch_size: int,
+def batch_logprobs(model, prompt_ids, response_ids, temperature: Sampling, micro_batch_size: int,
                    precision: str = "fp32", pad_id: int = 0,
                    micro_batch_tokens: Optional[int] = None, forward=forward_logprobs) -> list[list[float]]:
     """Response-token logprobs of every sample (no gradient), [B][len(response_i)], computed in padded

@@ -53,6 +53,7 @@ import torch
 from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
 from actors.trainer.forward import collate, forward_logprobs, response_values
 from orchestrator.algo import EntropySink, token_logprobs
+from orchestrator.algo.sampler_support import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ ROW_ATTENTION = frozenset({"sdpa", "eager"})  # attention implementations that t
 
 
 def shared_prefix_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                           mask: torch.Tensor, temperature: float, precision: str = "fp32",
+                           mask: torch.Tensor, temperature: Sampling, precision: str = "fp32",
                            pad_id: int = 0, layout: str = "auto",
                            entropy: Optional[EntropySink] = None) -> torch.Tensor:
     """Per-token logprobs [b, L-1] float32 laid out like `collate`'s `mask` (0 off it), differentiable.
@@ -309,7 +310,7 @@ def micro_batch_logprobs(trainer, mb: MicroBatch, prompt_ids, response_ids,
 
 
 @torch.no_grad()
-def batch_logprobs(model, prompt_ids, response_ids, temperature: float, micro_batch_size: int,
+def batch_logprobs(model, prompt_ids, response_ids, temperature: Sampling, micro_batch_size: int,
                    precision: str = "fp32", pad_id: int = 0) -> list[list[float]]:
     """Response-token logprobs [B][len(response_i)] without gradient: samples ordered by prompt
     (`order_by_prompt`), padded micro-batches of `micro_batch_size`, each through the shared-prompt

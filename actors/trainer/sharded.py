@@ -73,6 +73,7 @@ from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch
 from orchestrator.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
+from orchestrator.algo.sampler_support import Sampling
 
 class ShardedTrainer(RankLeader, Trainer):
     """One rank of a D-rank FSDP2 trainer; rank 0 (the leader) fans calls out to its peers.
@@ -81,7 +82,7 @@ class ShardedTrainer(RankLeader, Trainer):
     rendezvous key) and `timeout_s` (process-group and peer-call timeout, seconds).
     """
 
-    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: float, max_new_tokens: int,
+    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: Sampling, max_new_tokens: int,
                  pad_id: int = 0, *, rank: int, world_size: int, group_name: str, timeout_s: float):
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"ShardedTrainer: rank {rank} of world_size {world_size} (needs world_size >= 2)")

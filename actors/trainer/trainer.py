@@ -30,7 +30,7 @@ from actors.trainer.forward import LOSS_MASK, collate_micro_batch, split_micro_b
 from actors.trainer.policy_forward import policy_forward
 from actors.trainer import attention, finite, fp8, lora, prefix_share, warmup
 from actors.trainer.moe_loss import RouterAux
-from orchestrator.algo import LossInputs, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
+from orchestrator.algo import LossInputs, Sampling, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.algo.mismatch import uses_rollout_logprobs
 from orchestrator.algo.mismatch_metrics import MismatchStats
 from orchestrator.atomic import atomic_dir
@@ -45,7 +45,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torc
 class Trainer:
     """Owns the policy, its optimizer and LR schedule. All methods run in one process."""
 
-    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: float, max_new_tokens: int,
+    def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: Sampling, max_new_tokens: int,
                  pad_id: int = 0):
         self.cfg, self.algo, self.model_path = trainer_cfg, algo_cfg, str(model_path)
         self.temperature, self.max_new_tokens, self.pad_id = temperature, max_new_tokens, pad_id

@@ -26,11 +26,14 @@ from orchestrator.algo import losses_extra  # noqa: F401  (registers gspo, gspo_
 from orchestrator.algo.entropy import EntropySink, token_entropy
 from orchestrator.algo import reinforce  # noqa: F401 - registers reinforce_plus_plus(_baseline)
 from orchestrator.algo.registry import import_plugins
+from orchestrator.algo.sampler_support import Sampling, SamplerSettings
 from orchestrator.algo.schedule import lr_multiplier
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
+    "Sampling",
+    "SamplerSettings",
     "AdvantageConfig",
     "AdvantageInputs",
     "LossAgg",

@@ -7,17 +7,19 @@ at 0 on the first real token (case C10). Pure torch; no Ray, no vLLM.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from orchestrator.algo.sampler_support import Sampling, as_sampler
 
 # Upper bound on the number of float32 logit elements materialised at once (about 1 GiB).
 _MAX_CHUNK_ELEMENTS = 1 << 28
 
 
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
-    """Log-probability of each chosen token under ``softmax(logits / temperature)``.
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: Sampling = 1.0) -> Tensor:
+    """Log-probability of each chosen token under ``softmax(logits / temperature)``, restricted to the sampler's kept
+    set when ``temperature`` is a truncating ``SamplerSettings`` (top-k / top-p / min-p: orchestrator/algo/
+    sampler_support.py; the chosen token always kept).
 
     Computes ``logits[b, t, tokens[b, t]] / T - logsumexp(logits[b, t] / T)`` in float32, which equals
     ``log_softmax(logits.float() / T).gather(-1, tokens)`` without materialising the full
@@ -31,7 +33,7 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
         logits: ``[B, T, V]`` floating (fp32, bf16 or fp16), unnormalised scores where ``logits[b, t]``
             scores ``tokens[b, t]``.
         tokens: ``[B, T]`` integer token ids in ``[0, V)``.
-        temperature: sampling temperature, finite and > 0.
+        temperature: sampling temperature, finite and > 0, or the whole ``SamplerSettings``.
 
     Returns:
         ``[B, T]`` float32 log-probabilities (<= 0).
@@ -40,8 +42,7 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
         ValueError: ``temperature`` not finite or <= 0, ``logits`` not 3-D or not floating,
             ``tokens`` not integer or not of shape ``logits.shape[:2]``.
     """
-    if not (math.isfinite(temperature) and temperature > 0.0):
-        raise ValueError(f"temperature: must be finite and > 0, got {temperature}")
+    sampler = as_sampler(temperature)  # ValueError for a temperature not finite or <= 0
     if logits.dim() != 3 or not logits.is_floating_point():
         raise ValueError(
             f"logits: expected a floating tensor [B, T, V], got shape {tuple(logits.shape)} "
@@ -55,13 +56,14 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
         raise ValueError(f"tokens: expected an integer dtype, got {tokens.dtype}")
 
     batch, seq_len, vocab = logits.shape
-    rows_per_chunk = max(1, _MAX_CHUNK_ELEMENTS // max(1, seq_len * vocab))
+    limit = _MAX_CHUNK_ELEMENTS // 4 if sampler.truncates else _MAX_CHUNK_ELEMENTS  # a sort's copies and indices
+    rows_per_chunk = max(1, limit // max(1, seq_len * vocab))
     index = tokens.long().unsqueeze(-1)
     starts = range(0, batch, rows_per_chunk) if batch > 0 else [0]  # an empty batch keeps its graph
     out = []
     for start in starts:
         rows = slice(start, start + rows_per_chunk)
-        scaled = logits[rows].float() / temperature
+        scaled = sampler.scaled(logits[rows], tokens[rows])
         chosen = scaled.gather(-1, index[rows]).squeeze(-1)
         out.append(chosen - torch.logsumexp(scaled, dim=-1))
     return out[0] if len(out) == 1 else torch.cat(out, dim=0)

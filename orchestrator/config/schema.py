@@ -42,8 +42,12 @@ class RolloutConfig:
     num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each)
     n: int = number(8, gt=0)  # samples per prompt: the group size
     prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n
+    # The sampling distribution, one value for the engine, the trainer and the reference (orchestrator/algo/
+    # sampler_support.py): training replays the truncations, so on-policy ratios stay 1 (docs/algorithms.md)
     temperature: float = number(1.0, gt=0)
     top_p: float = number(1.0, gt=0, le=1)
+    top_k: int = number(0, ge=0, note="(0 = off)")  # the k most probable tokens
+    min_p: float = number(0.0, ge=0, lt=1)  # tokens at least min_p x the most probable one's probability; 0 = off
     max_new_tokens: int = number(64, gt=0)
     # vLLM engine
     dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16

@@ -90,10 +90,14 @@ def _check_checkpoint(result, tiny_model) -> None:
 
 
 # One 2-step run on two engines (KL with a reference, IcePop token masking, the gloo broadcast, a checkpoint every
-# step) serves the checks of the run (rows, sync, logprobs, checkpoint, a corrupted transfer caught), then its
-# checkpoint serves the resume: a second controller continues it to step 3. (Before: five runs, one per check.)
+# step, truncated sampling: top-k 50 then top-p 0.9) serves the checks of the run (rows, sync, logprobs, checkpoint, a
+# corrupted transfer caught), then its checkpoint serves the resume: a second controller continues it to step 3.
+# (Before: five runs, one per check.) Under truncation the trainer and the reference replay the sampler's kept set, so
+# the mismatch checks of `_check_rows` (IcePop's band keeps every token, TIS weights ~1) and the 2e-3 logprob check
+# hold as without it; with the full softmax the ratios would be the kept mass (benchmarks/truncated_sampling.py).
 RUN = ("checkpoint.every_steps=1", "rollout.num_workers=2", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
-       "algo.rollout_correction.mode=token_mask", "weight_sync.strategy=nccl", "weight_sync.bucket_mb=4")
+       "algo.rollout_correction.mode=token_mask", "weight_sync.strategy=nccl", "weight_sync.bucket_mb=4",
+       "rollout.top_k=50", "rollout.top_p=0.9")
 
 
 def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume(ray_local, tiny_model, tmp_path):

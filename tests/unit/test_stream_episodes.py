@@ -80,7 +80,8 @@ class _Envs:
 
 def _episodes(envs: _Envs, n: int = 2):
     engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine()), tokenizer=SimpleNamespace(),
-                             cfg=SimpleNamespace(temperature=1.0, top_p=1.0, max_new_tokens=6, ignore_eos=False))
+                             cfg=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_new_tokens=6,
+                                                  ignore_eos=False))
     holder = {"version": 0}
     stream = StreamingGenerator(engine, n, 6, lambda: holder["version"])
     session = SimpleNamespace(prompt_ids=[1, 2], action_text=lambda ids: "a", observation_ids=lambda c, i, m: [7, 7])
