@@ -321,7 +321,8 @@ class GRPOController:
         `<checkpoint.dir>/step_<step>`; older checkpoints beyond checkpoint.keep_last are pruned."""
         folder, pipe = step_folder(self.cfg.checkpoint.dir, step), self.pipeline
         pending = pipe.loader_state() if pipe is not None else None  # async: before the pending batch's prompts
-        extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict()}
+        extra = {"step": step, "weight_version": self.version, "loader": pending or self.loader.state_dict(),
+                 "guards": self.guards.state_dict()}  # streaks and counters go on after a resume
         if self.pipeline is not None and (batches := self.pipeline.state_dict()):  # generated, not trained yet
             extra["async"] = batches
         self.last_checkpoint = path = self.job.checkpoint(folder, extra)
@@ -334,6 +335,7 @@ class GRPOController:
         or refused: orchestrator/rollout/resume_mode.py) from checkpoint `folder`, then a verified weight sync."""
         state = self.job.restore(folder)
         self.loader.load_state_dict(state["loader"])
+        self.guards.load_state_dict(state.get("guards"))
         pending, note = state_to_load(state.get("async"), self.cfg, f"checkpoint {folder}")
         self.start_step, self.async_state = state["step"], pending
         if note:

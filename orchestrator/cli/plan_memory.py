@@ -45,13 +45,13 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--algorithm", choices=("grpo", "ppo", "dpo"), default="grpo")
     p.add_argument("--cpu", action="store_true", help="a CPU run: every role shares the host's memory")
     p.add_argument("--precision", choices=("bf16-autocast", "fp32", "fp8"), default="bf16-autocast",
-                   help="trainer precision; fp8: FP8 linear layers (planned only: the trainer lacks it yet)")
+                   help="trainer precision; fp8: FP8 linear layers (torchao float8; GPUs of compute capability >= 8.9)")
     p.add_argument("--trainer-gpus", type=int, default=1, help="D trainer ranks, FSDP / ZeRO-3 shards")
     p.add_argument("--critic-gpus", type=int, default=0, help="--algorithm ppo: C critic ranks, FSDP shards "
                    "(critic.num_workers; full fine-tuning); 0 = a critic shaped like the trainer")
     p.add_argument("--context-parallel", type=int, default=1,
-                   help="c: ranks each sequence is split over (ring attention; divides --trainer-gpus; planned "
-                        "only: the trainer lacks it yet)")
+                   help="c: ranks each sequence is split over (ring attention, trainer.context_parallel_size; "
+                        "divides --trainer-gpus)")
     p.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch")
     p.add_argument("--seq-len", type=int, default=512, help="prompt + response tokens per sequence")
     p.add_argument("--response-len", type=int, default=256, help="response tokens per sequence (logits)")
@@ -69,9 +69,9 @@ def add_memory_parser(plan_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of each engine")
     p.add_argument("--engine-dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--quantization", choices=("none", "fp8"), default="none",
-                   help="engine weights: fp8 = vLLM FP8 linear layers (planned only: the engine lacks it yet)")
+                   help="engine weights: fp8 = vLLM FP8 linear layers (rollout.quantization; CUDA engines)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto", help="engine KV cache: auto = "
-                   "the engine dtype, fp8 = 1 byte (planned only: the engine lacks it yet)")
+                   "the engine dtype, fp8 = 1 byte (rollout.kv_cache_dtype; CUDA engines)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="CPU runs: the engine's KV-cache space")
     p.add_argument("--max-model-len", type=int, default=4096)

@@ -150,7 +150,8 @@ class TrainerConfig:
     grad_clip: float = number(1.0, ge=0, finite=True)  # max global gradient norm; 0 = no clipping
     micro_batch_size: int = number(8, gt=0)  # sequences per micro-batch; the global batch is accumulated
     mini_batches: int = number(1, gt=0)  # optimizer steps per rollout batch (PPO-style); 1 = fully on-policy
-    # fp32 | bf16-autocast (fp32 master weights) | fp8 (FP8 linear layers: planned only, a run refuses it)
+    # fp32 | bf16-autocast (fp32 master weights) | fp8 (torchao FP8 linear layers on GPUs of capability >= 8.9;
+    # refused on CPU placements and with LoRA: orchestrator/config/precision.py)
     precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast", "fp8"))
     # c: each sequence split over c of the trainer ranks (ring attention, actors/trainer/context_parallel.py);
     # divides num_workers

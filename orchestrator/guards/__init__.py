@@ -29,5 +29,15 @@ class RunGuards:
         out.update(self.health.observe(step, row))
         return out
 
+    def state_dict(self) -> dict:
+        """The counters, streaks and windows, for a checkpoint: a resume continues them (exact resume)."""
+        return {"skipped": self.skipped.state_dict(), "health": self.health.state_dict()}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """`state_dict()`'s value; None (a checkpoint written before guards were saved) keeps fresh counters."""
+        if state:
+            self.skipped.load_state_dict(state["skipped"])
+            self.health.load_state_dict(state["health"])
+
 
 __all__ = ["DivergedError", "GuardTripped", "HealthGuards", "RunGuards", "SkippedUpdates", "check_guards_config"]

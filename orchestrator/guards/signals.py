@@ -85,6 +85,16 @@ class HealthGuards:
             raise GuardTripped("; ".join(alarms) + " (guards.action=stop; set guards.action=warn to only warn)")
         return out
 
+    def state_dict(self) -> dict:
+        """The streaks and the spike windows: a resumed run's guards trip where the uninterrupted run's would."""
+        return {"streak": dict(self.streak), "history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak.update({k: int(v) for k, v in state["streak"].items()})
+        for name, values in state["history"].items():
+            self.history[name].clear()
+            self.history[name].extend(float(v) for v in values)
+
     def _check(self, row: dict) -> dict[str, Optional[str]]:
         g, why = self.g, {}
         std, frac = row.get("reward/std"), row.get("rollout/truncated_frac")

@@ -42,6 +42,14 @@ class SkippedUpdates:
             raise DivergedError(self.message())
         return {"actor/skipped_updates_total": float(self.total), "actor/skipped_in_a_row": float(self.in_a_row)}
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps, so that a resumed run counts on as the uninterrupted one would."""
+        return {"total": self.total, "in_a_row": self.in_a_row, "recent": [list(r) for r in self.recent]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total, self.in_a_row = int(state["total"]), int(state["in_a_row"])
+        self.recent = [(int(s), str(why)) for s, why in state["recent"]]
+
     def message(self) -> str:
         where = "; ".join(f"step {s}: non-finite {why}" for s, why in self.recent)
         first = self.recent[0][0] if self.recent else "?"

@@ -1,6 +1,6 @@
 """Context parallelism through the real trainer (trainer.context_parallel_size = c, actors/trainer/sharded.py +
 context_parallel.py) on Ray, CPU, gloo: D = 2 ranks with c = 2 (one sequence split over both ranks, FSDP2 over
-both).
+both), and D = 4 ranks with c = 2 (context parallelism inside 2 data-parallel groups).
 
 - One update of the two ranks equals one update of a single trainer on the same global batch: packed rows of
   24 tokens (sequences straddle the zig-zag chunk cuts), two mini-batches (the old-logprob pass split too), every
@@ -24,12 +24,15 @@ from tests.integration.test_fsdp import _batch, _cfgs, _grpo_cfg, _ranks, assert
 pytestmark = pytest.mark.integration
 
 
-def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_model, tmp_path):
+# d = 2: one sequence split over both ranks; d = 4 (issue 37): context parallelism composed with data parallelism,
+# 2 data-parallel groups of c = 2 ranks each (4 gloo ranks), FSDP2 over all 4.
+@pytest.mark.parametrize("d", [2, 4])
+def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_model, tmp_path, d):
     over = dict(mini_batches=2, packing=True, micro_batch_tokens=24)
     tc, algo = _cfgs(**over)
     single = Trainer(str(tiny_model), tc, algo, temperature=1.0, max_new_tokens=8)
-    tc_cp, _ = _cfgs(**over, context_parallel_size=2)
-    ranks = _ranks(tiny_model, tc_cp, algo)
+    tc_cp, _ = _cfgs(**over, context_parallel_size=2, num_workers=d)
+    ranks = _ranks(tiny_model, tc_cp, algo, d=d)
     try:
         batch = _batch()
         before = single.logprobs(batch.prompt_ids, batch.response_ids)
@@ -37,7 +40,8 @@ def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_mode
         assert max(abs(a - b) for x, y in zip(before, got_lp) for a, b in zip(x, y)) < 1e-5
         want = single.train_step(batch)
         got = ray.get(ranks[0].train_step.remote(batch))
-        assert got["actor/micro_batches"] == want["actor/micro_batches"] > 1
+        # a rank's micro-batches: its data-parallel group's share (d / c = 1 or 2 groups) of the single trainer's
+        assert got["actor/micro_batches"] * (d // 2) == want["actor/micro_batches"] > 1
         for key in ("actor/loss", "actor/grad_norm", "actor/ratio_mean", "actor/clip_frac", "rollout/mismatch_kl_k1",
                     "rollout/mismatch_ratio_max"):
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
@@ -45,7 +49,7 @@ def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_mode
         # (test_fsdp; measured here: 1 of 6.3M weights, an embedding row, 2.0e-6 apart); a wrong update
         # would be off by ~lr = 1e-3
         assert_same_sync_weights(ranks[0], single, rtol=1e-5, atol=1e-5)
-        assert ray.get(ranks[1].get_step.remote()) == 2 == single.step
+        assert ray.get([r.get_step.remote() for r in ranks]) == [2] * d and single.step == 2
     finally:
         for r in ranks:
             ray.kill(r)

@@ -3,6 +3,7 @@ run.max_skipped_updates in a row stopping it with a clear message; the optional 
 collapse, responses pinned at the length limit, KL and grad-norm spikes)."""
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -140,3 +141,23 @@ def test_rl_orch_run_prints_a_stopped_run_and_exits_1(monkeypatch, capsys):
     args = argparse.Namespace(config="configs/grpo_arith_cpu.yaml", overrides=[], force=False)
     assert run_cmd(args) == 1
     assert "run stopped: run.max_skipped_updates=3" in capsys.readouterr().err
+
+
+def test_a_resumed_runs_guards_trip_where_the_uninterrupted_runs_do():
+    cfg = load_config("configs/grpo_arith_cpu.yaml", ["guards.truncated_steps=3", "guards.grad_norm_spike_factor=2",
+                                                      "guards.spike_min_steps=2", "run.max_skipped_updates=3"])
+    rows = [{"rollout/truncated_frac": 1.0, "actor/grad_norm": g, "actor/skipped_updates": s, "actor/nonfinite_loss": s}
+            for g, s in ((1.0, 0.0), (1.0, 1.0), (1.0, 1.0), (5.0, 0.0))]
+    whole = RunGuards(cfg)
+    expected = [whole.after_step(i + 1, r) for i, r in enumerate(rows)]
+    first = RunGuards(cfg)
+    for i, r in enumerate(rows[:2]):
+        first.after_step(i + 1, r)
+    state = json.loads(json.dumps(first.state_dict()))  # through the checkpoint's state.json
+    resumed = RunGuards(cfg)
+    resumed.load_state_dict(state)
+    assert [resumed.after_step(i + 3, r) for i, r in enumerate(rows[2:])] == expected[2:]
+    assert expected[2]["guard/length_pinned"] == 1.0 and expected[3]["guard/grad_norm_spike"] == 1.0
+    fresh = RunGuards(cfg)
+    fresh.load_state_dict(None)  # a checkpoint from before guards were saved: fresh counters
+    assert fresh.after_step(3, rows[2])["guard/length_pinned"] == 0.0
