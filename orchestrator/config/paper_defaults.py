@@ -42,7 +42,7 @@ def apply_paper_settings(algo, explicit: set[str], say: Callable[[int, str], Non
         ValueError: a declared key that is not an ``algo`` key, or two chosen methods declaring one key
             differently while the user sets neither (the message names both choices and the key to set).
     """
-    say = say or _say_once
+    say = say or say_once
     wanted: dict[str, tuple[Any, str, str]] = {}
     for selector, name, settings in _chosen(algo):
         for key, value in settings.values.items():
@@ -76,7 +76,8 @@ def _chosen(algo):
             yield selector, name, settings
 
 
-def _say_once(level: int, message: str) -> None:
+def say_once(level: int, message: str) -> None:
+    """Log `message` at `level` unless this process logged it already (a run loads its config more than once)."""
     if message not in _SAID:
         _SAID.add(message)
         log.log(level, message)

@@ -21,7 +21,7 @@ from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.rollout.types import PromptRequest
 from orchestrator.weight_sync import compare_checksums
-from orchestrator.weight_sync.probe import DEFAULT_TOLERANCE, ProbeMismatchError
+from orchestrator.weight_sync.probe import DEFAULT_TOLERANCE, PolicyDivergedError, ProbeMismatchError
 from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.conftest import tiny_overrides
 
@@ -53,8 +53,9 @@ def _rollout_gap(trainer, engine) -> float:
     return max(abs(a - b) for t, lp in zip(trajs, ours) for a, b in zip(t.logprobs, lp))
 
 
-def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_model, tmp_path):
+def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_model, tmp_path, capsys):
     cfg, trainer, engines = _start(tiny_model, tmp_path)
+    started: list = []  # actors a check starts (killed with these)
     try:
         syncer = make_syncer(cfg, trainer, engines)
         diffs = []
@@ -90,6 +91,29 @@ def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_
         m = syncer.sync_with_retries(4, retries=1)
         assert m["sync/failures"] == 1 and m["sync/probe_max_abs_diff"] <= TOL
         assert _rollout_gap(trainer, engines[1]) < 2e-3
+        _check_an_lr_typo_is_named_as_divergence(tiny_model, tmp_path, engines, capsys, started)
     finally:
-        for a in (trainer, *engines):
+        for a in (trainer, *engines, *started):
             ray.kill(a)
+
+
+def _check_an_lr_typo_is_named_as_divergence(tiny_model: Path, out: Path, engines, capsys, started: list) -> None:
+    """The other cause's negative control (issue 37): trainer.lr=0.5 (a typo for 5e-7) diverges the policy at its
+    first update; with a probe tolerance no arithmetic meets (1e-12) the probe fails as a sync fault would, and the
+    sync raises PolicyDivergedError naming the divergence and the version, said once as a warning first, not
+    ProbeMismatchError. The diverged trainer joins `started` (killed by the caller)."""
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out / "lr") + [
+        "trainer.lr=0.5", "trainer.warmup_steps=0", "weight_sync.probe_tolerance=1e-12",
+        "weight_sync.strategy=object_store"])
+    trainer = TrainerActor.options(num_cpus=0.5).remote(str(tiny_model), cfg.trainer, cfg.algo, 1.0, 12, 0)
+    started.append(trainer)
+    syncer = make_syncer(cfg, trainer, engines)  # its setup scores the probe on the starting weights
+    _train_once(trainer, 5)
+    capsys.readouterr()
+    with pytest.raises(PolicyDivergedError) as e:
+        syncer.sync(5)
+    msg = str(e.value)
+    assert msg.startswith("the policy diverged by weight version 5: the trainer's own logprobs of the fixed probe text "
+                          "average") and "The weight sync is not at fault" in msg and "trainer.lr" in msg
+    said = [line for line in capsys.readouterr().out.splitlines() if "the policy diverged" in line]
+    assert said == [said[0]] and said[0].startswith("WARNING: the policy diverged by weight version 5")  # once

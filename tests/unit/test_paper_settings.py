@@ -6,10 +6,12 @@ import logging
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from orchestrator.algo import POLICY_LOSSES, LossInputs, compute_policy_loss, loss_normalizer
 from orchestrator.algo.registry import Registry
 from orchestrator.config import ConfigError, load_config
+from orchestrator.config.paper_defaults import apply_paper_settings, say_once
 
 CPU_YAML = "configs/grpo_arith_cpu.yaml"
 
@@ -34,15 +36,19 @@ def test_gspo_runs_with_its_papers_sequence_mean_unless_set(loss, caplog):
     value, grads = _gspo_two_sequences(algo)
     assert value == pytest.approx(0.0, abs=1e-7)  # eq. 5: 1/G sum_i -s_i A_i = -(1 - 1) / 2
     torch.testing.assert_close(grads, torch.tensor([-0.5, 0.5]))  # eq. 6: each sequence weighs 1/G
-    with caplog.at_level(logging.WARNING, logger="orchestrator.config.paper_defaults"):
-        algo = load_config(CPU_YAML, [f"algo.policy_loss={loss}", "algo.loss_agg=token-mean"]).algo
-        load_config(CPU_YAML, [f"algo.policy_loss={loss}", "algo.loss_agg=token-mean"])
-    assert algo.loss_agg == "token-mean"  # the user's setting wins ...
-    value, grads = _gspo_two_sequences(algo)
+    cfg = load_config(CPU_YAML, [f"algo.policy_loss={loss}", "algo.loss_agg=token-mean"])
+    assert cfg.algo.loss_agg == "token-mean"  # the user's setting wins ...
+    value, grads = _gspo_two_sequences(cfg.algo)
     assert value == pytest.approx(0.5) and torch.allclose(grads, torch.tensor([-0.25, 0.75]))  # ... and is biased
-    warned = [r.getMessage() for r in caplog.records if "against" in r.getMessage()]
-    assert len(warned) == 1, warned  # once, naming the paper's value and where it is from
-    assert f"algo.policy_loss={loss}" in warned[0] and "'seq-mean-token-mean'" in warned[0] and "Zheng" in warned[0]
+    said: list = []  # what load_config logs (once per process: `say_once`), here collected
+    algo = OmegaConf.merge(cfg.algo, {})
+    assert apply_paper_settings(algo, {"algo.loss_agg"}, lambda level, msg: said.append((level, msg))) == {}
+    assert len(said) == 1 and said[0][0] == logging.WARNING, said  # naming the paper's value and its source
+    assert f"algo.policy_loss={loss}" in said[0][1] and "'seq-mean-token-mean'" in said[0][1] and "Zheng" in said[0][1]
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config.paper_defaults"):
+        for _ in range(2):
+            say_once(logging.WARNING, f"a message said once ({loss})")
+    assert [r.getMessage() for r in caplog.records if "said once" in r.getMessage()] == [f"a message said once ({loss})"]
 
 
 def test_ppo_clip_keeps_token_mean_and_the_demo_config_is_unchanged():

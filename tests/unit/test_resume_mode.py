@@ -153,6 +153,7 @@ def test_the_controllers_restore_loads_what_the_config_resumes(capsys):
     ctl.job = SimpleNamespace(restore=lambda folder: json.loads(json.dumps(state)))
     ctl.loader = SimpleNamespace(load_state_dict=loaded.append)
     ctl.sync_weights = lambda step, row: synced.append(step)
+    ctl.guards = SimpleNamespace(load_state_dict=lambda state: None)  # (a checkpoint without guard state)
     ctl.cfg = STREAMING  # placement.auto's async -> stream switch: the pending batch is dropped
     ctl.restore("ck/step_000002")
     assert ctl.async_state is None and ctl.start_step == 2 and loaded == [state["loader"]] and synced == [2]
