@@ -105,8 +105,10 @@ class SamplerSettings:
             keep &= probs >= self.min_p * probs.amax(dim=-1, keepdim=True)
         masked = z.masked_fill(~keep, -math.inf)
         if 0 < self.top_k < z.shape[-1]:
-            kth = masked.topk(self.top_k, dim=-1).values[..., -1:]
-            keep &= masked >= kth
+            top = masked.topk(self.top_k, dim=-1)
+            keep &= masked >= top.values[..., -1:]
+            if self.top_p < 1 and bool((keep.sum(dim=-1) == self.top_k).all()):  # no tie at the k-th value
+                return keep & self._top_p_of_top_k(top.values, top.indices, keep)
             masked = masked.masked_fill(~keep, -math.inf)
         if self.top_p < 1:
             ascending, order = masked.sort(dim=-1)
@@ -115,6 +117,15 @@ class SamplerSettings:
             drop[..., -1] = False  # at least one
             keep &= ~torch.zeros_like(drop).scatter_(-1, order, drop)
         return keep
+
+
+    def _top_p_of_top_k(self, values: Tensor, indices: Tensor, keep: Tensor) -> Tensor:
+        """Top-p over the k kept tokens only (`values` descending, their `indices`): the same mask as the sort of
+        the whole vocabulary, where every other token is -inf, at the cost of k instead of V."""
+        ascending, order = values.flip(-1), indices.flip(-1)
+        drop = torch.softmax(ascending, dim=-1).cumsum(dim=-1) <= 1 - self.top_p
+        drop[..., -1] = False  # at least one
+        return ~torch.zeros_like(keep).scatter_(-1, order, drop)
 
 
 Sampling = Union[float, SamplerSettings]  # a bare temperature (no truncation) or the whole setting

@@ -8,6 +8,7 @@ value of the wrong type, a choice outside its allowed values, a number out of ra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from pathlib import Path
@@ -48,7 +49,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
     Returns a resolved, read-only `Config` object (attribute access, typed).
     Raises ConfigError for a missing file, an unknown key, a wrong type or an invalid value.
     """
-    base = OmegaConf.structured(Config)
+    base = _schema_defaults()  # merge copies it: never changed
     layers = []
     if path is not None:
         p = Path(path)
@@ -84,6 +85,12 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         log_fp8_correction(merged, set_keys(layers, CORRECTION_KEYS))  # FP8 rollouts: the correction, logged
     OmegaConf.set_readonly(merged, True)
     return merged  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_defaults():
+    """The schema's defaults as one structured config, built once per process (half the time of a load)."""
+    return OmegaConf.structured(Config)
 
 
 def _coerce_reward_functions(cfg) -> None:
