@@ -174,26 +174,31 @@ class WeightSyncer:
         got = gather_engines({i: call_engine(self.engines, i, "probe", "probe_logprobs", prompt, cont) for i in ids},
                              self.ws.timeout_s, "logprob probe")  # a lost engine: EnginesLost (replaced, redone)
         want = self._get(trainer_ref, "the trainer's logprob probe")
-        largest = 0.0
+        note, largest = self._check_divergence(want), 0.0
         for i, lps in got.items():
             try:
-                largest = max(largest, self._compare_probe(i, lps, want))
+                largest = max(largest, self._compare_probe(i, lps, want, note))
             except ProbeMismatchError:
                 self.engine_versions[i] = None
                 raise
         return {"sync/probe_max_abs_diff": largest, "sync/probe_s": time.perf_counter() - t0,
                 "sync/probe_nll": probe_nll(want)}
 
-    def _compare_probe(self, i: int, engine: list, trainer: list) -> float:
-        """`compare_probe` of engine i, divergence first: a diverged policy is said once, when first seen (a warning
-        naming the signal and the version; PolicyDivergedError with guards.action=stop), and its probe mismatch
-        raised as PolicyDivergedError, not as a sync fault."""
+    def _check_divergence(self, trainer: list) -> Optional[str]:
+        """The divergence note of the trainer's probe logprobs (once per probe, before any engine is compared): a
+        diverged policy is said once, when first seen (a warning naming the signal and the version;
+        PolicyDivergedError with guards.action=stop)."""
         note = divergence_note(trainer, self.start_nll, self.cfg.guards.probe_nll_rise, self.syncing)
         if note is not None and self.diverged is None:
             if self.cfg.guards.action == "stop":
                 raise PolicyDivergedError(f"{note} (guards.action=stop)")
             print(f"WARNING: {note}", flush=True)
         self.diverged = note
+        return note
+
+    def _compare_probe(self, i: int, engine: list, trainer: list, note: Optional[str]) -> float:
+        """`compare_probe` of engine i; with a divergence `note`, its probe mismatch is raised as PolicyDivergedError,
+        not as a sync fault."""
         try:
             return compare_probe(engine, trainer, tolerance_for(self.ws.probe_tolerance, self.dtype),
                                  where=f"rollout worker {i}")
@@ -267,13 +272,14 @@ class WeightSyncer:
         reports = self._collect(pending.loads, lost)
         want = self._get(pending.trainer_probe, "the trainer's probe") if pending.trainer_probe else None
         probes = self._collect({i: pending.probes[i] for i in reports}, lost) if want is not None else {}
+        note = self._check_divergence(want) if want is not None else None
         largest = 0.0
         for i, rep in reports.items():
             try:
                 self.strategy.check_reports(v, {i: rep})
                 self._verify(v, pending.meta, {i: rep})
                 if i in probes:
-                    largest = max(largest, self._compare_probe(i, probes[i], want))
+                    largest = max(largest, self._compare_probe(i, probes[i], want, note))
                 elif want is not None:
                     continue  # lost during its probe
             except WeightMismatchError as e:
