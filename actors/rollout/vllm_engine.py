@@ -146,13 +146,23 @@ class VLLMEngine:
         vLLM's prompt logprobs, which are log_softmax(logits) at temperature 1 whatever `logprobs_mode` (the
         weight-sync probe, orchestrator/weight_sync/probe.py). One greedy token is generated, so the global
         sampling RNG is not consumed (rollouts stay as seeded); prompt logprobs skip the prefix cache."""
+        return self.prompt_scores(token_ids, first).logprobs
+
+    def prompt_scores(self, token_ids: Sequence[int], first: int, top_k: int = 0):
+        """`ProbeScores` of token_ids[first:]: their logprobs as `prompt_logprobs` and, with `top_k` > 0 (at most
+        vLLM's max_logprobs, 20), per position {token id: logprob} of the top_k most likely next tokens and the
+        actual one (the probe's full-distribution check)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        from orchestrator.weight_sync.probe import ProbeScores
+
         ids = [int(t) for t in token_ids]
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        return [float(out.prompt_logprobs[p][ids[p]].logprob) for p in range(max(first, 1), len(ids))]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=int(top_k), detokenize=False)
+        rows = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].prompt_logprobs
+        positions = range(max(first, 1), len(ids))
+        top = [{int(t): float(lp.logprob) for t, lp in rows[p].items()} for p in positions] if top_k > 0 else None
+        return ProbeScores([float(rows[p][ids[p]].logprob) for p in positions], top=top)
 
     def update_weights(self, method: str, *args) -> dict:
         """Run a loading method of the worker extension in every worker (`weight_sync` with method "load"),

@@ -170,12 +170,13 @@ class RolloutWorker:
 
         return probe_tokens(lambda text: self.engine.tokenizer.encode(text, add_special_tokens=False))
 
-    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
-        """The engine's logprobs [len(continuation_ids)] of the continuation after the prompt, temperature 1
-        (the weight-sync probe; the trainer's side is `Trainer.probe_logprobs`)."""
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int], top_k: int = 0):
+        """The engine's `ProbeScores` of the continuation after the prompt, temperature 1: its logprobs
+        [len(continuation_ids)] and, with `top_k` > 0, each position's top_k tokens (the weight-sync probe; the
+        trainer's side is `Trainer.probe_logprobs`)."""
         self.sleep_state.ensure_awake("probe")
         with self._idle():
-            return self.engine.prompt_logprobs(list(prompt_ids) + list(continuation_ids), len(prompt_ids))
+            return self.engine.prompt_scores(list(prompt_ids) + list(continuation_ids), len(prompt_ids), top_k)
 
     def extension_call(self, method: str, *args):
         """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load,

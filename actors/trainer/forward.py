@@ -280,3 +280,32 @@ def batch_logprobs(model, prompt_ids, response_ids, temperature: Sampling, micro
         mb = collate(prompt_ids[s : s + micro_batch_size], response_ids[s : s + micro_batch_size], pad_id=pad_id)
         out.extend(response_values(forward(model, mb, temperature, precision), mb))
     return out
+
+
+class _LogSoftmaxRows:
+    """A logits sink for `forward_logprobs` (the `entropy` slot's interface): keeps the scored positions' whole
+    log_softmax rows [N, V] float32 (temperature 1), for the weight-sync probe's full-distribution check."""
+
+    value: Optional[torch.Tensor] = None
+
+    def record(self, logits: torch.Tensor, mask: torch.Tensor, temperature: Sampling) -> None:
+        self.value = torch.log_softmax(logits.detach().float(), dim=-1).cpu()
+
+
+@torch.no_grad()
+def probe_scores(model, prompt_ids: list[int], continuation_ids: list[int], precision: str, pad_id: int,
+                 rows: bool = False):
+    """The trainer's side of the weight-sync probe (orchestrator/weight_sync/probe.py), in eval mode (no dropout, no
+    draw from the training RNG), temperature 1 as vLLM's prompt logprobs: `ProbeScores` with the continuation's
+    logprobs [len(continuation_ids)] and, with `rows`, the whole log_softmax rows [len(continuation_ids), V] float32
+    at those positions (the full-distribution check)."""
+    from orchestrator.weight_sync.probe import ProbeScores
+
+    training, sink = model.training, (_LogSoftmaxRows() if rows else None)
+    model.eval()
+    try:
+        mb = collate([prompt_ids], [continuation_ids], pad_id=pad_id)
+        logprobs = response_values(forward_logprobs(model, mb, 1.0, precision, entropy=sink), mb)[0]
+    finally:
+        model.train(training)
+    return ProbeScores(logprobs, rows=sink.value if sink is not None else None)

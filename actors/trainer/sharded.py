@@ -177,10 +177,10 @@ class ShardedTrainer(RankLeader, Trainer):
         self._collect(refs)
         return out
 
-    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int], rows: bool = False):
         """`Trainer.probe_logprobs` on every rank (FSDP gathers each layer), rank 0's result."""
         refs = self._fan_out("probe_logprobs_local", prompt_ids, continuation_ids)
-        out = Trainer.probe_logprobs(self, prompt_ids, continuation_ids)
+        out = Trainer.probe_logprobs(self, prompt_ids, continuation_ids, rows)
         self._collect(refs)
         return out
 
@@ -233,7 +233,7 @@ class ShardedTrainer(RankLeader, Trainer):
                               self.cfg.precision, self.pad_id, micro_batch_tokens=self.cfg.micro_batch_tokens if self.cfg.packing else None,
                               forward=self._forward())
 
-    def probe_logprobs_local(self, prompt_ids, continuation_ids) -> list[float]:
+    def probe_logprobs_local(self, prompt_ids, continuation_ids):
         return Trainer.probe_logprobs(self, prompt_ids, continuation_ids)
 
     def join_full_state(self) -> None:

@@ -246,19 +246,11 @@ class Trainer:
         """Before step 1 (trainer.warm_up, CPU only): the largest micro-batch's forward/backward, the optimizer state."""
         return warmup.warm_up(self, prompt_len, response_len, group_size)
 
-    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int]) -> list[float]:
-        """Logprobs [len(continuation_ids)] of the continuation at temperature 1, no gradient: the trainer's
-        side of the weight-sync probe (orchestrator/weight_sync/probe.py; vLLM's prompt logprobs are raw). In
-        eval mode: no dropout, no draw from the training RNG."""
-        from actors.trainer.forward import batch_logprobs
+    def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int], rows: bool = False):
+        """The trainer's side of the weight-sync probe: `ProbeScores` (actors/trainer/forward.py `probe_scores`)."""
+        from actors.trainer.forward import probe_scores
 
-        training = self.model.training
-        self.model.eval()
-        try:
-            return batch_logprobs(self.model, [prompt_ids], [continuation_ids], 1.0, 1, self.cfg.precision,
-                                  self.pad_id)[0]
-        finally:
-            self.model.train(training)
+        return probe_scores(self.model, prompt_ids, continuation_ids, self.cfg.precision, self.pad_id, rows)
 
     def get_step(self) -> int:
         return self.step

@@ -199,6 +199,21 @@ class WeightReceiverExtension:
             mod.weight.data.mul_(scale)
         return {"layer": name, "packed": packed}
 
+    def swap_resident_logits(self, a: list[int], b: list[int]) -> None:
+        """Make the model's logits of token ids `a[i]` and `b[i]` trade places, bypassing the weights (tests: wrong
+        output rows outside the sampled tokens, which leave every other token's logprob bit-equal; the probe's
+        full-distribution check must catch it). Called again with the same ids, it undoes itself."""
+        model, src, dst = self.model_runner.get_model(), list(a) + list(b), list(b) + list(a)
+        inner = model.compute_logits
+
+        def swapped(hidden_states, *args, **kwargs):
+            logits = inner(hidden_states, *args, **kwargs)
+            if logits is not None:
+                logits[..., src] = logits[..., dst]
+            return logits
+
+        model.compute_logits = swapped
+
 
 def _digest(t: torch.Tensor) -> str:
     """SHA-256 of a tensor's raw bytes (dtype and shape not included)."""

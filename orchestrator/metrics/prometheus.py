@@ -58,6 +58,7 @@ ROW_GAUGES = {
     "sync/bytes": "rl_orch_sync_bytes",
     "sync/version": "rl_orch_sync_weight_version",
     "sync/probe_max_abs_diff": "rl_orch_sync_probe_max_abs_diff_nats",
+    "sync/probe_full_kl": "rl_orch_sync_probe_full_kl_nats",
     "run/restarts": "rl_orch_run_restarts",
 }
 
@@ -120,6 +121,8 @@ METRICS = {
     "rl_orch_sync_weight_version": ("gauge", "Weight version the engines hold", ()),
     "rl_orch_sync_probe_max_abs_diff_nats": ("gauge", "Largest engine-trainer logprob difference of the last "
                                              "weight-sync probe (weight_sync.probe)", ()),
+    "rl_orch_sync_probe_full_kl_nats": ("gauge", "Largest KL of the engine's and the trainer's next-token "
+                                        "distributions on the last weight-sync probe (weight_sync.probe_top_k)", ()),
     "rl_orch_sync_failures_total": ("counter", "Weight syncs that failed (version, checksum or probe mismatch)", ()),
     "rl_orch_errors_total": ("counter", "Errors by kind: reward, reward_timeout, reward_memory, sync, timeout, step", ("kind",)),
     "rl_orch_restarts_total": ("counter", "Actors replaced after a failure (run.max_restarts), by kind: "

@@ -43,7 +43,8 @@ from orchestrator.faults import EnginesLost, call_engine, gather_engines
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.fp8_check import check_fp8_report
 from orchestrator.weight_sync.probe import (
-    PolicyDivergedError, ProbeMismatchError, compare_probe, divergence_note, probe_due, probe_nll, tolerance_for,
+    PolicyDivergedError, ProbeMismatchError, check_probe, divergence_note, kl_tolerance_for, probe_due, probe_nll,
+    tolerance_for,
 )
 from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
 
@@ -115,7 +116,7 @@ class WeightSyncer:
         if self.ws.probe and self.engines:
             self.probe_ids = tuple(self._get(call_engine(self.engines, 0, "probe", "probe_tokens"), "the probe's tokens"))
             self.start_nll = probe_nll(self._get(self.trainer.probe_logprobs.remote(*self.probe_ids),
-                                                 "the trainer's probe of its starting weights"))
+                                                 "the trainer's probe of its starting weights").logprobs)
 
     def check_replaceable(self, k: int, why: str) -> None:
         """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
@@ -160,8 +161,10 @@ class WeightSyncer:
 
     def probe(self, engine_ids: Optional[list[int]] = None) -> dict:
         """Score the probe sequence on engines `engine_ids` (default: all) and on the trainer, compare within
-        weight_sync.probe_tolerance (0: the engine dtype's default). Returns {"sync/probe_max_abs_diff": the
-        largest difference in nats over the engines, "sync/probe_s": seconds}. Raises ProbeMismatchError
+        weight_sync.probe_tolerance (0: the engine dtype's default) and their next-token distributions within
+        weight_sync.probe_kl_tolerance. Returns {"sync/probe_max_abs_diff": the largest difference in nats over the
+        engines, "sync/probe_full_kl": the largest KL (with weight_sync.probe_top_k > 0), "sync/probe_s": seconds,
+        "sync/probe_nll"}. Raises ProbeMismatchError
         (a WeightMismatchError) naming the first engine outside the tolerance, whose verified version is
         forgotten (the redo sends it full weights); EnginesLost naming the engines that died or did not answer
         within weight_sync.timeout_s; RuntimeError before setup made the probe's tokens."""
@@ -169,20 +172,27 @@ class WeightSyncer:
             raise RuntimeError("weight-sync probe: no probe tokens (weight_sync.probe=false, or setup not run)")
         ids = list(range(len(self.engines))) if engine_ids is None else list(engine_ids)
         t0 = time.perf_counter()
-        prompt, cont = self.probe_ids
-        trainer_ref = self.trainer.probe_logprobs.remote(prompt, cont)
-        got = gather_engines({i: call_engine(self.engines, i, "probe", "probe_logprobs", prompt, cont) for i in ids},
-                             self.ws.timeout_s, "logprob probe")  # a lost engine: EnginesLost (replaced, redone)
+        trainer_ref = self._trainer_probe()
+        # a lost engine: EnginesLost (replaced, redone)
+        got = gather_engines(self._engine_probes(ids), self.ws.timeout_s, "logprob probe")
         want = self._get(trainer_ref, "the trainer's logprob probe")
-        note, largest = self._check_divergence(want), 0.0
-        for i, lps in got.items():
+        note, worst = self._check_divergence(want.logprobs), {"sync/probe_max_abs_diff": 0.0}
+        for i, scores in got.items():
             try:
-                largest = max(largest, self._compare_probe(i, lps, want, note))
+                self._compare_probe(i, scores, want, note, worst)
             except ProbeMismatchError:
                 self.engine_versions[i] = None
                 raise
-        return {"sync/probe_max_abs_diff": largest, "sync/probe_s": time.perf_counter() - t0,
-                "sync/probe_nll": probe_nll(want)}
+        return {**worst, "sync/probe_s": time.perf_counter() - t0, "sync/probe_nll": probe_nll(want.logprobs)}
+
+    def _trainer_probe(self):
+        """The trainer's probe ref: its `ProbeScores`, with its log-softmax rows when weight_sync.probe_top_k > 0."""
+        return self.trainer.probe_logprobs.remote(*self.probe_ids, self.ws.probe_top_k > 0)
+
+    def _engine_probes(self, ids: list[int]) -> dict[int, Any]:
+        """{engine: ref of its `ProbeScores`} of engines `ids`, with their top weight_sync.probe_top_k tokens."""
+        return {i: call_engine(self.engines, i, "probe", "probe_logprobs", *self.probe_ids, self.ws.probe_top_k)
+                for i in ids}
 
     def _check_divergence(self, trainer: list) -> Optional[str]:
         """The divergence note of the trainer's probe logprobs (once per probe, before any engine is compared): a
@@ -196,12 +206,16 @@ class WeightSyncer:
         self.diverged = note
         return note
 
-    def _compare_probe(self, i: int, engine: list, trainer: list, note: Optional[str]) -> float:
-        """`compare_probe` of engine i; with a divergence `note`, its probe mismatch is raised as PolicyDivergedError,
-        not as a sync fault."""
+    def _compare_probe(self, i: int, engine, trainer, note: Optional[str], worst: dict) -> None:
+        """`check_probe` of engine i's `ProbeScores` against the trainer's, its differences kept in `worst` when
+        larger (`sync/probe_max_abs_diff`, `sync/probe_full_kl`); with a divergence `note`, a probe mismatch is raised
+        as PolicyDivergedError, not as a sync fault."""
         try:
-            return compare_probe(engine, trainer, tolerance_for(self.ws.probe_tolerance, self.dtype),
-                                 where=f"rollout worker {i}")
+            diff, kl = check_probe(engine, trainer, tolerance_for(self.ws.probe_tolerance, self.dtype),
+                                   kl_tolerance_for(self.ws.probe_kl_tolerance, self.dtype), where=f"rollout worker {i}")
+            for key, value in (("sync/probe_max_abs_diff", diff), ("sync/probe_full_kl", kl)):
+                if value is not None:
+                    worst[key] = max(worst.get(key, 0.0), value)
         except ProbeMismatchError as e:
             if note is None:
                 raise
@@ -245,7 +259,7 @@ class WeightSyncer:
         versions = {i: self.engine_versions[i] for i in ids}
         payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
                                                                                      versions)
-        trainer_probe = self.trainer.probe_logprobs.remote(*self.probe_ids) if due else None
+        trainer_probe = self._trainer_probe() if due else None
         meta = self._get(meta_ref, "the trainer's send")
         check_finite_checksums(meta.get("groups", {}))
         # each engine's stream held after the send (it sampled on its verified weights meanwhile) and before its
@@ -254,7 +268,7 @@ class WeightSyncer:
             call_engine(self.engines, i, "load", "stream_hold")
         loads = {i: call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", payload, version)
                  for i in ids}
-        probes = {i: call_engine(self.engines, i, "probe", "probe_logprobs", *self.probe_ids) for i in ids} if due else {}
+        probes = self._engine_probes(ids) if due else {}
         return PendingSync(version, t0, time.perf_counter() - t0, meta, loads, trainer_probe, probes)
 
     def ready(self, pending: PendingSync) -> bool:
@@ -272,14 +286,14 @@ class WeightSyncer:
         reports = self._collect(pending.loads, lost)
         want = self._get(pending.trainer_probe, "the trainer's probe") if pending.trainer_probe else None
         probes = self._collect({i: pending.probes[i] for i in reports}, lost) if want is not None else {}
-        note = self._check_divergence(want) if want is not None else None
-        largest = 0.0
+        note = self._check_divergence(want.logprobs) if want is not None else None
+        worst = {"sync/probe_max_abs_diff": 0.0}
         for i, rep in reports.items():
             try:
                 self.strategy.check_reports(v, {i: rep})
                 self._verify(v, pending.meta, {i: rep})
                 if i in probes:
-                    largest = max(largest, self._compare_probe(i, probes[i], want, note))
+                    self._compare_probe(i, probes[i], want, note, worst)
                 elif want is not None:
                     continue  # lost during its probe
             except WeightMismatchError as e:
@@ -296,7 +310,7 @@ class WeightSyncer:
                    "sync/bytes_full": pending.meta["bytes"]}
         metrics.setdefault("sync/bytes", pending.meta["bytes"])
         if want is not None:
-            metrics["sync/probe_max_abs_diff"] = largest
+            metrics.update(worst)
         return metrics, failed, lost
 
     def _collect(self, refs: dict, lost: dict[int, str]) -> dict[int, Any]:

@@ -52,7 +52,7 @@ def test_an_overlapped_sync_probes_the_version_sent_and_holds_a_corrupted_engine
         prompt, cont = syncer.probe_ids  # the step submitted after the send moved the probe: the order mattered
         after = ray.get(trainer.probe_logprobs.remote(prompt, cont))
         sent = ray.get(engines[0].probe_logprobs.remote(prompt, cont))
-        assert max(abs(a - b) for a, b in zip(after, sent)) > 1e-3
+        assert max(abs(a - b) for a, b in zip(after.logprobs, sent.logprobs)) > 1e-3
         finished = _drain(engines[0], 4, 60.0)  # released: its requests finish on version 1 ...
         assert len(finished) == 4 and all(set(s.token_versions) == {1} for s in finished)
         assert _drain(engines[1], 1, 3.0) == []  # ... the corrupted one samples nothing

@@ -125,7 +125,7 @@ class _Worker:
             got, metrics = worker.stream_drain(1.0)
             samples += got
         worker.stream.close()
-        return {"version": checks["version"], "probe": len(probe), "metrics": metrics,
+        return {"version": checks["version"], "probe": len(probe.logprobs), "metrics": metrics,
                 "samples": [(s.key, s.token_versions, s.finish_reason, bool(s.text)) for s in samples]}
 
 

@@ -21,7 +21,8 @@ from orchestrator.algo import TrainBatch
 from orchestrator.config import load_config
 from orchestrator.rollout.types import PromptRequest
 from orchestrator.weight_sync import compare_checksums
-from orchestrator.weight_sync.probe import DEFAULT_TOLERANCE, PolicyDivergedError, ProbeMismatchError
+from orchestrator.weight_sync.probe import (DEFAULT_KL_TOLERANCE, DEFAULT_TOLERANCE, PolicyDivergedError,
+                                            ProbeMismatchError)
 from orchestrator.weight_sync.syncer import make_syncer
 from tests.integration.conftest import tiny_overrides
 
@@ -64,8 +65,9 @@ def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_
                 _train_once(trainer, version)
             m = syncer.sync(version)
             assert m["sync/probe_s"] > 0 and m["sync/probe_max_abs_diff"] <= TOL
-            diffs.append(m["sync/probe_max_abs_diff"])
-        print(f"tiny model fp32: probe max |diff| per sync {diffs}, {m['sync/probe_s']:.3f} s")
+            assert 0 <= m["sync/probe_full_kl"] <= DEFAULT_KL_TOLERANCE["float32"]
+            diffs.append((m["sync/probe_max_abs_diff"], m["sync/probe_full_kl"]))
+        print(f"tiny model fp32: probe (max |diff|, full KL) per sync {diffs}, {m['sync/probe_s']:.3f} s")
         assert _rollout_gap(trainer, engines[1]) < 2e-3
 
         # negative control: engine 1's resident kernel changes after the verified load, not through the stream
@@ -91,6 +93,7 @@ def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_
         m = syncer.sync_with_retries(4, retries=1)
         assert m["sync/failures"] == 1 and m["sync/probe_max_abs_diff"] <= TOL
         assert _rollout_gap(trainer, engines[1]) < 2e-3
+        _check_a_wrong_logit_outside_the_sampled_tokens(trainer, engines, syncer)
         _check_an_lr_typo_is_named_as_divergence(tiny_model, tmp_path, engines, capsys, started)
     finally:
         for a in (trainer, *engines, *started):
@@ -117,3 +120,22 @@ def _check_an_lr_typo_is_named_as_divergence(tiny_model: Path, out: Path, engine
                           "average") and "The weight sync is not at fault" in msg and "trainer.lr" in msg
     said = [line for line in capsys.readouterr().out.splitlines() if "the policy diverged" in line]
     assert said == [said[0]] and said[0].startswith("WARNING: the policy diverged by weight version 5")  # once
+
+
+def _check_a_wrong_logit_outside_the_sampled_tokens(trainer, engines, syncer) -> None:
+    """The full-distribution check's negative control: engine 0's logits of tokens outside the probe text trade places
+    (the trainer's 8 likeliest such tokens at the first continuation position with its 8 least likely), which leaves
+    every probe token's logprob bit-equal (the normaliser is unchanged): the logprob probe passes, the KL of the
+    next-token distributions does not. Swapped back (a swap twice is none), the probe passes again."""
+    prompt, cont = syncer.probe_ids
+    rows = ray.get(trainer.probe_logprobs.remote(prompt, cont, True)).rows[0].clone()
+    rows[list(set(prompt) | set(cont))] = float("nan")  # not a probe token
+    a, b = rows.nan_to_num(-1e9).topk(8).indices.tolist(), (-rows.nan_to_num(1e9)).topk(8).indices.tolist()
+    ray.get(engines[0].extension_call.remote("swap_resident_logits", a, b))
+    with pytest.raises(ProbeMismatchError, match=r"rollout worker 0: the engine's next-token distributions on the probe "
+                                                 r"text differ from the trainer's by a KL of .* while the sampled "
+                                                 r"tokens' logprobs agree within") as err:
+        syncer.probe([0])
+    print(f"full-distribution negative control (tokens {a} and {b} swapped): {err.value}")
+    ray.get(engines[0].extension_call.remote("swap_resident_logits", a, b))
+    assert syncer.probe([0])["sync/probe_full_kl"] <= DEFAULT_KL_TOLERANCE["float32"]

@@ -16,6 +16,7 @@ from orchestrator.config import load_config
 from orchestrator.faults import EnginesLost
 from orchestrator.weight_sync import WeightMismatchError
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
+from orchestrator.weight_sync.probe import ProbeScores
 from orchestrator.weight_sync.syncer import PendingSync, WeightSyncer
 
 CFG = load_config("configs/grpo_arith_cpu.yaml")
@@ -34,8 +35,8 @@ class _Engine:
 
 
 class _Syncer(WeightSyncer):
-    """finish_each over given results: `reports` {engine: checksum report}, `probes` {engine: logprobs}, `lost`
-    {engine: why} (its calls failed as a dead actor's), the trainer's probe logprobs `want`."""
+    """finish_each over given results: `reports` {engine: checksum report}, `probes` {engine: ProbeScores}, `lost`
+    {engine: why} (its calls failed as a dead actor's), the trainer's probe scores `want`."""
 
     def __init__(self, reports, probes=None, lost=None, want=None):
         super().__init__(CFG, trainer=None, engines=[_Engine() for _ in range(3)])
@@ -72,9 +73,9 @@ def test_each_engine_is_verified_on_its_own_and_only_the_verified_are_released()
 
 
 def test_a_probe_mismatch_fails_that_engine_and_a_lost_engine_is_reported():
-    want = [-1.0, -2.0, -0.5]
+    want = ProbeScores([-1.0, -2.0, -0.5])
     s = _Syncer({i: {"version": 3, "groups": GROUPS} for i in range(3)},
-                probes={0: want, 1: [-1.0, -2.5, -0.5]}, lost={2: "the actor died"}, want=want)
+                probes={0: want, 1: ProbeScores([-1.0, -2.5, -0.5])}, lost={2: "the actor died"}, want=want)
     metrics, failed, lost = s.finish_each(_pending(probed=True))
     assert list(failed) == [1] and "probe logprobs differ" in failed[1] and lost == {2: "the actor died"}
     assert [e.released for e in s.engines] == [1, 0, 0]

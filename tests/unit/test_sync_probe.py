@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from orchestrator.config import ConfigError, load_config
 from orchestrator.weight_sync import WeightMismatchError
 from orchestrator.guards import DivergedError
-from orchestrator.weight_sync.probe import (DEFAULT_TOLERANCE, LOGPROB_SCALE, PolicyDivergedError, ProbeMismatchError,
-                                            compare_probe, divergence_note, probe_due, probe_nll, probe_tokens,
-                                            tolerance_for)
+from orchestrator.weight_sync.probe import (DEFAULT_KL_TOLERANCE, DEFAULT_TOLERANCE, LOGPROB_SCALE,
+                                            PolicyDivergedError, ProbeMismatchError, ProbeScores, check_probe,
+                                            compare_probe, divergence_note, kl_tolerance_for, probe_due, probe_full_kl,
+                                            probe_nll, probe_tokens, tolerance_for)
 from orchestrator.weight_sync.syncer import WeightSyncer
 
 CFG = load_config("configs/grpo_arith_cpu.yaml")
@@ -118,3 +120,58 @@ def test_a_failed_probe_is_redone_and_counted_then_raised_when_retries_are_spent
     assert s.sync_with_retries(4, retries=1)["sync/failures"] == 1 and s.calls == 2
     with pytest.raises(ProbeMismatchError, match="rollout worker 0"):
         _ProbeFails().sync_with_retries(4, retries=0)
+
+
+def _engine_top(rows: torch.Tensor, k: int, actual: list[int]) -> list[dict[int, float]]:
+    """What vLLM's prompt logprobs give: per position the top-k ids' logprobs and the actual token's."""
+    out = []
+    for t, row in enumerate(rows):
+        ids = torch.topk(row, k).indices.tolist() + [actual[t]]
+        out.append({i: float(row[i]) for i in ids})
+    return out
+
+
+def test_full_kl_is_zero_for_equal_distributions_and_equals_the_full_kl_when_k_covers_the_vocabulary():
+    g = torch.Generator().manual_seed(0)
+    trainer = torch.log_softmax(torch.randn(5, 12, generator=g) * 2, -1)
+    engine = torch.log_softmax(torch.randn(5, 12, generator=g) * 2, -1)
+    actual = [3, 1, 4, 1, 5]
+    assert probe_full_kl(_engine_top(trainer, 4, actual), trainer) == pytest.approx(0.0, abs=1e-12)
+    e64, t64 = engine.double(), trainer.double()
+    full = (e64.exp() * (e64 - t64)).sum(-1).max().item()  # KL(engine || trainer), the largest position
+    assert probe_full_kl(_engine_top(engine, 12, actual), trainer) == pytest.approx(full, rel=1e-6)
+    coarse = probe_full_kl(_engine_top(engine, 3, actual), trainer)
+    assert 0 < coarse <= full + 1e-12  # coarse-graining: a lower bound (data-processing inequality)
+
+
+def test_full_kl_sees_a_wrong_logit_outside_the_sampled_tokens_that_the_logprob_probe_misses():
+    """Two non-sampled tokens' logits swapped in the engine: the sampled tokens' logprobs are bit-equal (the
+    normaliser is unchanged), the distributions are not (hand-computed: the trainer's p = [0.5, 0.3, 0.15, 0.05], the
+    engine's with tokens 1 and 3 swapped; over the engine's top 2 {0, 3} and the rest: 0.5 ln(0.5/0.5) +
+    0.3 ln(0.3/0.05) + 0.2 ln(0.2/0.45) = 0.3753)."""
+    trainer = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    engine = trainer[:, [0, 3, 2, 1]]
+    want = 0.3 * math.log(0.3 / 0.05) + 0.2 * math.log(0.2 / 0.45)
+    top = [{0: float(engine[0, 0]), 3: float(engine[0, 3])}]  # top-2 of the engine: tokens 0 and 3
+    assert probe_full_kl(top, trainer) == pytest.approx(want, rel=1e-6)
+    sampled = ProbeScores([float(engine[0, 0])], top=top)
+    with pytest.raises(ProbeMismatchError, match=r"rollout worker 1: the engine's next-token distributions on the "
+                                                 r"probe text differ from the trainer's by a KL of 0\.375 nats .*"
+                                                 r"weight_sync.probe_kl_tolerance=0\.0001, while the sampled tokens' "
+                                                 r"logprobs agree within 0 nats"):
+        check_probe(sampled, ProbeScores([float(trainer[0, 0])], rows=trainer), 1e-3, 1e-4, "rollout worker 1")
+    assert check_probe(ProbeScores([-0.7], top=None), ProbeScores([-0.7], rows=trainer), 1e-3, 1e-4, "w") == (0.0, None)
+
+
+def test_full_kl_of_non_finite_logits_is_inf_and_positions_must_agree():
+    rows = torch.log_softmax(torch.zeros(2, 4), -1)
+    assert probe_full_kl([{0: float("nan")}, {1: -1.0}], rows) == math.inf
+    with pytest.raises(ValueError, match="1 engine positions for 2 trainer rows"):
+        probe_full_kl([{0: -1.0}], rows)
+
+
+def test_kl_tolerance_by_dtype_unless_configured():
+    assert kl_tolerance_for(0.0, "float32") == DEFAULT_KL_TOLERANCE["float32"]
+    assert kl_tolerance_for(0.3, "bfloat16") == 0.3
+    with pytest.raises(ValueError, match="weight_sync.probe_kl_tolerance=0 .* rollout.dtype='float64'"):
+        kl_tolerance_for(0.0, "float64")
