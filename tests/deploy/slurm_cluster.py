@@ -60,7 +60,8 @@ def _real_memory_mb() -> int:
 
 
 class SlurmCluster:
-    """munged + slurmctld + slurmd for one node (this host), all under `root`."""
+    """munged + slurmctld + slurmd for one node (this host), all under `root`; its one partition lets up to 4 jobs
+    share a core (`OverSubscribe=FORCE:4`), so jobs that each ask for every core run side by side."""
 
     def __init__(self, root: Path, kill_wait_s: int = 30):
         self.root = Path(root)
@@ -188,7 +189,7 @@ JobCompType=jobcomp/none
 MinJobAge=3600
 KillWait={self.kill_wait_s}
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory={_real_memory_mb()} State=UNKNOWN
-PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
     def _spawn(self, name: str, cmd: list[str]) -> None:

@@ -1,7 +1,10 @@
 """The Slurm launcher (deploy/slurm/rl_orch.sbatch) against a real single-node Slurm started in a temp dir
 (tests/deploy/slurm_cluster.py): a short GRPO run on the tiny random model ends COMPLETED with its
 checkpoint, a failing run ends FAILED, and `scancel` of a long run leaves no Ray process behind.
-Needs the Debian packages `slurm-wlm` and `munge` (`make system-deps`); about 3 minutes on 2 cores.
+The three jobs are submitted together when the first of their tests starts (`jobs`; the test cluster's partition
+lets jobs share its cores, each job still asks for all of them and gets its own Ray cluster, ports, token and temp
+dir): they run side by side, mostly waiting on Ray's start and stop, and each test then checks its own job.
+Needs the Debian packages `slurm-wlm` and `munge` (`make system-deps`); about 1.5 minutes on 2 cores.
 
     .venv/bin/python -m pytest tests/deploy/test_slurm.py -v
 """
@@ -59,6 +62,28 @@ def _submit(cluster, tiny_model: Path, out: Path, steps: int, **extra_env: str) 
     return job, env, out / f"slurm-{job}.out"
 
 
+def _submit_failing(cluster, tiny_model: Path, out: Path) -> tuple[int, dict[str, str], Path]:
+    """A run that fails (here: a config error, found at once)."""
+    out.mkdir(parents=True)
+    env = _launcher_env(tiny_model, out)
+    job = cluster.sbatch([f"--output={out}/slurm-%j.out", f"--cpus-per-task={cluster.cpus}", "--gpus-per-node=0",
+                          str(SBATCH), "configs/grpo_arith_cpu.yaml", "rollout.nn=3"], env=env, cwd=REPO)
+    return job, env, out / f"slurm-{job}.out"
+
+
+@pytest.fixture(scope="module")
+def jobs(request, slurm_cluster, tiny_model, tmp_path_factory) -> dict[str, tuple[int, dict[str, str], Path]]:
+    """{test name: (Slurm job id, its launcher env, its output file)} of this module's selected job tests, all
+    submitted at once (module docstring)."""
+    submit = {"test_sbatch_run_completes_with_checkpoint":
+              lambda out: _submit(slurm_cluster, tiny_model, out, steps=1, RL_ORCH_PROMETHEUS_PORT=str(free_port())),
+              "test_scancel_stops_the_ray_cluster":
+              lambda out: _submit(slurm_cluster, tiny_model, out, steps=1000, **_FAST_DRIVER_EXIT),
+              "test_failed_run_fails_the_slurm_job": lambda out: _submit_failing(slurm_cluster, tiny_model, out)}
+    selected = {item.originalname for item in request.session.items if item.module is request.module}
+    return {name: fn(tmp_path_factory.mktemp(name[5:20]) / "run") for name, fn in submit.items() if name in selected}
+
+
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
@@ -94,9 +119,30 @@ def _assert_ray_gone(env: dict[str, str], timeout_s: float = 60.0) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_sbatch_run_completes_with_checkpoint(slurm_cluster, tiny_model, tmp_path):
-    out = tmp_path / "run"
-    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1, RL_ORCH_PROMETHEUS_PORT=str(free_port()))
+def test_scancel_stops_the_ray_cluster(slurm_cluster, jobs):
+    """First of the three: its long run is stopped at its first step, not left training beside the others."""
+    job, env, log = jobs["test_scancel_stops_the_ray_cluster"]
+    out = log.parent
+    # the Ray job runs once the launcher has submitted it and the run has logged its first step
+    deadline = time.time() + 600
+    metrics = out / "metrics.jsonl"
+    while not (f"Ray job rl-orch-{job} submitted" in _read(log) and _read(metrics).strip()):
+        assert time.time() < deadline, f"the run did not log a step in time:\n{_read(log)[-5000:]}"
+        assert slurm_cluster.in_queue(job), f"the Slurm job ended early: {slurm_cluster.job(job)}\n{_read(log)[-5000:]}"
+        time.sleep(3)
+    slurm_cluster.scancel(job)
+    info = slurm_cluster.wait_until_done(job, timeout_s=120, poll_s=1)
+    assert info["JobState"] == "CANCELLED", f"{info}\n{_read(log)[-5000:]}"
+    # the launcher's trap ran to its end (stopped the Ray job and Ray) before Slurm's KillWait ran out
+    assert "received a stop signal" in _read(log) and "rl_orch: exit status 143" in _read(log), _read(log)[-5000:]
+    _assert_ray_gone(env)
+    shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)
+
+
+@pytest.mark.timeout(900)
+def test_sbatch_run_completes_with_checkpoint(slurm_cluster, jobs):
+    job, env, log = jobs["test_sbatch_run_completes_with_checkpoint"]
+    out = log.parent
     info = slurm_cluster.wait_until_done(job, timeout_s=600)
     text = _read(log)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-5000:]}"
@@ -136,37 +182,12 @@ def _assert_job_prometheus_config(job: int, env: dict[str, str], out: Path, text
     assert check.returncode == 0 and "WARNING" not in check.stdout + check.stderr, check.stdout + check.stderr
 
 
-@pytest.mark.timeout(900)
-def test_scancel_stops_the_ray_cluster(slurm_cluster, tiny_model, tmp_path):
-    out = tmp_path / "run"
-    job, env, log = _submit(slurm_cluster, tiny_model, out, steps=1000, **_FAST_DRIVER_EXIT)
-    # the Ray job runs once the launcher has submitted it and the run has logged its first step
-    deadline = time.time() + 600
-    metrics = out / "metrics.jsonl"
-    while not (f"Ray job rl-orch-{job} submitted" in _read(log) and _read(metrics).strip()):
-        assert time.time() < deadline, f"the run did not log a step in time:\n{_read(log)[-5000:]}"
-        assert slurm_cluster.in_queue(job), f"the Slurm job ended early: {slurm_cluster.job(job)}\n{_read(log)[-5000:]}"
-        time.sleep(3)
-    slurm_cluster.scancel(job)
-    info = slurm_cluster.wait_until_done(job, timeout_s=120, poll_s=1)
-    assert info["JobState"] == "CANCELLED", f"{info}\n{_read(log)[-5000:]}"
-    # the launcher's trap ran to its end (stopped the Ray job and Ray) before Slurm's KillWait ran out
-    assert "received a stop signal" in _read(log) and "rl_orch: exit status 143" in _read(log), _read(log)[-5000:]
-    _assert_ray_gone(env)
-    shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)
-
-
 @pytest.mark.timeout(600)
-def test_failed_run_fails_the_slurm_job(slurm_cluster, tiny_model, tmp_path):
+def test_failed_run_fails_the_slurm_job(slurm_cluster, jobs):
     """A run that fails (here: a config error, found at once) makes the Slurm job FAILED with exit code 1."""
-    out = tmp_path / "run"
-    out.mkdir()
-    env = _launcher_env(tiny_model, out)
-    job = slurm_cluster.sbatch([f"--output={out}/slurm-%j.out", f"--cpus-per-task={slurm_cluster.cpus}",
-                                "--gpus-per-node=0", str(SBATCH), "configs/grpo_arith_cpu.yaml", "rollout.nn=3"],
-                               env=env, cwd=REPO)
+    job, env, log = jobs["test_failed_run_fails_the_slurm_job"]
     info = slurm_cluster.wait_until_done(job, timeout_s=400)
-    text = _read(out / f"slurm-{job}.out")
+    text = _read(log)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", f"{info}\n{text[-5000:]}"
     assert "unknown config key 'rollout.nn'" in text and f"Ray job rl-orch-{job}: FAILED" in text, text[-5000:]
     _assert_ray_gone(env)
