@@ -42,16 +42,26 @@ print("RESULT" + json.dumps({"engine_s": t2 - t1, "process_s": t2 - t0}), flush=
 """
 
 
-def start_once(kind: str, model: str) -> dict:
-    """One engine start of `kind` ("ours" or "bare") in a fresh process; its seconds. Raises RuntimeError with the
-    child's output when it printed no result."""
+def run_child(child: str, kind: str, model: str) -> dict:
+    """Python code `child` run as `python -c child kind model` in a fresh process (PYTHONPATH = the repo): the JSON
+    object of its line starting with RESULT, with "wall_s" added (the whole process). Raises RuntimeError with the
+    child's output when it printed no result. Shared with benchmarks/gc_thresholds.py."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", CHILD, kind, model], cwd=REPO, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", child, kind, model], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(REPO), "VLLM_LOGGING_LEVEL": "ERROR"}, timeout=600)
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT")), None)
     if line is None:
-        raise RuntimeError(f"{kind} engine start printed no result (rc {out.returncode}):\n{out.stderr[-3000:]}")
+        raise RuntimeError(f"{kind} child printed no result (rc {out.returncode}):\n{out.stderr[-3000:]}")
     return {**json.loads(line[len("RESULT"):]), "wall_s": time.perf_counter() - t0}
+
+
+def alternating(child: str, kinds: tuple[str, ...], model: str, repeats: int) -> dict[str, list[dict]]:
+    """{kind: [`run_child` result per repeat]}, the kinds alternating (a drift of the machine affects all alike)."""
+    runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    for _ in range(repeats):
+        for kind in kinds:
+            runs[kind].append(run_child(child, kind, model))
+    return runs
 
 
 def main(argv=None) -> None:
@@ -63,10 +73,7 @@ def main(argv=None) -> None:
     from orchestrator.models import resolve_model_path
 
     model = str(resolve_model_path(args.model))
-    runs: dict[str, list[dict]] = {"bare": [], "ours": []}
-    for _ in range(args.repeats):
-        for kind in runs:  # alternating: a drift of the machine affects both kinds alike
-            runs[kind].append(start_once(kind, model))
+    runs = alternating(CHILD, ("bare", "ours"), model, args.repeats)
     print(f"engine start, {model}, {args.repeats} fresh processes each (medians):")
     med = {k: {f: statistics.median(r[f] for r in v) for f in ("engine_s", "wall_s")} for k, v in runs.items()}
     for kind, m in med.items():
