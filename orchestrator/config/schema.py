@@ -297,8 +297,8 @@ class MemoryConfig:
 
 @dataclass
 class GuardsConfig:
-    """Run-health guards (orchestrator/guards/signals.py): reward collapse, pinned lengths and grad-norm spikes warn by
-    default (kl spikes need algo.kl_coef > 0: off). A tripped guard sets its `guard/<name>` metric to 1 and prints a
+    """Run-health guards (orchestrator/guards/signals.py): reward collapse, pinned lengths, entropy collapse and
+    grad-norm spikes warn by default (kl spikes need algo.kl_coef > 0: off). A tripped guard sets its `guard/<name>` metric to 1 and prints a
     warning naming the signal and the step (Prometheus alerts in deploy/prometheus/alerts.yml)."""
     action: str = choice("warn", ("warn", "stop"))  # warn | stop: what a tripped guard does to the run
     # every sample of the step got the same reward (reward/std = 0, e.g. all 0) this many steps in a row
@@ -306,6 +306,10 @@ class GuardsConfig:
     # rollout/truncated_frac >= truncated_frac (responses cut at max_new_tokens) this many steps in a row
     truncated_steps: int = number(5, ge=0, note="(0 = off)")
     truncated_frac: float = number(0.9, gt=0, le=1)
+    # actor/entropy (mean token entropy of the trained tokens, nats) below entropy_floor this many steps in a row: a
+    # collapsed policy (Yu et al. 2025, DAPO, sec. 3.1: entropy collapse)
+    entropy_collapse_steps: int = number(5, ge=0, note="(0 = off)")
+    entropy_floor: float = number(0.01, ge=0, finite=True, note="(0 = off)")
     # actor/kl (policy vs reference: needs algo.kl_coef > 0) / actor/grad_norm above factor x their running median
     kl_spike_factor: float = number(0.0, ge=0, note="(0 = off; else > 1)")
     grad_norm_spike_factor: float = number(10.0, ge=0, note="(0 = off; else > 1)")

@@ -1,4 +1,5 @@
-"""Run-health guards (the `guards` config section; reward_collapse, length_pinned, grad_norm_spike on by default), each a `guard/<name>`
+"""Run-health guards (the `guards` config section; reward_collapse, length_pinned, entropy_collapse, grad_norm_spike on by
+default), each a `guard/<name>`
 metric in the step's row (1 = tripped this step, 0 = not; absent when the guard is off) and a printed warning;
 with `guards.action=stop` a tripped guard stops the run (`GuardTripped`). Prometheus alerts on
 `rl_orch_guard_tripped{guard=...}` live in deploy/prometheus/alerts.yml. Pure: no Ray, no torch.
@@ -7,6 +8,7 @@ with `guards.action=stop` a tripped guard stops the run (`GuardTripped`). Promet
 |---|---|
 | reward_collapse | `reward/std` is 0 (every sample got the same reward, e.g. all 0) for `reward_collapse_steps` steps in a row |
 | length_pinned | `rollout/truncated_frac` >= `truncated_frac` for `truncated_steps` steps in a row |
+| entropy_collapse | `actor/entropy` (mean token entropy, nats) < `entropy_floor` for `entropy_collapse_steps` steps in a row |
 | kl_spike | `actor/kl` > `kl_spike_factor` x the median of its last `spike_window` values |
 | grad_norm_spike | `actor/grad_norm` > `grad_norm_spike_factor` x the median of its last `spike_window` values |
 
@@ -21,7 +23,7 @@ import statistics
 from collections import deque
 from typing import Optional
 
-GUARDS = ("reward_collapse", "length_pinned", "kl_spike", "grad_norm_spike")
+GUARDS = ("reward_collapse", "length_pinned", "entropy_collapse", "kl_spike", "grad_norm_spike")
 
 
 class GuardTripped(RuntimeError):
@@ -64,13 +66,14 @@ class HealthGuards:
 
     def __init__(self, guards):
         self.g = guards
-        self.streak = {"reward_collapse": 0, "length_pinned": 0}
+        self.streak = {"reward_collapse": 0, "length_pinned": 0, "entropy_collapse": 0}
         self.history = {"kl_spike": deque(maxlen=guards.spike_window),
                         "grad_norm_spike": deque(maxlen=guards.spike_window)}
 
     def enabled(self) -> dict[str, bool]:
         g = self.g
         return {"reward_collapse": g.reward_collapse_steps > 0, "length_pinned": g.truncated_steps > 0,
+                "entropy_collapse": g.entropy_collapse_steps > 0 and g.entropy_floor > 0,
                 "kl_spike": g.kl_spike_factor > 0, "grad_norm_spike": g.grad_norm_spike_factor > 0}
 
     def observe(self, step: int, row: dict) -> dict[str, float]:
@@ -106,6 +109,12 @@ class HealthGuards:
         why["length_pinned"] = (f"{frac:.0%} of the responses hit rollout.max_new_tokens for {n} steps in a row "
                                 f"(guards.truncated_frac={g.truncated_frac:g})"
                                 if frac is not None and n >= g.truncated_steps > 0 else None)
+        ent = row.get("actor/entropy")
+        n = self._count("entropy_collapse", None if ent is None or not math.isfinite(ent) else ent < g.entropy_floor)
+        why["entropy_collapse"] = (f"actor/entropy {ent:.3g} nats per token < guards.entropy_floor={g.entropy_floor:g} "
+                                   f"for {n} steps in a row: the policy samples nearly one answer, its groups stop "
+                                   "giving an advantage (raise the temperature, algo.clip_high or algo.entropy_coef)"
+                                   if ent is not None and n >= g.entropy_collapse_steps > 0 else None)
         for name, key, factor in (("kl_spike", "actor/kl", g.kl_spike_factor),
                                   ("grad_norm_spike", "actor/grad_norm", g.grad_norm_spike_factor)):
             value, history = row.get(key), self.history[name]

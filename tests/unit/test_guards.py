@@ -62,13 +62,25 @@ def test_zero_never_stops_and_mini_batches_count_updates():
 
 def _guards(**over):
     g = dict(action="warn", reward_collapse_steps=0, truncated_steps=0, truncated_frac=0.9, kl_spike_factor=0.0,
-             grad_norm_spike_factor=0.0, spike_window=20, spike_min_steps=3)
+             grad_norm_spike_factor=0.0, spike_window=20, spike_min_steps=3, entropy_collapse_steps=0,
+             entropy_floor=0.01)
     g.update(over)
     return HealthGuards(SimpleNamespace(**g))
 
 
 def test_guards_are_off_by_default_and_add_nothing():
-    assert _guards().observe(1, {"reward/std": 0.0, "rollout/truncated_frac": 1.0, "actor/grad_norm": 1e9}) == {}
+    assert _guards().observe(1, {"reward/std": 0.0, "rollout/truncated_frac": 1.0, "actor/grad_norm": 1e9,
+                                 "actor/entropy": 0.0}) == {}
+    assert _guards(entropy_collapse_steps=1, entropy_floor=0.0).observe(1, {"actor/entropy": 0.0}) == {}  # floor 0: off
+
+
+def test_entropy_collapse_trips_after_k_steps_below_the_floor_and_clears(capsys):
+    g = _guards(entropy_collapse_steps=2, entropy_floor=0.05)
+    flags = [g.observe(s, {"actor/entropy": e})["guard/entropy_collapse"]
+             for s, e in enumerate([0.04, 0.3, 0.01, math.nan, 0.02, 0.2], start=1)]
+    assert flags == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]  # a NaN entropy (a skipped step) neither counts nor breaks a streak
+    assert ("guard entropy_collapse at step 5: actor/entropy 0.02 nats per token < guards.entropy_floor=0.05 for 2 "
+            "steps in a row: the policy samples nearly one answer") in capsys.readouterr().out
 
 
 def test_reward_collapse_trips_after_k_constant_steps_and_clears(capsys):
@@ -114,9 +126,10 @@ def test_run_guards_from_a_loaded_config():
     cfg = load_config("configs/grpo_arith_cpu.yaml", ["run.max_skipped_updates=2", "guards.reward_collapse_steps=1"])
     guards = RunGuards(cfg)
     out = guards.after_step(1, {**_row(1.0), "reward/std": 0.0})
-    # the guards on by default (length_pinned, grad_norm_spike) report 0: their signals are absent or normal here
+    # the guards on by default (length_pinned, entropy_collapse, grad_norm_spike) report 0: their signals are absent
+    # or normal here
     assert out == {"actor/skipped_updates_total": 1.0, "actor/skipped_in_a_row": 1.0, "guard/reward_collapse": 1.0,
-                   "guard/length_pinned": 0.0, "guard/grad_norm_spike": 0.0}
+                   "guard/length_pinned": 0.0, "guard/entropy_collapse": 0.0, "guard/grad_norm_spike": 0.0}
     with pytest.raises(DivergedError, match="run.max_skipped_updates=2"):
         guards.after_step(2, _row(1.0))
 
