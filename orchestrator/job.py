@@ -193,7 +193,7 @@ class Job:
 
     def replace_rollout(self, k: int, why: str, sync: bool = True):
         """Replace rollout worker k (lost because `why`): spend one restart of run.max_restarts, kill it, start
-        a fresh one in the same placement-group bundle (its engine from the weights the job started from), and
+        a fresh one in the same placement-group bundle (`_start_rollout_worker`), and
         connect it to the weight syncer; with `sync`, bring it to the engines' current version (verified).
         Returns the new handle. Raises RestartsExhausted past the budget, RuntimeError for a strategy that cannot
         take a new engine (nccl), PlacementError when its bundle is not placed within placement.timeout_s."""
@@ -214,11 +214,12 @@ class Job:
         """A fresh rollout worker k in its bundle, waited for: the bundle within placement.timeout_s (a lost
         node's bundle is re-placed by Ray when the cluster can hold it), the engine within run.phase_timeout_s.
         A replacement lost while it starts (its bundle was still on a node Ray had not yet found dead) is
-        started again, `tries` times in all."""
+        started again, `tries` times in all. Its engine loads the checkpoint the job started from only before the
+        first sync, then the base model (synced to full, verified weights): checkpoint.keep_last may remove it."""
+        start_from = self.resume_from if self.version is None else None
         for attempt in range(1, tries + 1):
             self._wait_bundle(k)
-            new = start_rollout_worker(self.cfg, self.actors.plan, self.actors.pgs, k, self.model_path,
-                                       self.resume_from)
+            new = start_rollout_worker(self.cfg, self.actors.plan, self.actors.pgs, k, self.model_path, start_from)
             try:
                 self.wait(new.ready.remote())
                 return new
