@@ -49,7 +49,7 @@ BASE = ["eval.every_steps=0", "metrics.trackers=[]", "metrics.samples_every=0", 
         "checkpoint.resume=none", "placement.resource=fake_gpu", "placement.fake_gpus=2", "run.progress=false"]
 SPLIT = ["rollout.num_workers=1", "trainer.num_workers=1", "placement.trainer_per_worker=1.0",
          "placement.rollout_per_worker=1.0"]
-STREAM = ["placement.mode=disaggregated_async", "rollout.partial_rollout=true", *SPLIT]
+STREAM = ["rollout.mode=stream", *SPLIT]
 MODES: dict[str, list[str]] = {
     "sync_colocated": ["placement.mode=colocated"],
     # colocated on both fake GPUs, as on a 2-GPU node: each core holds an engine and a trainer rank (gloo DP)
@@ -57,7 +57,7 @@ MODES: dict[str, list[str]] = {
     # what a user of this 2-core machine runs (the demo): no fake GPUs, each phase on both cores in turn
     "sync_colocated_cpu": ["placement.mode=colocated", "placement.resource=CPU", "placement.fake_gpus=0"],
     "sync_disaggregated": ["placement.mode=disaggregated", *SPLIT],
-    "one_step_off": ["placement.mode=disaggregated_async", "algo.max_staleness=1", *SPLIT],
+    "one_step_off": ["rollout.mode=one_step_off", "algo.max_staleness=1", *SPLIT],
     "k1": [*STREAM, "algo.max_staleness=1"],
     "k2": [*STREAM, "algo.max_staleness=2"],
     "k4": [*STREAM, "algo.max_staleness=4"],

@@ -12,10 +12,13 @@ each hold the trainer, the rollout worker and a spare). The schedule (SCHEDULE):
     step 6   the engine hangs in the weight sync            (inject_hang_next_load; weight_sync.timeout_s=30)
     step 8   the rollout worker is SIGKILLed again
     step 10  a reward function allocates 30 GiB on every call (data fault: reward.memory_limit_mb stops it)
-    step 11  the rollout worker is SIGKILLed as the sync's logprob probe reaches it (orchestrator/faults.py fault_hook)
     step 13  the newest checkpoint (step 12) is torn, then the trainer's process is SIGKILLed before it trains
+    step 14  the rollout worker is SIGKILLed as the sync's logprob probe reaches it (orchestrator/faults.py fault_hook)
     step 16  the rollout worker is SIGKILLed a third time
     step 19  the rollout worker's node is removed           after its groups were launched
+
+The trainer's restart at step 13 redoes steps 10-13 (from the checkpoint of step 9) and their rows replace the first
+attempts', so a process fault there would leave no count in the row: none is scheduled at steps 10-12.
 
 Data faults change what a step trains on (a reward scored 0, an update skipped), so the reference run injects
 them too, at the same steps (benchmarks/fault_injection.py, flag files); the process faults are injected in the
@@ -58,7 +61,7 @@ from orchestrator.controller import GRPOController  # noqa: E402
 from orchestrator.faults import fault_hook  # noqa: E402
 
 SCHEDULE = [(2, "reward_hang"), (3, "rollout_kill"), (5, "nan_loss"), (6, "engine_hang"), (8, "rollout_kill"),
-            (10, "reward_memory"), (11, "probe_kill"), (13, "torn_checkpoint"), (13, "trainer_kill"), (16, "rollout_kill"),
+            (10, "reward_memory"), (13, "torn_checkpoint"), (13, "trainer_kill"), (14, "probe_kill"), (16, "rollout_kill"),
             (19, "node_removed")]
 PROMPTS, N = 2, 4
 FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}

@@ -11,7 +11,7 @@ fixed-length responses so that every step does the same work) in:
 2. the sizer fitted to both runs (`orchestrator.sizing.recommend.recommend`: what `rl-orch size --metrics a
    --metrics b --gpus 2` runs) and its split, realised as config overrides by
    `orchestrator.placement.replace.to_overrides` (the mapping placement.auto uses), when not already measured;
-3. disaggregated_async 1 + 1 (one step off-policy), the async side of the sync/async ratio.
+3. rollout.mode=one_step_off 1 + 1 (one step off-policy), the async side of the sync/async ratio.
 
 With --repeats R the rounds alternate; a placement already in the list is run once per round. Per
 placement it prints the measured seconds per step (`timing/step_s` minus `timing/checkpoint_s`, mean of
@@ -58,7 +58,7 @@ TARGET_ERROR = 0.15
 # ---- pure parts (tests/unit/test_sizing_benchmark.py) ------------------------------------------------------
 def step_seconds(rows: list[dict], drop_last: bool = False) -> list[float]:
     """Seconds of each timed step of a metrics log, in step order: `timing/step_s` minus `timing/checkpoint_s`
-    (0 when absent). drop_last: leave out the last step (disaggregated_async: no generation of a next batch
+    (0 when absent). drop_last: leave out the last step (one_step_off: no generation of a next batch
     overlaps it, so it is shorter than a steady-state step). Raises ValueError when no step is left."""
     timed = sorted((r for r in rows if "timing/step_s" in r), key=lambda r: r.get("step", 0))
     if drop_last:
@@ -152,7 +152,7 @@ def job_overrides(args) -> list[str]:
 
 EQUAL = ["placement.mode=disaggregated", "rollout.num_workers=1", "trainer.num_workers=1",
          "placement.trainer_per_worker=1.0", "placement.rollout_per_worker=1.0"]
-ASYNC = ["placement.mode=disaggregated_async", *EQUAL[1:]]
+ASYNC = ["rollout.mode=one_step_off", *EQUAL[1:]]
 
 
 def run_job(name: str, overrides: list[str], out: Path, timeout_s: float, reuse: bool = False) -> Path:
@@ -294,7 +294,7 @@ def measure(args, out: Path, p: dict) -> tuple[dict, dict]:
             else:
                 folder = run_job(f"{SLUGS[name]}_r{r}", overrides, out, args.timeout_s, args.reuse)
             rows = read_rows(folder)
-            measured[name].append(step_seconds(rows, drop_last="placement.mode=disaggregated_async" in overrides))
+            measured[name].append(step_seconds(rows, drop_last="rollout.mode=one_step_off" in overrides))
             sw = [float(x.get("colocate/sleep_s", 0)) + float(x.get("colocate/wake_s", 0)) for x in rows[1:]
                   if "colocate/sleep_s" in x]
             if sw:

@@ -40,7 +40,7 @@ from orchestrator.reward.scorer import RewardResult
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores
-from orchestrator.rollout.resume_mode import check_resumable, state_to_load
+from orchestrator.rollout.resume_mode import STREAM, SYNC, check_resumable, state_to_load
 from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -97,7 +97,7 @@ class GRPOController:
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
-        self.pipeline: Optional[AsyncRollouts | StreamRollouts] = None  # placement.mode=disaggregated_async
+        self.pipeline: Optional[AsyncRollouts | StreamRollouts] = None  # rollout.mode one_step_off / stream
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
         self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
         self.reward_parts, self.scored = {}, None  # the last step's scored batch: completion samples (metrics.samples_*)
@@ -155,11 +155,11 @@ class GRPOController:
 
     def start_rollouts(self) -> None:
         """The rollout source over the job's workers (multi-turn when env.name is set), wrapped in the
-        one-step-off pipeline for placement.mode=disaggregated_async."""
+        one-step-off or streaming pipeline of rollout.mode one_step_off / stream."""
         kind = MultiTurnSource if self.cfg.env.name else SingleTurnSource
         self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait, self.job.recover_rollout)
         self.pipeline = None
-        if self.cfg.placement.mode == "disaggregated_async":
+        if self.cfg.rollout.mode != SYNC:
             per_group = self.score_group if not self.cfg.env.name or self.actors.reference is not None else None
             self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step,
                                            per_group, on_poll=self.job.pump_sync)
@@ -184,7 +184,7 @@ class GRPOController:
         return self._end_step(step, timer, row, t0)
 
     def step_async(self, step: int) -> tuple[dict, Optional[str]]:
-        """One step of placement.mode=disaggregated_async (orchestrator/rollout/async_source.py): the batch of
+        """One step of rollout.mode one_step_off (orchestrator/rollout/async_source.py) or stream: the batch of
         step + 1 is launched before this step trains, on the weights the engines hold (one step off-policy,
         bounded by algo.max_staleness); its generation is waited for before the weight sync."""
         timer, row = PhaseTimer(), {"step": step}
@@ -201,7 +201,7 @@ class GRPOController:
         with timer.phase("generate"):  # the next batch's generation not hidden behind this step
             self.pipeline.finish_in_flight(row)
         with timer.phase("weight_sync"):  # streaming: overlapped with the next step (weight_sync.overlap)
-            self.sync_weights(step, row, overlap=self.cfg.rollout.partial_rollout and self.cfg.weight_sync.overlap)
+            self.sync_weights(step, row, overlap=self.cfg.rollout.mode == STREAM and self.cfg.weight_sync.overlap)
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
@@ -383,7 +383,7 @@ class GRPOController:
         """Stop every actor, start them again from checkpoint `folder` (None: the base model at step 0) in `new_cfg`
         when given (the current config when not, or when it cannot be reserved), `restore` (a verified weight sync),
         restart the rollouts. Returns whether `new_cfg` runs. Used by placement.auto and orchestrator/supervisor.py."""
-        if self.pipeline is not None:  # disaggregated_async: pending batches are regenerated
+        if self.pipeline is not None:  # one_step_off, stream: pending batches are regenerated
             self.pipeline.discard()
         self.cfg, placed = self.job.replace(new_cfg or self.cfg, folder)
         if folder is None:

@@ -1,4 +1,4 @@
-"""Streaming generation in a rollout worker (`rollout.partial_rollout=true`): the engine generates without
+"""Streaming generation in a rollout worker (`rollout.mode=stream`): the engine generates without
 pause on a thread of its own; groups are submitted and finished samples drained at any time; a weight update
 interrupts the requests in flight and continues them on the new weights (actors/rollout/interruptible.py).
 

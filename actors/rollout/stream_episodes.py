@@ -1,4 +1,4 @@
-"""Streamed multi-turn episodes in a rollout worker (`rollout.partial_rollout=true` with `env.name` set): the agent
+"""Streamed multi-turn episodes in a rollout worker (`rollout.mode=stream` with `env.name` set): the agent
 loop of every submitted group runs continuously on an asyncio event loop of its own thread, and each policy turn is
 one request on the worker's streaming engine (actors/rollout/stream.py), the same engine thread that streams
 single-turn groups. Environment calls run in the env runner's threads (or env actors), never on the engine thread,

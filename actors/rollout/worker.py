@@ -33,9 +33,9 @@ class RolloutWorker:
         self.version = 0
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
         self.env_actors = list(env_actors or [])
-        self.stream = None  # StreamingGenerator (rollout.partial_rollout), made on the first stream_submit
+        self.stream = None  # StreamingGenerator (rollout.mode=stream), made on the first stream_submit
         self.stream_held = False  # between `stream_hold` and `stream_release` (an overlapped weight sync)
-        self.episodes = None  # StreamingEpisodes (partial_rollout with env.name), made on the first multi-turn submit
+        self.episodes = None  # StreamingEpisodes (rollout.mode=stream with env.name), made on the first multi-turn submit
 
     # ---- streaming generation with partial rollouts (actors/rollout/stream.py) -------------------
     def stream_submit(self, requests: list[PromptRequest], env_cfg: Optional[dict] = None, worker_id: int = 0) -> int:

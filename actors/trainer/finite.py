@@ -132,7 +132,7 @@ def adamw_bound(group: dict, p_max: float, m_max: float, grad_norm: float, t: fl
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """True when every element of every tensor is finite: one fused 2-norm pass (`get_total_norm`);
     only when a norm is not finite (a NaN, an inf, or a norm that overflowed) are the elements checked."""
-    local = [_local(t) for t in tensors if t.numel()]
+    local = [local_shard(t) for t in tensors if t.numel()]
     if not local:
         return True
     if math.isfinite(float(torch.nn.utils.get_total_norm(local))):
@@ -180,7 +180,7 @@ def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
             if torch.is_tensor(v) and v.is_floating_point()]
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of an FSDP2 DTensor (the tensor itself otherwise)."""
     t = t.detach()
     return t.to_local() if hasattr(t, "to_local") else t
@@ -189,5 +189,5 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _max_norm(tensors: list[torch.Tensor]) -> float:
     """The 2-norm of all the tensors' elements together (>= their largest |element|), one fused pass
     (`get_total_norm`: foreach kernels); 0 for none; inf or NaN propagate."""
-    local = [_local(t) for t in tensors if t.numel()]
+    local = [local_shard(t) for t in tensors if t.numel()]
     return float(torch.nn.utils.get_total_norm(local)) if local else 0.0

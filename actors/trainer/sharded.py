@@ -131,6 +131,10 @@ class ShardedTrainer(RankLeader, Trainer):
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
 
+    def _sum_shards(self, sums: dict[str, float]) -> dict[str, float]:
+        """Sums over all D ranks of values computed on each rank's FSDP2 shards (actor/update_ratio's squares)."""
+        return collectives.all_sum_dict(sums, self._device())
+
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
 

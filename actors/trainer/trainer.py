@@ -30,6 +30,7 @@ from actors.trainer.forward import LOSS_MASK, collate_micro_batch, split_micro_b
 from actors.trainer.policy_forward import policy_forward
 from actors.trainer import attention, finite, fp8, lora, prefix_share, warmup
 from actors.trainer.moe_loss import RouterAux
+from actors.trainer.update_size import update_ratio
 from orchestrator.algo import LossInputs, Sampling, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.algo.mismatch import uses_rollout_logprobs
 from orchestrator.algo.mismatch_metrics import MismatchStats
@@ -171,6 +172,7 @@ class Trainer:
         (actors/trainer/finite.py); a skipped step leaves the schedule and `step` too. Returns its counts."""
         reason, copied = finite.guarded_step(self.optimizer, loss_finite, out["actor/grad_norm"], max_norm,
                                              self._all_max)
+        ratio = update_ratio(self.optimizer, self._sum_shards) if reason is None else None  # before the LR moves
         if reason is None:
             self.scheduler.step()
             self.step += 1
@@ -180,7 +182,7 @@ class Trainer:
                 print(f"trainer: update skipped at optimizer step {self.step}: non-finite {reason} (loss "
                       f"{out['actor/loss']}, grad norm {out['actor/grad_norm']}); weights and optimizer state "
                       "unchanged", flush=True)
-        return finite.outcome_metrics(reason, copied)
+        return finite.outcome_metrics(reason, copied) | ({} if ratio is None else {"actor/update_ratio": ratio})
 
     def _micro_batch_backward(self, mb, batch: TrainBatch, part: list[int], norm: float) -> dict[str, float]:
         router = [] if self.router_aux is not None else None  # MoE: per-layer router logits of this forward
@@ -225,6 +227,9 @@ class Trainer:
         return idx, old_lp
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        return sums
+
+    def _sum_shards(self, sums: dict[str, float]) -> dict[str, float]:  # over the ranks' FSDP2 shards (one here)
         return sums
 
     def _all_max(self, values: list[float]) -> list[float]:

@@ -55,7 +55,7 @@ class WeightSyncConfig:
     # At most vLLM's max_logprobs (20).
     probe_top_k: int = number(20, ge=0, le=20, finite=True, note="(0 = off)")
     probe_kl_tolerance: float = number(0.0, ge=0, finite=True)  # nats; 0 = by rollout.dtype (float32 1e-5, 16-bit 0.1)
-    # Streaming runs (rollout.partial_rollout): the engines load, are verified and probed while the next step trains;
+    # Streaming runs (rollout.mode=stream): the engines load, are verified and probed while the next step trains;
     # the trainer waits only for its own send (orchestrator/weight_sync/overlapped.py). Each engine samples nothing
     # until it is verified. Ignored by a concurrent strategy (nccl), whose syncs hold the trainer on the wire.
     overlap: bool = True

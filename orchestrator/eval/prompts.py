@@ -65,7 +65,7 @@ def holdout_count(holdout: float, distinct_prompts: int) -> int:
 
 def trained_prompts(examples: list[Example], items: list[int], data_cfg, prompts_per_step: int, steps: int) -> set[str]:
     """The prompt texts a fresh training loader over `items` draws in `steps` + 1 batches (the +1: the batch
-    placement.mode=disaggregated_async prefetches). Replays a copy: the run's loader is not touched."""
+    rollout.mode one_step_off or stream prefetches). Replays a copy: the run's loader is not touched."""
     loader = StatefulLoader(items, prompts_per_step, seed=data_cfg.seed, shuffle=data_cfg.shuffle)
     return {examples[k].prompt for _ in range(steps + 1) for k in loader.next_batch()}
 

@@ -1,5 +1,5 @@
-"""Run-health guards (the `guards` config section; reward_collapse, length_pinned, entropy_collapse, grad_norm_spike on by
-default), each a `guard/<name>`
+"""Run-health guards (the `guards` config section; reward_collapse, length_pinned, entropy_collapse, update_explosion,
+grad_norm_spike on by default), each a `guard/<name>`
 metric in the step's row (1 = tripped this step, 0 = not; absent when the guard is off) and a printed warning;
 with `guards.action=stop` a tripped guard stops the run (`GuardTripped`). Prometheus alerts on
 `rl_orch_guard_tripped{guard=...}` live in deploy/prometheus/alerts.yml. Pure: no Ray, no torch.
@@ -9,6 +9,7 @@ with `guards.action=stop` a tripped guard stops the run (`GuardTripped`). Promet
 | reward_collapse | `reward/std` is 0 (every sample got the same reward, e.g. all 0) for `reward_collapse_steps` steps in a row |
 | length_pinned | `rollout/truncated_frac` >= `truncated_frac` for `truncated_steps` steps in a row |
 | entropy_collapse | `actor/entropy` (mean token entropy, nats) < `entropy_floor` for `entropy_collapse_steps` steps in a row |
+| update_explosion | `actor/update_ratio` (an update's ||delta theta|| / ||theta_old||, actors/trainer/update_size.py) > `update_ratio_max` |
 | kl_spike | `actor/kl` > `kl_spike_factor` x the median of its last `spike_window` values |
 | grad_norm_spike | `actor/grad_norm` > `grad_norm_spike_factor` x the median of its last `spike_window` values |
 
@@ -23,7 +24,7 @@ import statistics
 from collections import deque
 from typing import Optional
 
-GUARDS = ("reward_collapse", "length_pinned", "entropy_collapse", "kl_spike", "grad_norm_spike")
+GUARDS = ("reward_collapse", "length_pinned", "entropy_collapse", "update_explosion", "kl_spike", "grad_norm_spike")
 
 
 class GuardTripped(RuntimeError):
@@ -74,6 +75,7 @@ class HealthGuards:
         g = self.g
         return {"reward_collapse": g.reward_collapse_steps > 0, "length_pinned": g.truncated_steps > 0,
                 "entropy_collapse": g.entropy_collapse_steps > 0 and g.entropy_floor > 0,
+                "update_explosion": g.update_ratio_max > 0,
                 "kl_spike": g.kl_spike_factor > 0, "grad_norm_spike": g.grad_norm_spike_factor > 0}
 
     def observe(self, step: int, row: dict) -> dict[str, float]:
@@ -115,6 +117,11 @@ class HealthGuards:
                                    f"for {n} steps in a row: the policy samples nearly one answer, its groups stop "
                                    "giving an advantage (raise the temperature, algo.clip_high or algo.entropy_coef)"
                                    if ent is not None and n >= g.entropy_collapse_steps > 0 else None)
+        ratio = row.get("actor/update_ratio")
+        why["update_explosion"] = (f"actor/update_ratio {ratio:.3g} > guards.update_ratio_max={g.update_ratio_max:g}: "
+                                   f"an update moved the weights by {ratio:.3g} of their norm (actor/lr "
+                                   f"{row.get('actor/lr')}): the policy diverges; lower trainer.lr"
+                                   if ratio is not None and ratio > g.update_ratio_max > 0 else None)
         for name, key, factor in (("kl_spike", "actor/kl", g.kl_spike_factor),
                                   ("grad_norm_spike", "actor/grad_norm", g.grad_norm_spike_factor)):
             value, history = row.get(key), self.history[name]

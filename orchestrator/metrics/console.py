@@ -15,7 +15,7 @@ COLUMNS = [  # (header, metric key, format)
     ("KL ref", "actor/kl", "{:.4f}"),  # policy vs reference (when algo.kl_coef > 0)
     ("KL roll", "actor/rollout_kl_k1", "{:+.4f}"),  # rollout engine vs trainer, k1 estimate
     ("clip", "actor/clip_frac", "{:.3f}"),
-    ("stale", "async/staleness", "{:d}"),  # placement.mode=disaggregated_async: policy minus sampling version
+    ("stale", "async/staleness", "{:d}"),  # rollout.mode one_step_off or stream: policy minus sampling version
     ("resp len", "rollout/response_len_mean", "{:.1f}"),
     ("rw err", "reward/errors", "{:.0f}"),  # reward calls that raised (0 each) ...
     ("rw t/o", "reward/timeouts", "{:.0f}"),  # ... or timed out

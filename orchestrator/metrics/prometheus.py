@@ -51,6 +51,7 @@ ROW_GAUGES = {
     "actor/approx_kl_old": "rl_orch_actor_approx_kl_old",
     "actor/loss": "rl_orch_actor_loss",
     "actor/grad_norm": "rl_orch_actor_grad_norm",
+    "actor/update_ratio": "rl_orch_actor_update_ratio",
     "actor/lr": "rl_orch_actor_learning_rate",
     "actor/skipped_in_a_row": "rl_orch_actor_skipped_updates_in_a_row",
     "timing/weight_sync_s": "rl_orch_sync_seconds",

@@ -1,7 +1,7 @@
 """The job's placement plan: which placement groups, which bundles, which actor sits where (pure, no Ray).
 
 Modes (`placement.mode`):
-- disaggregated (and disaggregated_async, which places the same way): one bundle per actor in the job
+- disaggregated (every rollout.mode places the same way): one bundle per actor in the job
   group: trainer x D (`trainer_per_worker` each), rollout x R (`rollout_per_worker`), the reference x c
   (`reference_per_worker` each, when algo.kl_coef > 0; c = trainer.context_parallel_size), the critic x C (`critic.per_worker` each, C =
   `critic.num_workers`, when algo.estimator=gae) and the reward actor (`reward_cpus` CPU).

@@ -11,15 +11,14 @@ Decision (`decide`, no Ray): the warm-up rows are measured as `rl-orch size` mea
 holds (`role_gpus`), and sized for `sizing.total_gpus` devices, or the devices the current placement holds
 (`held_devices`), with `orchestrator.sizing.recommend.recommend`. The simulated candidates are taken shortest step
 first; the first one this config can express becomes the overrides: rollout.num_workers (engines =
-rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, the mode's keys (`mode_keys`: placement.mode;
-the sizer's stream mode is placement.mode=disaggregated_async + rollout.partial_rollout=true + algo.max_staleness=k,
-k the one the sizer chose) and, on device resources (`placement.resource` other than CPU), the per-worker amounts
+rollout GPUs / rollout.tensor_parallel_size), trainer.num_workers, the mode's keys (`mode_keys`: placement.mode and
+rollout.mode; the sizer's stream mode is rollout.mode=stream + algo.max_staleness=k, k the one the sizer chose) and, on device resources (`placement.resource` other than CPU), the per-worker amounts
 (`device_amounts`). Not expressible: a reference on other than its c devices or on the trainer's (the run has
 c = trainer.context_parallel_size reference ranks, each with its own bundle), a streaming run leaving stream mode,
 a stream k above the run's algo.max_staleness, a config that `validate` refuses (e.g. trainer ranks that do not
 divide the mini-batch). Modes searched (`default_modes`): disaggregated; colocated when the run is colocated or
-its rows measured the wake/sleep switch; async and stream only when the run already is disaggregated_async (they
-change which weights sample); a streaming run (rollout.partial_rollout=true) stream alone, k = 1 .. its
+its rows measured the wake/sleep switch; async and stream only when the run already is one-step-off (they
+change which weights sample); a streaming run (rollout.mode=stream) stream alone, k = 1 .. its
 algo.max_staleness, its current step predicted at its own k (`current_step_s`).
 None (nothing to do) when the measurement is insufficient (fewer than 2 timed rows: the first is warm-up),
 when the sizer cannot size it, when the recommendation is the current placement, or when it is predicted
@@ -51,10 +50,10 @@ from orchestrator.sizing.measurements import MeasurementError, measure_rows, rol
 from orchestrator.sizing.stream_sim import simulate_stream
 from orchestrator.sizing.workload import Split, Workload, evaluate
 
-# sizer mode -> placement.mode; stream also sets rollout.partial_rollout=true and algo.max_staleness=k (`mode_keys`)
-CONFIG_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "async": "disaggregated_async",
-               "stream": "disaggregated_async"}
-SIZER_MODE = {"colocated": "colocated", "disaggregated": "disaggregated", "disaggregated_async": "async"}
+# sizer mode -> (placement.mode, rollout.mode); stream also sets algo.max_staleness=k (`mode_keys`)
+CONFIG_MODE = {"colocated": ("colocated", "sync"), "disaggregated": ("disaggregated", "sync"),
+               "async": ("disaggregated", "one_step_off"), "stream": ("disaggregated", "stream")}
+SIZER_MODE = {config: sizer for sizer, config in CONFIG_MODE.items()}
 # Re-place only when the recommendation is predicted at least this much faster (fraction of the current
 # predicted step): a smaller gain does not pay for the checkpoint and actor restart (tens of seconds).
 MIN_GAIN = 0.05
@@ -87,11 +86,9 @@ def held_devices(cfg) -> int:
 
 
 def sizer_mode(cfg) -> str:
-    """The run's mode as the sizer names it: stream for placement.mode=disaggregated_async with
-    rollout.partial_rollout=true (fully asynchronous, k = algo.max_staleness), else SIZER_MODE of placement.mode."""
-    if cfg.rollout.partial_rollout:
-        return "stream"
-    return SIZER_MODE[cfg.placement.mode]
+    """The run's mode as the sizer names it (SIZER_MODE of placement.mode and rollout.mode): colocated,
+    disaggregated, async (rollout.mode=one_step_off) or stream (k = algo.max_staleness)."""
+    return SIZER_MODE[(cfg.placement.mode, cfg.rollout.mode)]
 
 
 def current_split(cfg) -> Split:
@@ -114,14 +111,16 @@ def current_step_s(cfg, workload: Workload, split: Split) -> float:
 
 
 def mode_keys(cfg, mode: str, k: Optional[int] = None) -> dict[str, Any]:
-    """The config keys that select sizer mode `mode`: placement.mode (CONFIG_MODE); stream adds
-    rollout.partial_rollout=true and algo.max_staleness=k (the k the sizer chose: required, an integer >= 1);
-    the other modes set rollout.partial_rollout=false when the run streams now. Raises ValueError naming k."""
-    out: dict[str, Any] = {"placement.mode": CONFIG_MODE[mode]}
+    """The config keys that select sizer mode `mode`: placement.mode and rollout.mode (CONFIG_MODE); stream adds
+    algo.max_staleness=k (the k the sizer chose: required, an integer >= 1); the other modes set
+    rollout.partial_rollout=false (a loaded stream config holds true: orchestrator/config/rollout_mode.py).
+    Raises ValueError naming k."""
+    placement, rollout = CONFIG_MODE[mode]
+    out: dict[str, Any] = {"placement.mode": placement, "rollout.mode": rollout}
     if mode == "stream":
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k (algo.max_staleness of a stream split): must be an integer >= 1 (got {k!r})")
-        out.update({"rollout.partial_rollout": True, "algo.max_staleness": k})
+        out["algo.max_staleness"] = k
     elif cfg.rollout.partial_rollout:
         out["rollout.partial_rollout"] = False
     return out
@@ -154,14 +153,14 @@ def with_overrides(cfg, overrides: dict[str, Any]):
 def to_overrides(cfg, split: Split, k: Optional[int] = None) -> tuple[Optional[dict[str, Any]], str]:
     """(overrides, "") that realise `split` in this config, or (None, why it cannot be expressed). k: the
     staleness bound of a stream split (SimResult.k), required for it (`mode_keys`; ValueError without it).
-    Not expressible: a streaming run (rollout.partial_rollout=true) leaving stream mode (its checkpoint keeps
+    Not expressible: a streaming run (rollout.mode=stream) leaving stream mode (its checkpoint keeps
     the untrained groups as streamed requests, which only a streaming run resumes: the one-step-off pipeline
     cannot read them and a synchronous run would skip their prompts), a stream k above the run's
-    algo.max_staleness (the staleness the run accepted), and any config `validate` refuses (e.g. partial rollouts
-    need placement.mode=disaggregated_async, algo.max_staleness >= 1 and, with algo.old_logprobs=trainer, a
-    staleness correction: orchestrator/config/partial_rollout.py, orchestrator/config/load.py `_check_async`)."""
-    if cfg.rollout.partial_rollout and split.mode != "stream":
-        return None, (f"the run streams (rollout.partial_rollout=true) and {split.mode} would drop the untrained "
+    algo.max_staleness (the staleness the run accepted), and any config `validate` refuses (e.g. streaming
+    needs placement.mode=disaggregated, algo.max_staleness >= 1 and, with algo.old_logprobs=trainer, a
+    staleness correction: orchestrator/config/rollout_mode.py, orchestrator/config/load.py `_check_async`)."""
+    if cfg.rollout.mode == "stream" and split.mode != "stream":
+        return None, (f"the run streams (rollout.mode=stream) and {split.mode} would drop the untrained "
                       "streamed groups its checkpoint holds")
     if split.mode == "stream" and isinstance(k, int) and k > cfg.algo.max_staleness:
         return None, (f"stream with k = {k} would admit samples older than algo.max_staleness="
@@ -202,7 +201,7 @@ def default_modes(current: str, switch_measured: bool) -> tuple[str, ...]:
     """Sizer modes placement.auto searches from a run in sizer mode `current` (`sizer_mode`): disaggregated
     always; colocated when the run is colocated or its rows measured the wake/sleep switch (SWITCH_KEYS: the
     sizer counts an unmeasured switch as 0 s, which would always favour colocated); async and stream only when
-    the run is already disaggregated_async (they change which weights sample: the run accepted samples up to
+    the run is already asynchronous (rollout.mode one_step_off; they change which weights sample: the run accepted samples up to
     algo.max_staleness versions old). A streaming run searches stream alone (`to_overrides`: it cannot leave
     stream mode without dropping its untrained groups). The current mode is always included."""
     if current == "stream":

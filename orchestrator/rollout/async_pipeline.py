@@ -1,4 +1,4 @@
-"""Scheduling of `placement.mode=disaggregated_async`: which batch is generated when, by which weights,
+"""Scheduling of `rollout.mode=one_step_off`: which batch is generated when, by which weights,
 and whether it is fresh enough to train on. Pure Python (no Ray, no torch): the controller asks it,
 `tests/unit/test_async_pipeline.py` simulates it with random durations.
 

@@ -1,4 +1,4 @@
-"""`placement.mode=disaggregated_async`: the in-flight batches of the one-step-off pipeline over any rollout
+"""`rollout.mode=one_step_off`: the in-flight batches of the one-step-off pipeline over any rollout
 source (single-turn or multi-turn, orchestrator/rollout/source.py), scheduled by
 `orchestrator.rollout.async_pipeline.AsyncPipeline`.
 

@@ -1,4 +1,4 @@
-"""Per-group scoring of fully asynchronous training (`rollout.partial_rollout=true`,
+"""Per-group scoring of fully asynchronous training (`rollout.mode=stream`,
 orchestrator/rollout/stream_source.py): as soon as a group is complete in the stream's buffer, its reward scoring
 (the reward actor; none multi-turn, whose rewards are the environment's) and its reference logprobs (the reference
 actor, algo.kl_coef > 0) are issued as Ray calls, while the engines generate and the trainer trains. The step waits

@@ -1,4 +1,4 @@
-"""Streamed multi-turn episodes (`rollout.partial_rollout=true` with `env.name` set): one finished episode in the
+"""Streamed multi-turn episodes (`rollout.mode=stream` with `env.name` set): one finished episode in the
 shape the group buffer takes (orchestrator/rollout/stream_buffer.py, like a `PartialSample`). Pure Python.
 
 Every policy turn of a streamed episode is one partial sample on the worker's streaming engine

@@ -1,4 +1,4 @@
-"""The generated-but-untrained batches of `placement.mode=disaggregated_async`, as checkpoint data.
+"""The generated-but-untrained batches of `rollout.mode=one_step_off`, as checkpoint data.
 
 At the checkpoint of step k the batch of step k + 1 has already been generated, by the weights of
 version k - 1 (one step off-policy). Those weights are gone by then (trainer and engines hold version

@@ -5,19 +5,18 @@ actors, and at every restore (where the state the new pipeline loads is chosen).
     pending, note = state_to_load(extra.get("async"), cfg, where="checkpoint runs/x/ckpt/step_000008")
     check_written_by(state, ONE_STEP_OFF, "AsyncRollouts")   # a pipeline's own guard in load_state_dict
 
-Modes: STREAM (placement.mode=disaggregated_async + rollout.partial_rollout=true: StreamRollouts,
-orchestrator/rollout/stream_source.py), ONE_STEP_OFF (placement.mode=disaggregated_async without partial rollouts:
-AsyncRollouts, orchestrator/rollout/async_source.py), SYNCHRONOUS (colocated, disaggregated: nothing pending, no
-state). Each pipeline writes its mode into its state (key "mode"); checkpoints written before that are recognised by
+Modes (`rollout.mode`, orchestrator/config/rollout_mode.py): STREAM (StreamRollouts,
+orchestrator/rollout/stream_source.py), ONE_STEP_OFF (AsyncRollouts, orchestrator/rollout/async_source.py), SYNC
+(nothing pending, no state). Each pipeline writes its mode into its state (key "mode"); checkpoints written before that are recognised by
 their keys ("requests": STREAM, "batches": ONE_STEP_OFF).
 
 What decides is the checkpoint's prompt-loader position:
 - the same mode: the state as written (exact resume).
-- ONE_STEP_OFF resumed by STREAM or SYNCHRONOUS: the state is dropped, with a note. The checkpoint's loader is
+- ONE_STEP_OFF resumed by STREAM or SYNC: the state is dropped, with a note. The checkpoint's loader is
   before the pending batches' prompts (`AsyncRollouts.loader_state`), so those prompts are drawn again and
   regenerated with the checkpoint's weights: none lost or trained twice. placement.auto's async -> stream switch
   (orchestrator/placement/replace.py) takes this path.
-- STREAM resumed by ONE_STEP_OFF or SYNCHRONOUS: refused (ResumeModeError) when the state holds untrained groups:
+- STREAM resumed by ONE_STEP_OFF or SYNC: refused (ResumeModeError) when the state holds untrained groups:
   the checkpoint's loader is past them (they were drawn), the one-step-off pipeline cannot read streamed groups and
   a synchronous run would skip their prompts. A state with none is dropped (nothing is pending).
 - no state (a synchronous checkpoint, or a one-step-off one written while its batch generated): any mode.
@@ -48,12 +47,11 @@ import json
 from pathlib import Path
 from typing import Optional
 
-STREAM, ONE_STEP_OFF, SYNCHRONOUS = "stream", "one_step_off", "synchronous"
+from orchestrator.config.rollout_mode import ONE_STEP_OFF, STREAM, SYNC
+
 LEGACY_KEYS = (("requests", STREAM), ("batches", ONE_STEP_OFF))  # checkpoints without "mode"
-SETTINGS = {STREAM: "placement.mode=disaggregated_async rollout.partial_rollout=true",
-            ONE_STEP_OFF: "placement.mode=disaggregated_async rollout.partial_rollout=false"}
-NAMES = {STREAM: "streaming (fully asynchronous)", ONE_STEP_OFF: "one-step-off (asynchronous)",
-         SYNCHRONOUS: "synchronous"}
+SETTINGS = {mode: f"rollout.mode={mode}" for mode in (STREAM, ONE_STEP_OFF, SYNC)}
+NAMES = {STREAM: "streaming (fully asynchronous)", ONE_STEP_OFF: "one-step-off (asynchronous)", SYNC: "synchronous"}
 
 
 class ResumeModeError(ValueError):
@@ -61,17 +59,15 @@ class ResumeModeError(ValueError):
 
 
 def config_mode(cfg) -> str:
-    """The rollout mode of run config `cfg`: STREAM, ONE_STEP_OFF or SYNCHRONOUS (see the module docstring)."""
-    if cfg.placement.mode != "disaggregated_async":
-        return SYNCHRONOUS
-    return STREAM if cfg.rollout.partial_rollout else ONE_STEP_OFF
+    """The rollout mode of loaded run config `cfg` (`rollout.mode`): STREAM, ONE_STEP_OFF or SYNC."""
+    return cfg.rollout.mode
 
 
 def written_mode(state: Optional[dict], where: str = "the checkpoint") -> str:
     """The mode that wrote `state` (a checkpoint's "async" state): its "mode", else recognised by its keys;
-    SYNCHRONOUS for None or {}. Raises ResumeModeError naming `where` for an unknown mode or unrecognised keys."""
+    SYNC for None or {}. Raises ResumeModeError naming `where` for an unknown mode or unrecognised keys."""
     if not state:
-        return SYNCHRONOUS
+        return SYNC
     mode = state.get("mode")
     if mode is None:
         mode = next((m for key, m in LEGACY_KEYS if key in state), None)
@@ -82,24 +78,21 @@ def written_mode(state: Optional[dict], where: str = "the checkpoint") -> str:
 
 
 def describe_mode(cfg_or_mode) -> str:
-    """"streaming (fully asynchronous): placement.mode=disaggregated_async rollout.partial_rollout=true" and the
-    like, for a mode name or a run config (whose placement.mode names the synchronous modes)."""
+    """"streaming (fully asynchronous): rollout.mode=stream" and the like, for a mode name or a run config."""
     mode = cfg_or_mode if isinstance(cfg_or_mode, str) else config_mode(cfg_or_mode)
-    settings = SETTINGS.get(mode) or ("placement.mode=colocated or disaggregated" if isinstance(cfg_or_mode, str)
-                                      else f"placement.mode={cfg_or_mode.placement.mode}")
-    return f"{NAMES[mode]}: {settings}"
+    return f"{NAMES[mode]}: {SETTINGS[mode]}"
 
 
 def state_to_load(state: Optional[dict], cfg, where: str = "the checkpoint") -> tuple[Optional[dict], str]:
     """(the state the rollouts of `cfg` load, or None; a note to print, or "") for a checkpoint's "async" state
     `state`, by the rules of the module docstring. Raises ResumeModeError (naming `where`, the mode that wrote it,
-    this config's rollout.partial_rollout and placement.mode, and how to resume it) for a streamed state with
+    this config's rollout.mode, and how to resume it) for a streamed state with
     untrained groups resumed by a non-streaming config, and for a state `written_mode` does not recognise; a streamed
     state resumed by a streaming config goes through `check_stream_settings` (its note, or its ResumeModeError)."""
     written, resumed = written_mode(state, where), config_mode(cfg)
     if written == resumed == STREAM:
         return state, check_stream_settings(state, cfg, where)
-    if written == resumed or written == SYNCHRONOUS:
+    if written == resumed or written == SYNC:
         return state, ""
     if written == ONE_STEP_OFF:
         return None, (f"resume: {where} was written by a {NAMES[ONE_STEP_OFF]} run; this {NAMES[resumed]} run draws "

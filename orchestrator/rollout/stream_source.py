@@ -1,4 +1,4 @@
-"""Fully asynchronous rollouts (`placement.mode=disaggregated_async` with `rollout.partial_rollout=true`): the
+"""Fully asynchronous rollouts (`rollout.mode=stream`): the
 engines generate continuously, the trainer takes a batch as soon as `rollout.prompts_per_step` groups are
 complete, and a weight sync interrupts the requests in flight, which continue on the new weights
 (partial rollouts: actors/rollout/stream.py on the workers, orchestrator/rollout/partial.py per sample).
@@ -392,9 +392,9 @@ class StreamRollouts:
 
 def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
                    score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
-    """The rollouts of placement.mode=disaggregated_async: `StreamRollouts` with rollout.partial_rollout (each
+    """The rollouts of rollout.mode one_step_off / stream: `StreamRollouts` for stream (each
     complete group scored by `score_group`, `on_poll` before every drain), else the one-step-off `AsyncRollouts`."""
-    if cfg.rollout.partial_rollout:
+    if cfg.rollout.mode == STREAM:
         return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover,
                               env_cfg=getattr(source, "env_cfg", None), score_group=score_group, on_poll=on_poll)
     return AsyncRollouts(source, sample, loader, cfg, start_step)

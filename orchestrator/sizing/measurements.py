@@ -31,7 +31,7 @@ PHASE_KEYS: dict[str, str] = {
     "sample": "timing/sample_s", "advantages": "timing/advantages_s",
     "critic": "timing/critic_update_s"}  # PPO's critic (algo.estimator=gae): its update, inside the train phase
 ASYNC_GENERATE_KEY = "async/generate_s"
-# stream runs (rollout.partial_rollout=true) mark their rows with STREAM_ROW_KEY; their generation cost is the
+# stream runs (rollout.mode=stream) mark their rows with STREAM_ROW_KEY; their generation cost is the
 # engines' busy seconds in the step (a batch of work per step on average), not timing/generate_s (the wait)
 STREAM_ROW_KEY, STREAM_GENERATE_KEY = "async/buffer_groups", "rollout/worker_generate_s_mean"
 REQUIRED = ("generate", "train")
@@ -175,7 +175,7 @@ def measure_rows(rows: list[dict], gpus: dict[str, int], path: str, source: str,
     used = rows[1:] if len(rows) > 1 else rows  # the first step is warm-up
     phases, per_step = {}, {}
     for phase, key in PHASE_KEYS.items():
-        # async runs (placement.mode=disaggregated_async): timing/generate_s is only the wait for the
+        # async runs (rollout.mode=one_step_off): timing/generate_s is only the wait for the
         # prefetched batch; async/generate_s is the whole generation, the cost the sizer needs
         values = [float(_generate_s(r) if phase == "generate" else _sync_s(r) if phase == "sync" else r[key])
                   for r in used if key in r]

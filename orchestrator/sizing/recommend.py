@@ -28,13 +28,13 @@ MODE_WORDS = {"colocated": "colocated (roles time-slice the same GPUs)",
 
 
 def config_keys(c: Candidate, w: Workload) -> str:
-    """The config overrides that select the candidate's mode, e.g. 'placement.mode=disaggregated_async
-    rollout.partial_rollout=true algo.max_staleness=2' (stream: k from the simulation)."""
+    """The config overrides that select the candidate's mode, e.g. 'placement.mode=disaggregated rollout.mode=stream
+    algo.max_staleness=2' (stream: k from the simulation)."""
     if c.split.mode in ("colocated", "disaggregated"):
-        return f"placement.mode={c.split.mode}"
+        return f"placement.mode={c.split.mode} rollout.mode=sync"
     if c.split.mode == "async":
-        return f"placement.mode=disaggregated_async algo.max_staleness={w.staleness}"
-    return f"placement.mode=disaggregated_async rollout.partial_rollout=true algo.max_staleness={c.result.k}"
+        return f"placement.mode=disaggregated rollout.mode=one_step_off algo.max_staleness={w.staleness}"
+    return f"placement.mode=disaggregated rollout.mode=stream algo.max_staleness={c.result.k}"
 
 
 def _label(c: Candidate, w: Workload) -> str:

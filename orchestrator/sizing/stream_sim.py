@@ -1,5 +1,5 @@
 """Stream mode of the pipeline simulator: fully asynchronous training with partial rollouts and k-step
-staleness (placement.mode=disaggregated_async, rollout.partial_rollout=true, algo.max_staleness=k;
+staleness (rollout.mode=stream, algo.max_staleness=k;
 orchestrator/rollout/stream_source.py, actors/rollout/stream.py). Pure Python.
 
     r = simulate_stream(StepCosts(generate_s=10, train_s=6, sync_s=1), k=2)   # r.step_s -> 11.0

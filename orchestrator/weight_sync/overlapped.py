@@ -1,4 +1,4 @@
-"""Weight syncs overlapped with the next step (`weight_sync.overlap`, streaming runs: rollout.partial_rollout).
+"""Weight syncs overlapped with the next step (`weight_sync.overlap`, streaming runs: rollout.mode=stream).
 
 A synchronous sync keeps the trainer idle while every engine loads the new weights, is verified and is probed
 (`sync/seconds` + `sync/probe_s`: 1.2 s of a 13 s step in benchmarks/RESULTS.md). Here the controller waits only

@@ -1,4 +1,4 @@
-"""placement.mode=disaggregated_async on Ray (local, CPU) with a tiny random model and vLLM on CPU.
+"""rollout.mode=one_step_off on Ray (local, CPU) with a tiny random model and vLLM on CPU.
 
 Three one-step-off steps: every batch's staleness within algo.max_staleness (0 on step 1, then 1), the
 verified weight sync passes every step, engines and trainer agree at the end, a wrong weight version is
@@ -25,7 +25,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [
-        REWARD, "placement.mode=disaggregated_async", "trainer.total_steps=3", "checkpoint.every_steps=1", *extra])
+        REWARD, "rollout.mode=one_step_off", "trainer.total_steps=3", "checkpoint.every_steps=1", *extra])
 
 
 # One 3-step run serves the staleness, version and checkpoint checks, then its resume from step 2's checkpoint.
@@ -83,10 +83,10 @@ def _check_resume_trains_the_batch_generated_before_the_checkpoint(tiny_model, t
 
 
 def test_async_multi_turn_guessing_game(ray_local, tiny_model, tmp_path):
-    """placement.mode=disaggregated_async with env.name=guessing: episodes of the next step play while the
+    """rollout.mode=one_step_off with env.name=guessing: episodes of the next step play while the
     trainer trains; staleness within its bound, the verified sync every step, sticky groups, env rewards."""
     cfg = load_config("configs/grpo_guessing_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
-        "placement.mode=disaggregated_async", "algo.tis_cap=2.0", "trainer.total_steps=3", "rollout.num_workers=2",
+        "rollout.mode=one_step_off", "algo.tis_cap=2.0", "trainer.total_steps=3", "rollout.num_workers=2",
         "rollout.max_new_tokens=8", "env.max_turns=3", "env.max_tokens=320", "checkpoint.every_steps=0"])
     controller = GRPOController(cfg)
     try:

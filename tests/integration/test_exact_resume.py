@@ -3,13 +3,13 @@
 Run A trains 6 steps (checkpoint every 3). Run B, the same 6-step run, dies as step 4 begins (after the step-3
 checkpoint): what it leaves behind is A's step-3 checkpoint and rows 1-3 (`crashed_copy`: the first 3 steps of
 the seeded run are A's), and a new controller resumes B from its latest checkpoint to step 6. (B keeps
-trainer.total_steps=6: the learning-rate schedule and, in disaggregated_async, the prefetch of batch 4
+trainer.total_steps=6: the learning-rate schedule and, in rollout.mode=one_step_off, the prefetch of batch 4
 depend on it.) Every step's rewards, losses and other training metrics, and the final
 policy weights, are equal (the samples and rewards exactly; floats to 1e-6, as vLLM CPU logprobs jitter by
 ~1e-7 between fresh engines on some machines; the weights to 1e-3 of how far training moved them, since Adam turns
 that jitter into up to lr per step on elements whose gradient is near zero): each sample's vLLM seed comes from (rollout.seed, step, group,
 sample) (orchestrator/rollout/seeds.py), the trainer's RNG, optimizer, scheduler and the prompt loader are
-checkpointed, and in placement.mode=disaggregated_async the batch generated before the checkpoint (by
+checkpointed, and in rollout.mode=one_step_off the batch generated before the checkpoint (by
 weights nobody holds after it) is kept in the checkpoint and trained on after the resume.
 """
 from __future__ import annotations
@@ -32,17 +32,17 @@ VOLATILE_PREFIXES = ("timing/", "roles/", "memory/")
 VOLATILE_SUFFIXES = ("_s", "seconds", "gbps", "_frac_busy", "_frac_idle")
 
 
-# disaggregated: algo.tis_cap=null. The TIS weight exp(old - rollout) carries vLLM CPU's logprob jitter between
+# sync: algo.tis_cap=null. The TIS weight exp(old - rollout) carries vLLM CPU's logprob jitter between
 # fresh engines (~1e-7) into every gradient, and Adam's m/sqrt(v) amplifies it on near-zero gradients; without it
-# the vLLM logprobs reach only logged metrics. disaggregated_async must correct for staleness with the rollout
+# the vLLM logprobs reach only logged metrics. one_step_off must correct for staleness with the rollout
 # logprobs (config/load.py refuses it otherwise), so it keeps TIS and its training floats get 1e-4 relative: CI
 # measured step 5's grad norm 1.5e-5 apart (1.2294232 vs 1.2294052) with the samples and rewards equal.
-TIS = {"disaggregated": ("null", 1e-5), "disaggregated_async": ("2.0", 1e-4)}
+TIS = {"sync": ("null", 1e-5), "one_step_off": ("2.0", 1e-4)}
 
 
 def _run(tiny_model, out, mode: str, *extra):
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{
-        "rollout.max_new_tokens": 16, "checkpoint.every_steps": 3, "placement.mode": mode,
+        "rollout.max_new_tokens": 16, "checkpoint.every_steps": 3, "rollout.mode": mode,
         "trainer.total_steps": 6, "algo.tis_cap": TIS[mode][0]}) + [REWARD, *extra])
     controller = GRPOController(cfg)
     try:
@@ -65,10 +65,10 @@ def _stable(row: dict) -> dict:
             if not k.startswith(VOLATILE_PREFIXES) and not k.endswith(VOLATILE_SUFFIXES)}
 
 
-@pytest.mark.parametrize("mode", ["disaggregated", "disaggregated_async"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
 def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, tmp_path, mode, capsys):
     _, whole = _run(tiny_model, tmp_path / "a", mode)
-    crashed_copy(tmp_path / "a", tmp_path / "b", 3)  # B died as step 4 began (in disaggregated_async: batch 4 made)
+    crashed_copy(tmp_path / "a", tmp_path / "b", 3)  # B died as step 4 began (in one_step_off: batch 4 made)
     resumed, split = _run(tiny_model, tmp_path / "b", mode, "checkpoint.resume=latest")
     assert resumed.start_step == 3
     assert f"loaded checkpoint {tmp_path / 'b' / 'ckpt' / 'step_000003'} (after step 3); continuing at step 4" in \
@@ -83,7 +83,7 @@ def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, 
         assert [r[key] for r in whole.rows] == [r[key] for r in split.rows], key
     assert {"reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_len_mean"} <= set(_stable(whole.rows[-1]))
     assert len({r["reward/mean"] for r in whole.rows}) > 1  # the runs really sample: rewards vary by step
-    if mode == "disaggregated_async":  # step 4 trained the batch generated before the checkpoint, one step off
+    if mode == "one_step_off":  # step 4 trained the batch generated before the checkpoint, one step off
         assert [r["async/staleness"] for r in split.rows] == [0, 1, 1, 1, 1, 1]
         assert "async" in json.loads((tmp_path / "b" / "ckpt" / "step_000003" / "state.json").read_text())
 
@@ -94,7 +94,7 @@ def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, 
     moved = torch.sqrt(sum(((a[k] - initial[k]) ** 2).sum() for k in a))
     apart = torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in a))
     assert moved > 0  # they trained
-    # bitwise where the kernels are (this machine); in disaggregated_async CI's vLLM CPU logprob jitter (~1e-7)
+    # bitwise where the kernels are (this machine); in one_step_off CI's vLLM CPU logprob jitter (~1e-7)
     # reaches the gradient through TIS and Adam's m/sqrt(v) amplifies it on near-zero gradients: 1e-3 of the
     # distance moved (a fresh clone under load measured 1.1e-4)
     assert apart <= 1e-3 * moved, (float(apart), float(moved),

@@ -1,4 +1,4 @@
-"""Streamed multi-turn episodes (rollout.partial_rollout=true with env.name, actors/rollout/stream_episodes.py) on
+"""Streamed multi-turn episodes (rollout.mode=stream with env.name, actors/rollout/stream_episodes.py) on
 the real vLLM engine: a group's episodes run their agent loop on the worker, each turn a request on the streaming
 engine; a weight sync lands mid-episode, interrupts the turns in flight, and every episode comes back exactly once
 with a version per sampled token (non-decreasing, some episodes spanning both versions) while observation tokens
@@ -78,7 +78,7 @@ def test_a_weight_sync_mid_episode_interrupts_its_turns_and_every_episode_return
 def _async_run(tiny_model, tmp_path, extra: list) -> tuple[list, object]:
     """A 2-step fully asynchronous multi-turn run (k = 1) of ChattyEnv; its rows and config."""
     cfg = load_config("configs/grpo_guessing_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + ENV + [
-        "placement.mode=disaggregated_async", "rollout.partial_rollout=true", "algo.max_staleness=1",
+        "rollout.mode=stream", "algo.max_staleness=1",
         "trainer.total_steps=2", "rollout.max_new_tokens=8", "checkpoint.every_steps=0", *extra])
     controller = GRPOController(cfg)
     try:

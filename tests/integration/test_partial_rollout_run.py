@@ -1,4 +1,4 @@
-"""Fully asynchronous GRPO with partial rollouts (rollout.partial_rollout=true) on Ray (local, CPU), tiny model:
+"""Fully asynchronous GRPO with partial rollouts (rollout.mode=stream) on Ray (local, CPU), tiny model:
 the engine streams while the trainer trains, groups started up to k versions back are trained, every trained
 sample is within algo.max_staleness, the verified sync (and its probe) passes every step while the engine
 streams, a resume continues with the checkpoint's untrained groups, and rewards and reference logprobs scored per
@@ -25,7 +25,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"rollout.max_new_tokens": 48}) + [
-        REWARD, "placement.mode=disaggregated_async", "rollout.partial_rollout=true", "algo.max_staleness=2",
+        REWARD, "rollout.mode=stream", "algo.max_staleness=2",
         "rollout.ignore_eos=true", "checkpoint.every_steps=2", *extra])
 
 

@@ -4,7 +4,7 @@ checkpointed, stopped (placement group removed), started again in a forced new s
 Checks that the trainer's weights and AdamW state (step, exp_avg, exp_avg_sq, param groups) are exactly the
 same before and after, that every engine passes the verified weight sync, that the run finishes with
 continuous step numbers, and that a placement the cluster cannot hold falls back to the old one. A one-step-off
-(disaggregated_async) run switched into streaming (the sizer's stream split: rollout.partial_rollout=true,
+(rollout.mode=one_step_off) run switched into streaming (the sizer's stream split: rollout.mode=stream,
 algo.max_staleness=k) trains every step after it from the streaming pipeline, drawing the pending batch's prompts
 again (dropped from the checkpoint, whose loader is before them): none skipped, none trained twice.
 """
@@ -126,17 +126,17 @@ def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local
 
 def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_path, monkeypatch, capsys):
     # the overrides decide() would give for the sizer's stream split at k = 2 (replace.to_overrides)
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "placement.mode=disaggregated_async",
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "rollout.mode=one_step_off",
                "algo.max_staleness=2")
     split = Split("stream", 1, 1, 0)
     overrides, why = replace.to_overrides(cfg, split, k=2)
-    assert why == "" and overrides["rollout.partial_rollout"] is True and overrides["algo.max_staleness"] == 2
+    assert why == "" and overrides["rollout.mode"] == "stream" and overrides["algo.max_staleness"] == 2
     seen = _force(monkeypatch, overrides, split)
     drawn, trained = _record_groups(monkeypatch)
     controller = GRPOController(cfg)
     try:
         result = controller.run()
-        assert controller.cfg.rollout.partial_rollout and isinstance(controller.pipeline, StreamRollouts)
+        assert controller.cfg.rollout.mode == "stream" and isinstance(controller.pipeline, StreamRollouts)
         _assert_engines_hold_trainer_weights(controller)
     finally:
         controller.shutdown()

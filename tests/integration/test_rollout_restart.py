@@ -96,7 +96,7 @@ def test_a_worker_lost_in_every_window_of_a_step_is_replaced_and_nothing_is_lost
 
 
 class KillBeforeAsyncStep(GRPOController):
-    """placement.mode=disaggregated_async: kills rollout worker 0 at the start of step 2, before the batch of
+    """rollout.mode=one_step_off: kills rollout worker 0 at the start of step 2, before the batch of
     step 3 is launched on it (the batch of step 2 was generated during step 1)."""
 
     def step_async(self, step):
@@ -116,7 +116,7 @@ def _run_to_step_3(controller) -> list[dict]:
 
 
 def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async")
+    cfg = _cfg(tiny_model, tmp_path, "rollout.mode=one_step_off")
     rows = _run_to_step_3(KillBeforeAsyncStep(cfg))
     assert [r["step"] for r in rows] == [1, 2, 3]
     # the batch of step 3 (launched during step 2, on weights 1) was issued again to the replacement
@@ -127,7 +127,7 @@ def test_async_mode_reissues_the_in_flight_batch_of_a_killed_worker(ray_local, t
 
 
 def test_streaming_mode_reissues_the_groups_of_a_killed_worker(ray_local, tiny_model, tmp_path):
-    """rollout.partial_rollout=true: the killed worker's groups in flight (those of step 3, launched at the start of
+    """rollout.mode=stream: the killed worker's groups in flight (those of step 3, launched at the start of
     step 2) start again on its replacement; every step trains whole groups, none twice."""
     class Recorded(KillBeforeAsyncStep):
         def __init__(self, cfg):
@@ -138,7 +138,7 @@ def test_streaming_mode_reissues_the_groups_of_a_killed_worker(ray_local, tiny_m
             self.trained.append(Counter(t.group_id for t in trajs))
             return super().train(trajs, advantages, ref)
 
-    cfg = _cfg(tiny_model, tmp_path, "placement.mode=disaggregated_async", "rollout.partial_rollout=true")
+    cfg = _cfg(tiny_model, tmp_path, "rollout.mode=stream")
     controller = Recorded(cfg)
     rows = _run_to_step_3(controller)
     assert [r["step"] for r in rows] == [1, 2, 3]

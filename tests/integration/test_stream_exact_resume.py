@@ -1,4 +1,4 @@
-"""Exact resume of a fully asynchronous streaming run (rollout.partial_rollout=true) on Ray (local, CPU), tiny
+"""Exact resume of a fully asynchronous streaming run (rollout.mode=stream) on Ray (local, CPU), tiny
 model: the step-2 checkpoint holds the finished samples of the untrained groups (and the generations in flight)
 with their tokens, per-token versions and behaviour logprobs; the resumed run trains them as they were, bit for
 bit (in-flight ones continue after the tokens they had), and no group is trained twice.
@@ -34,7 +34,7 @@ class Recording(GRPOController):
 
 def _run(tiny_model, out, *extra) -> Recording:
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"rollout.max_new_tokens": 32}) + [
-        REWARD, "placement.mode=disaggregated_async", "rollout.partial_rollout=true", "algo.max_staleness=2",
+        REWARD, "rollout.mode=stream", "algo.max_staleness=2",
         "rollout.ignore_eos=true", "checkpoint.every_steps=2", *extra])
     controller = Recording(cfg)
     try:

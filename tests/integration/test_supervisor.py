@@ -27,33 +27,40 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 
 
 def test_sigkilled_trainer_restarts_from_the_checkpoint(ray_local, tiny_model, tmp_path, monkeypatch, capsys):
+    """The trainer SIGKILLed at step 4 restarts every actor from step 3's checkpoint; at step 5 the rollout worker
+    dies before the sync after step 4's checkpoint pruned step 3's (keep_last=1): its replacement starts from the
+    base model, not from the pruned checkpoint the job resumed from, and the sync gives it step 5's weights."""
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
-        REWARD, "trainer.total_steps=4", "checkpoint.every_steps=2", "checkpoint.keep_last=0"])
+        REWARD, "trainer.total_steps=5", "checkpoint.every_steps=1", "checkpoint.keep_last=1"])
     calls = []
     real_train = GRPOController.train
 
-    def train_then_die_at_step_4(ctl, *args):
+    def kill_in_train(ctl, *args):
         calls.append(1)
-        if len(calls) == 4:  # step 4, first try: step 3 is logged past the checkpoint of step 2
+        if len(calls) == 4:  # step 4, first try: past the checkpoint of step 3
             pid = ray.get(ctl.actors.trainer.__ray_call__.remote(lambda actor: os.getpid()))
             os.kill(pid, signal.SIGKILL)
+        if len(calls) == 6:  # step 5: the engine dies before the sync; the job's resume_from is gone
+            assert not (tmp_path / "ckpt" / "step_000003").exists()
+            os.kill(ray.get(ctl.job.actors.rollout[0].pid.remote()), signal.SIGKILL)
         return real_train(ctl, *args)
 
-    monkeypatch.setattr(GRPOController, "train", train_then_die_at_step_4)
+    monkeypatch.setattr(GRPOController, "train", kill_in_train)
     controller = GRPOController(cfg)
     try:
         result = controller.run()
     finally:
         controller.shutdown()
-    assert len(calls) == 6  # steps 1-4, then 3-4 again
+    assert len(calls) == 6  # steps 1-4, then 4 again, then 5
     rows = [json.loads(line) for line in open(result.metrics)]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # the first step 3 row was dropped, not duplicated
-    assert [r["run/restarts"] for r in rows] == [0, 0, 1, 1]
-    assert rows[-1]["sync/version"] == 4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # the first step 4 try logged nothing, nothing twice
+    assert [r["run/restarts"] for r in rows] == [0, 0, 0, 1, 1]
+    assert [r["sync/engine_restarts"] for r in rows] == [0, 0, 0, 0, 1]
+    assert rows[-1]["sync/version"] == 5
     out = capsys.readouterr().out
     assert "supervisor: trainer rank 0 dead (ActorDiedError" in out and "restart 1/3 from checkpoint" in out
-    assert "step_000002 (step 2)" in out
-    assert json.loads(open(f"{result.checkpoint}/state.json").read())["step"] == 4
+    assert "step_000003 (step 3)" in out
+    assert json.loads(open(f"{result.checkpoint}/state.json").read())["step"] == 5
 
 
 def _launch(tmp_path, tiny_model, *extra) -> tuple[subprocess.Popen, Path]:

@@ -39,12 +39,12 @@ def _start(tiny_model: Path, out: Path):
     return cfg, trainer, engines
 
 
-def _train_once(trainer, seed: int) -> None:
+def _train_once(trainer, seed: int) -> dict[str, float]:
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(5, 500, (6,), generator=g).tolist() for _ in range(4)]
     responses = [torch.randint(5, 500, (5,), generator=g).tolist() for _ in range(4)]
     batch = TrainBatch.with_sequence_advantages(prompts, responses, [[-1.0] * 5] * 4, [1.0, -1.0, 0.5, -0.5])
-    ray.get(trainer.train_step.remote(batch))
+    return ray.get(trainer.train_step.remote(batch))
 
 
 def _rollout_gap(trainer, engine) -> float:
@@ -61,8 +61,8 @@ def test_probe_catches_resident_weights_that_the_checksums_miss(ray_local, tiny_
         syncer = make_syncer(cfg, trainer, engines)
         diffs = []
         for version in (1, 2, 3):  # positive: every verified sync probes, within the tolerance
-            if version > 1:
-                _train_once(trainer, version)
+            if version > 1:  # lr 1e-3: lr / RMS(theta) ~ 0.05, under guards.update_ratio_max (0.5)
+                assert 0 < _train_once(trainer, version)["actor/update_ratio"] < 0.5
             m = syncer.sync(version)
             assert m["sync/probe_s"] > 0 and m["sync/probe_max_abs_diff"] <= TOL
             assert 0 <= m["sync/probe_full_kl"] <= DEFAULT_KL_TOLERANCE["float32"]
@@ -111,7 +111,8 @@ def _check_an_lr_typo_is_named_as_divergence(tiny_model: Path, out: Path, engine
     trainer = TrainerActor.options(num_cpus=0.5).remote(str(tiny_model), cfg.trainer, cfg.algo, 1.0, 12, 0)
     started.append(trainer)
     syncer = make_syncer(cfg, trainer, engines)  # its setup scores the probe on the starting weights
-    _train_once(trainer, 5)
+    # the trainer names it at the update: AdamW's first step moves every weight by lr (guards.update_ratio_max 0.5)
+    assert _train_once(trainer, 5)["actor/update_ratio"] > 1.0
     capsys.readouterr()
     with pytest.raises(PolicyDivergedError) as e:
         syncer.sync(5)

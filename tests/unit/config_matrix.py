@@ -2,7 +2,7 @@
 
 Factors are generated, not hand-listed: the choice keys take their allowed values from the schema and the registries
 (`CHOICES`: a newly registered estimator or loss, a new placement mode, joins the matrix by itself); the switches
-that are not choice keys (truncated sampling, streaming, multi-turn, dynamic sampling, LoRA, packing, the
+that are not choice keys (truncated sampling, multi-turn, dynamic sampling, LoRA, packing, the
 shared-prompt forward, context parallelism) are listed with their overrides. `pairwise_cases()` covers every pair
 of levels of every two factors at least once (allpairspy: a greedy all-pairs generator).
 """
@@ -16,10 +16,9 @@ from allpairspy import AllPairs
 from orchestrator.config.schema import CHOICES
 
 CHOICE_KEYS = ("algo.estimator", "algo.policy_loss", "algo.loss_agg", "algo.rollout_correction.mode",
-               "algo.old_logprobs", "placement.mode")
+               "algo.old_logprobs", "placement.mode", "rollout.mode")
 SWITCHES = {
     "sampling": {"full": [], "top_p": ["rollout.top_p=0.9"], "top_k": ["rollout.top_k=20"]},
-    "streaming": {"off": [], "on": ["rollout.partial_rollout=true"]},
     "multi_turn": {"off": [], "on": ["env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}",
                                      "env.max_turns=2", "env.num_workers=1", "env.max_tokens=256"]},
     "dynamic_sampling": {"off": [], "on": ["algo.dynamic_sampling.enabled=true"]},
@@ -29,7 +28,7 @@ SWITCHES = {
     "context_parallel": {"off": [], "on": ["trainer.context_parallel_size=2", "trainer.num_workers=2"]},
 }
 # what a switch sets, for the refusal check: an error must name a key of each side
-SWITCH_KEYS = {"sampling": ("rollout.top_p", "rollout.top_k"), "streaming": ("rollout.partial_rollout",),
+SWITCH_KEYS = {"sampling": ("rollout.top_p", "rollout.top_k"),
                "multi_turn": ("env.name", "env."), "dynamic_sampling": ("algo.dynamic_sampling",),
                "lora": ("trainer.lora",), "packing": ("trainer.packing", "trainer.micro_batch_tokens"),
                "shared_prefix": ("trainer.shared_prefix",),

@@ -167,18 +167,18 @@ def test_the_pipeline_module_imports_no_ray():
 ])
 def test_config_refuses_async_combinations_it_cannot_run(extra, match):
     with pytest.raises(ConfigError, match=match):
-        load_config(None, ["placement.mode=disaggregated_async", *extra])
+        load_config(None, ["rollout.mode=one_step_off", *extra])
 
 
 def test_config_accepts_async_multi_turn():  # the async pipeline wraps any rollout source
-    cfg = load_config("configs/grpo_guessing_cpu.yaml", ["placement.mode=disaggregated_async", "algo.tis_cap=2.0"])
-    assert cfg.placement.mode == "disaggregated_async" and cfg.env.name
+    cfg = load_config("configs/grpo_guessing_cpu.yaml", ["rollout.mode=one_step_off", "algo.tis_cap=2.0"])
+    assert cfg.rollout.mode == "one_step_off" and cfg.placement.mode == "disaggregated" and cfg.env.name
 
 
 def test_config_accepts_async_with_rollout_old_logprobs_or_bound_zero():
     for extra in (["algo.old_logprobs=rollout", "algo.tis_cap=null"], ["algo.max_staleness=0", "algo.tis_cap=null"]):
-        cfg = load_config(None, ["placement.mode=disaggregated_async", *extra])
-        assert cfg.placement.mode == "disaggregated_async"
+        cfg = load_config(None, ["rollout.mode=one_step_off", *extra])
+        assert cfg.rollout.mode == "one_step_off"
 
 
 def test_a_restored_batch_is_in_flight_and_the_next_launch_follows_it():

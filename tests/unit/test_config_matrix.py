@@ -49,6 +49,7 @@ def test_the_matrix_covers_every_pair_and_grows_with_the_registries():
     table = factors()
     assert set(table["algo.policy_loss"]) >= {"ppo_clip", "gspo", "gspo_token", "cispo"}
     assert "gae" in table["algo.estimator"] and "disaggregated_async" in table["placement.mode"]
+    assert set(table["rollout.mode"]) == {"sync", "one_step_off", "stream"}
     names = list(table)
     order = {n: i for i, n in enumerate(names)}
     pairs = {(a, c[a], b, c[b]) for c in CASES for a in c for b in c if order[a] < order[b]}

@@ -162,8 +162,8 @@ def test_pooled_std_equals_the_std_of_all_samples() -> None:
 
 def test_config_refuses_the_async_mode_and_checks_max_rounds() -> None:
     yaml = "configs/grpo_arith_cpu.yaml"
-    with pytest.raises(ConfigError, match="algo.dynamic_sampling.enabled=true is not supported with placement.mode"):
-        load_config(yaml, ["algo.dynamic_sampling.enabled=true", "placement.mode=disaggregated_async"])
+    with pytest.raises(ConfigError, match="algo.dynamic_sampling.enabled=true is not supported with rollout.mode=one_step_off"):
+        load_config(yaml, ["algo.dynamic_sampling.enabled=true", "rollout.mode=one_step_off"])
     with pytest.raises(ConfigError, match=r"algo.dynamic_sampling.max_rounds=0 must be in \[1, 1000\]"):
         load_config(yaml, ["algo.dynamic_sampling.max_rounds=0"])
     c = load_config(yaml, ["algo.dynamic_sampling.enabled=true", "placement.mode=colocated"])

@@ -63,7 +63,7 @@ def test_zero_never_stops_and_mini_batches_count_updates():
 def _guards(**over):
     g = dict(action="warn", reward_collapse_steps=0, truncated_steps=0, truncated_frac=0.9, kl_spike_factor=0.0,
              grad_norm_spike_factor=0.0, spike_window=20, spike_min_steps=3, entropy_collapse_steps=0,
-             entropy_floor=0.01)
+             entropy_floor=0.01, update_ratio_max=0.0)
     g.update(over)
     return HealthGuards(SimpleNamespace(**g))
 
@@ -81,6 +81,18 @@ def test_entropy_collapse_trips_after_k_steps_below_the_floor_and_clears(capsys)
     assert flags == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]  # a NaN entropy (a skipped step) neither counts nor breaks a streak
     assert ("guard entropy_collapse at step 5: actor/entropy 0.02 nats per token < guards.entropy_floor=0.05 for 2 "
             "steps in a row: the policy samples nearly one answer") in capsys.readouterr().out
+
+
+def test_update_explosion_trips_at_the_first_update_over_the_limit(capsys):
+    g = _guards(update_ratio_max=0.1)
+    rows = [{"actor/update_ratio": 1e-4, "actor/lr": 2e-5}, {}, {"actor/update_ratio": 2.7, "actor/lr": 0.5},
+            {"actor/update_ratio": math.inf, "actor/lr": 0.5}, {"actor/update_ratio": math.nan}]
+    flags = [g.observe(s, row)["guard/update_explosion"] for s, row in enumerate(rows, start=1)]
+    assert flags == [0.0, 0.0, 1.0, 1.0, 0.0]  # absent (every update skipped) or NaN: no verdict
+    assert ("guard update_explosion at step 3: actor/update_ratio 2.7 > guards.update_ratio_max=0.1: an update moved "
+            "the weights by 2.7 of their norm (actor/lr 0.5): the policy diverges; lower trainer.lr"
+            ) in capsys.readouterr().out
+    assert _guards().observe(1, {"actor/update_ratio": 50.0}) == {}  # 0: off
 
 
 def test_reward_collapse_trips_after_k_constant_steps_and_clears(capsys):
@@ -129,7 +141,8 @@ def test_run_guards_from_a_loaded_config():
     # the guards on by default (length_pinned, entropy_collapse, grad_norm_spike) report 0: their signals are absent
     # or normal here
     assert out == {"actor/skipped_updates_total": 1.0, "actor/skipped_in_a_row": 1.0, "guard/reward_collapse": 1.0,
-                   "guard/length_pinned": 0.0, "guard/entropy_collapse": 0.0, "guard/grad_norm_spike": 0.0}
+                   "guard/length_pinned": 0.0, "guard/entropy_collapse": 0.0, "guard/update_explosion": 0.0,
+                   "guard/grad_norm_spike": 0.0}
     with pytest.raises(DivergedError, match="run.max_skipped_updates=2"):
         guards.after_step(2, _row(1.0))
 

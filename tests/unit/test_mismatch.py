@@ -213,7 +213,7 @@ def test_config_defaults_keys_and_errors_naming_the_key():
 
 
 def test_async_staleness_accepts_a_sequence_level_is_mode_instead_of_tis():
-    base = ["placement.mode=disaggregated_async", "algo.tis_cap=null"]
+    base = ["rollout.mode=one_step_off", "algo.tis_cap=null"]
     with pytest.raises(ConfigError, match="algo.tis_cap"):
         load_config(None, base)
     with pytest.raises(ConfigError, match="algo.tis_cap"):

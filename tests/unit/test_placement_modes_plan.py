@@ -34,10 +34,10 @@ def test_disaggregated_is_one_group_with_a_bundle_per_actor() -> None:
     assert _where(plan, "trainer") == [(0, 0)] and _where(plan, "rollout") == [(0, 1), (0, 2)]
     assert _where(plan, "reference") == [(0, 3)] and _where(plan, "reward") == [(0, 4)]
     assert all(s.cores is None for ss in plan.slots.values() for s in ss)  # fake_gpus=0: no pinning
-    # disaggregated_async places exactly like disaggregated
+    # rollout.mode=one_step_off places exactly like sync
     same = plan_job(_cfg("placement.resource=fake_gpu", "rollout.num_workers=2", "algo.kl_coef=0.1",
                          "placement.trainer_per_worker=1", "placement.rollout_per_worker=1",
-                         "placement.mode=disaggregated_async", "algo.tis_cap=2.0"))
+                         "rollout.mode=one_step_off", "algo.tis_cap=2.0"))
     assert same.groups == plan.groups
 
 

@@ -35,7 +35,8 @@ def test_rollout_bound_gets_more_rollout_workers():
     # generate 10 s, train 1 s, 4 devices: r3 t1 = 10/3 + 1 = 4.333 s; r2 t2 = 5 + 2^-0.9 = 5.536; r1 t3 = 10.37
     found, why = decide(rows(10.0, 1.0), cfg("sizing.total_gpus=4"))
     assert found is not None
-    assert found.overrides == {"placement.mode": "disaggregated", "rollout.num_workers": 3, "trainer.num_workers": 1}
+    assert found.overrides == {"placement.mode": "disaggregated", "rollout.mode": "sync",
+                               "rollout.num_workers": 3, "trainer.num_workers": 1}
     assert found.predicted_step_s == pytest.approx(10 / 3 + 1, rel=1e-6)
     assert found.current_step_s == pytest.approx(11.0, rel=1e-6)
     assert found.total == 4
@@ -67,7 +68,8 @@ def test_colocated_only_with_a_measured_switch():
     # colocated on 4 = 10/4 + 0.05 + 4^-0.9 + 0.05 = 2.887 s beats r3 t1 = 4.333 s
     measured = rows(10.0, 1.04, sync_s=0.06, **{"colocate/sleep_s": 0.04, "colocate/wake_s": 0.06})
     found, _ = decide(measured, cfg("sizing.total_gpus=4"))
-    assert found.overrides == {"placement.mode": "colocated", "rollout.num_workers": 4, "trainer.num_workers": 4}
+    assert found.overrides == {"placement.mode": "colocated", "rollout.mode": "sync",
+                               "rollout.num_workers": 4, "trainer.num_workers": 4}
     assert found.predicted_step_s == pytest.approx(2.5 + 0.1 + 4 ** -0.9, rel=1e-6)
 
 

@@ -1,6 +1,6 @@
 """placement.auto and the sizer's stream mode (fully asynchronous, partial rollouts; orchestrator/placement/replace.py):
-stream maps to placement.mode=disaggregated_async + rollout.partial_rollout=true + algo.max_staleness=k, a streaming
-run stays streaming, and only a disaggregated_async run may switch into stream (k never above its
+stream maps to placement.mode=disaggregated + rollout.mode=stream + algo.max_staleness=k, a streaming
+run stays streaming, and only a one-step-off run may switch into stream (k never above its
 algo.max_staleness). Expected step times are computed by hand from the sizer's laws (one measured size: generate
 t = G / g, train t = T / g^0.9, sync ~ 0; stream's period reaches the overlap limit max(mean generate + sync,
 train + sync), orchestrator/sizing/stream_sim.py)."""
@@ -12,8 +12,8 @@ from orchestrator.sizing.measurements import STREAM_GENERATE_KEY, STREAM_ROW_KEY
 from orchestrator.sizing.workload import Split
 
 CPU_RUN = "configs/grpo_arith_cpu.yaml"  # rollout.num_workers 1, trainer.num_workers 1, 32 samples per step
-ASYNC = ["placement.mode=disaggregated_async"]
-STREAM = ASYNC + ["rollout.partial_rollout=true"]
+ASYNC = ["rollout.mode=one_step_off"]
+STREAM = ["rollout.mode=stream"]
 
 
 def cfg(*overrides: str):
@@ -32,16 +32,16 @@ def rows(generate: list[float], train_s: float, stream: bool = False) -> list[di
     return out
 
 
-def test_stream_split_maps_to_the_partial_rollout_keys_and_loads():
+def test_stream_split_maps_to_the_rollout_mode_keys_and_loads():
     c = cfg(*ASYNC, "algo.max_staleness=2", "sizing.total_gpus=4")
     over, why = to_overrides(c, Split("stream", 3, 1), k=2)
-    assert why == "" and over == {"placement.mode": "disaggregated_async", "rollout.partial_rollout": True,
+    assert why == "" and over == {"placement.mode": "disaggregated", "rollout.mode": "stream",
                                   "algo.max_staleness": 2, "rollout.num_workers": 3, "trainer.num_workers": 1}
     loaded = load_config(CPU_RUN, [*ASYNC, *(f"{k}={str(v).lower()}" for k, v in over.items())])  # the loader accepts it
-    assert loaded.rollout.partial_rollout and loaded.algo.max_staleness == 2 and loaded.rollout.num_workers == 3
-    assert mode_keys(cfg(*STREAM), "async") == {"placement.mode": "disaggregated_async",
+    assert loaded.rollout.mode == "stream" and loaded.algo.max_staleness == 2 and loaded.rollout.num_workers == 3
+    assert mode_keys(cfg(*STREAM), "async") == {"placement.mode": "disaggregated", "rollout.mode": "one_step_off",
                                                 "rollout.partial_rollout": False}
-    assert mode_keys(c, "async") == {"placement.mode": "disaggregated_async"}
+    assert mode_keys(c, "async") == {"placement.mode": "disaggregated", "rollout.mode": "one_step_off"}
     with pytest.raises(ValueError, match="k \\(algo.max_staleness of a stream split\\): must be an integer >= 1"):
         mode_keys(c, "stream")
 
@@ -65,7 +65,7 @@ def test_async_run_switches_into_stream_when_it_is_faster():
     # stream, k = 2: the overlap limit max(mean generate 4 + 0, train 4 + 0) = 4 s (k = 1: 5 s, as one-step-off).
     found, why = decide(rows([12.0, 2.0, 6.0, 2.0, 6.0], 4.0), cfg(*ASYNC, "algo.max_staleness=2"))
     assert found is not None and found.split == Split("stream", 1, 1)
-    assert found.overrides == {"placement.mode": "disaggregated_async", "rollout.partial_rollout": True,
+    assert found.overrides == {"placement.mode": "disaggregated", "rollout.mode": "stream",
                                "algo.max_staleness": 2, "rollout.num_workers": 1, "trainer.num_workers": 1}
     assert found.predicted_step_s == pytest.approx(4.0, rel=1e-6)
     assert found.current_step_s == pytest.approx(5.0, rel=1e-6)
@@ -81,7 +81,7 @@ def test_streaming_run_stays_streaming():
     c = cfg(*STREAM, "algo.max_staleness=2", "sizing.total_gpus=4")
     assert current_split(c) == Split("stream", 1, 1)
     found, why = decide(rows([30.0, 10.0, 10.0, 10.0], 1.0, stream=True), c)
-    assert found.overrides == {"placement.mode": "disaggregated_async", "rollout.partial_rollout": True,
+    assert found.overrides == {"placement.mode": "disaggregated", "rollout.mode": "stream",
                                "algo.max_staleness": 1, "rollout.num_workers": 3, "trainer.num_workers": 1}
     assert found.predicted_step_s == pytest.approx(10 / 3, rel=1e-6)
     assert found.current_step_s == pytest.approx(10.0, rel=1e-6)

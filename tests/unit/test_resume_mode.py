@@ -16,21 +16,21 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.data import StatefulLoader
-from orchestrator.rollout.resume_mode import (ONE_STEP_OFF, STREAM, SYNCHRONOUS, ResumeModeError, check_resumable,
+from orchestrator.rollout.resume_mode import (ONE_STEP_OFF, STREAM, SYNC, ResumeModeError, check_resumable,
                                               config_mode, state_to_load, written_mode)
 from orchestrator.rollout.stream_state import STATE_KEYS
 from tests.unit.test_async_rollouts import FakeController, _rollouts, _run_to
 from tests.unit.test_stream_resume import _checkpoint, _setup, _steps
 
 
-def _cfg(mode: str, partial: bool = False, env: str | None = None, k: int = 2):
-    """A run config's parts resume_mode reads (k = 2 and single-turn: the streamed fakes' settings)."""
-    return SimpleNamespace(placement=SimpleNamespace(mode=mode), rollout=SimpleNamespace(partial_rollout=partial),
+def _cfg(mode: str, placement: str = "disaggregated", env: str | None = None, k: int = 2):
+    """A loaded run config's parts resume_mode reads (k = 2 and single-turn: the streamed fakes' settings)."""
+    return SimpleNamespace(placement=SimpleNamespace(mode=placement), rollout=SimpleNamespace(mode=mode),
                            env=SimpleNamespace(name=env), algo=SimpleNamespace(max_staleness=k))
 
 
-STREAMING, ONE_OFF = _cfg("disaggregated_async", True), _cfg("disaggregated_async")
-COLOCATED, DISAGGREGATED = _cfg("colocated"), _cfg("disaggregated")
+STREAMING, ONE_OFF = _cfg(STREAM), _cfg(ONE_STEP_OFF)
+COLOCATED, DISAGGREGATED = _cfg(SYNC, "colocated"), _cfg(SYNC)
 
 
 def _stream_state() -> dict:
@@ -55,7 +55,7 @@ def test_each_pipeline_writes_its_mode_and_older_checkpoints_are_recognised_by_t
     legacy_stream = {k: v for k, v in stream.items() if k != "mode"}
     legacy_one_off = {k: v for k, v in one_off.items() if k != "mode"}
     assert written_mode(legacy_stream) == STREAM and written_mode(legacy_one_off) == ONE_STEP_OFF
-    assert written_mode(None) == written_mode({}) == SYNCHRONOUS
+    assert written_mode(None) == written_mode({}) == SYNC
     with pytest.raises(ResumeModeError, match=r"checkpoint c1: .*keys \['loader'\].* unknown rollout mode None"):
         written_mode({"loader": {}}, "checkpoint c1")
     with pytest.raises(ResumeModeError, match="unknown rollout mode 'turbo'"):
@@ -64,7 +64,7 @@ def test_each_pipeline_writes_its_mode_and_older_checkpoints_are_recognised_by_t
 
 def test_config_mode():
     assert [config_mode(c) for c in (STREAMING, ONE_OFF, COLOCATED, DISAGGREGATED)] == [
-        STREAM, ONE_STEP_OFF, SYNCHRONOUS, SYNCHRONOUS]
+        STREAM, ONE_STEP_OFF, SYNC, SYNC]
 
 
 def test_the_same_mode_resumes_the_state_as_written():
@@ -84,17 +84,17 @@ def test_a_streamed_checkpoint_with_untrained_groups_is_refused_by_a_one_step_of
             state_to_load(state, ONE_OFF, "checkpoint ck/step_000003")
         msg = str(e.value)
         assert msg.startswith("checkpoint ck/step_000003 was written by a streaming (fully asynchronous): "
-                              "placement.mode=disaggregated_async rollout.partial_rollout=true run")
+                              "rollout.mode=stream run")
         assert f"holds {groups} untrained groups" in msg
-        assert "this config (one-step-off (asynchronous): placement.mode=disaggregated_async " \
-               "rollout.partial_rollout=false) cannot resume them: the one-step-off pipeline cannot read" in msg
-        assert "Resume it with placement.mode=disaggregated_async rollout.partial_rollout=true" in msg
+        assert "this config (one-step-off (asynchronous): rollout.mode=one_step_off) cannot resume them: the " \
+               "one-step-off pipeline cannot read" in msg
+        assert "Resume it with rollout.mode=stream" in msg
 
 
 def test_a_streamed_checkpoint_with_untrained_groups_is_refused_by_a_synchronous_config():
     stream = _stream_state()
     for cfg in (COLOCATED, DISAGGREGATED):
-        with pytest.raises(ResumeModeError, match=f"this config \\(synchronous: placement.mode={cfg.placement.mode}\\) "
+        with pytest.raises(ResumeModeError, match="this config \\(synchronous: rollout.mode=sync\\) "
                                                   "cannot resume them: a synchronous run would skip their prompts"):
             state_to_load(stream, cfg)
 
@@ -177,13 +177,13 @@ def test_a_streamed_state_records_its_settings_and_older_ones_without_them_resum
     stream = _stream_state()
     assert (stream["multi_turn"], stream["env"], stream["max_staleness"]) == (False, None, 2)
     legacy = {k: v for k, v in stream.items() if k not in ("multi_turn", "env", "max_staleness")}
-    for cfg in (STREAMING, _cfg("disaggregated_async", True, env="countdown", k=1)):  # unknown: not checked
+    for cfg in (STREAMING, _cfg(STREAM, env="countdown", k=1)):  # unknown: not checked
         assert state_to_load(legacy, cfg) == (legacy, "")
 
 
 def test_single_turn_and_multi_turn_do_not_resume_each_others_untrained_groups():
     single, multi = _stream_state(), _multi_turn_state()
-    to_multi = _cfg("disaggregated_async", True, env="countdown")
+    to_multi = _cfg(STREAM, env="countdown")
     with pytest.raises(ResumeModeError) as e:
         state_to_load(single, to_multi, "checkpoint ck/step_000003")
     msg = str(e.value)
@@ -205,25 +205,25 @@ def test_another_environment_does_not_resume_the_untrained_episodes_of_the_first
     multi = _multi_turn_state()  # env.name=countdown
     groups = len(multi["requests"])
     with pytest.raises(ResumeModeError) as e:
-        state_to_load(multi, _cfg("disaggregated_async", True, env="guessing_game"), "checkpoint ck/step_000003")
+        state_to_load(multi, _cfg(STREAM, env="guessing_game"), "checkpoint ck/step_000003")
     assert str(e.value) == (
         f"checkpoint ck/step_000003 was written by a multi-turn streaming run of env.name='countdown' and holds "
         f"{groups} untrained groups of its tasks; this config runs env.name='guessing_game', which would play them "
         "as its own episodes. Resume it with env.name=countdown, or start a new run (checkpoint.resume=none)")
     empty = {**multi, "requests": []}  # nothing untrained: resumes
-    assert state_to_load(empty, _cfg("disaggregated_async", True, env="guessing_game")) == (empty, "")
+    assert state_to_load(empty, _cfg(STREAM, env="guessing_game")) == (empty, "")
     legacy = {k: v for k, v in multi.items() if k != "env"}  # written before "env" was recorded: not checked
-    assert state_to_load(legacy, _cfg("disaggregated_async", True, env="guessing_game")) == (legacy, "")
+    assert state_to_load(legacy, _cfg(STREAM, env="guessing_game")) == (legacy, "")
 
 
 def test_a_changed_max_staleness_resumes_with_a_note():
     stream = _stream_state()
     groups = len(stream["requests"])
-    state, note = state_to_load(stream, _cfg("disaggregated_async", True, k=4), "checkpoint c3")
+    state, note = state_to_load(stream, _cfg(STREAM, k=4), "checkpoint c3")
     assert state is stream
     assert note == ("resume: checkpoint c3 was written with algo.max_staleness=2; this run's 4 lets more batches start "
                     "ahead of the trainer and drops fewer groups (its untrained groups resume as written)")
-    state, note = state_to_load(stream, _cfg("disaggregated_async", True, k=1), "checkpoint c3")
+    state, note = state_to_load(stream, _cfg(STREAM, k=1), "checkpoint c3")
     assert state is stream
     assert note == ("resume: checkpoint c3 was written with algo.max_staleness=2; with this run's 1, no new batch "
                     f"starts until its {groups} untrained groups fit the smaller capacity, and any of them more than 1 "

@@ -80,7 +80,7 @@ def test_stream_mode_prints_its_k_and_config_keys(tmp_path, capsys):
     out = capsys.readouterr().out
     k = int(re.search(r"recommendation for 16 GPUs: stream: rollout \d+, trainer \d+, k = (\d+)", out).group(1))
     assert 1 <= k <= 3 and "generate varies from step to step" not in out
-    assert f"config: placement.mode=disaggregated_async rollout.partial_rollout=true algo.max_staleness={k}" in out
+    assert f"config: placement.mode=disaggregated rollout.mode=stream algo.max_staleness={k}" in out
     assert "step time per k: k=1 " in out and "k = 1 already reaches the overlap limit" in out
     assert main(["size", "--metrics", str(a), "--gpus", "16", "--mode", "stream"]) == 0
     assert "generate varies from step to step: cv " in capsys.readouterr().out  # the +-5% jitter of the rows

@@ -149,7 +149,7 @@ def test_sizer_recommends_stream_with_its_k_and_config_keys():
     text = format_sizing(s, w, ("stream",))
     assert s.best.result.k == 1
     assert "fully asynchronous, partial rollouts" in text and ", k = 1" in text
-    assert "config: placement.mode=disaggregated_async rollout.partial_rollout=true algo.max_staleness=1" in text
+    assert "config: placement.mode=disaggregated rollout.mode=stream algo.max_staleness=1" in text
     assert "k = 1 already reaches the overlap limit" in text
     varied = _workload(generate_scale=(0.3, 0.3, 2.4))
     b = size(varied, 64, ("stream",)).best
@@ -157,7 +157,7 @@ def test_sizer_recommends_stream_with_its_k_and_config_keys():
     text = format_sizing(size(varied, 64, ("stream",)), varied, ("stream",))
     assert f"algo.max_staleness={b.result.k}" in text and "varies from step to step" in text
     assert "k = 1 would take" in text
-    assert config_keys(size(w, 64, ("async",)).best, w) == "placement.mode=disaggregated_async algo.max_staleness=1"
+    assert config_keys(size(w, 64, ("async",)).best, w) == "placement.mode=disaggregated rollout.mode=one_step_off algo.max_staleness=1"
 
 
 def test_stream_is_never_slower_than_one_step_off_async():

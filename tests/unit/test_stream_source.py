@@ -79,7 +79,7 @@ def _wait(ref):
 
 
 def _setup(k=1, workers=2, start_step=0, recover=None, score_group=None):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, mode="stream"),
                           algo=SimpleNamespace(max_staleness=k))
     engine, loader = SimpleNamespace(version=0), _Loader()
     fakes = [_FakeWorker(engine) for _ in range(workers)]
@@ -194,7 +194,7 @@ def test_a_group_over_the_bound_is_dropped_and_its_slot_refilled():
     assert all(t.weight_version == 5 for t in trajs) and loader.drawn >= 3
 
 
-def test_the_factory_picks_the_stream_with_partial_rollout():
+def test_the_factory_picks_the_stream_for_rollout_mode_stream():
     rollouts, fakes, _, loader, cfg = _setup()
     source = SimpleNamespace(workers=fakes, wait=lambda refs: refs, recover=None)
     assert isinstance(async_rollouts(source, lambda s: [], loader, cfg), StreamRollouts)
@@ -300,7 +300,7 @@ class _EpisodeWorker:
 
 
 def _multi_turn(plan: dict, max_failed_frac: float = 0.5):
-    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, partial_rollout=True),
+    cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=4, mode="stream"),
                           algo=SimpleNamespace(max_staleness=1))
     engine = SimpleNamespace(version=0)
     worker = _EpisodeWorker(engine, plan)
