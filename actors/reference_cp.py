@@ -10,7 +10,7 @@ Rank 0 is the leader (actors/trainer/leader.py): the controller calls only its `
 whole [b, L-1] logprobs on every rank). The reference keeps a full copy of the weights on each rank (frozen, no
 FSDP); the prompt-sharing forward (trainer.shared_prefix) is off, as it is for the trainer under context
 parallelism. Limits: a rank that raises leaves the others waiting until `timeout_s` (run.phase_timeout_s), and
-the supervisor then restarts the job (orchestrator/supervisor.py probes every rank).
+the supervisor then restarts the job (orchestrator/runtime/supervisor.py probes every rank).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ each hold the trainer, the rollout worker and a spare). The schedule (SCHEDULE):
     step 8   the rollout worker is SIGKILLed again
     step 10  a reward function allocates 30 GiB on every call (data fault: reward.memory_limit_mb stops it)
     step 13  the newest checkpoint (step 12) is torn, then the trainer's process is SIGKILLed before it trains
-    step 14  the rollout worker is SIGKILLed as the sync's logprob probe reaches it (orchestrator/faults.py fault_hook)
+    step 14  the rollout worker is SIGKILLed as the sync's logprob probe reaches it (orchestrator/runtime/faults.py fault_hook)
     step 16  the rollout worker is SIGKILLed a third time
     step 19  the rollout worker's node is removed           after its groups were launched
 
@@ -58,7 +58,7 @@ from safetensors.torch import load_file  # noqa: E402
 from benchmarks.fault_injection import DATA_FAULTS, set_flags  # noqa: E402
 from orchestrator.config import load_config  # noqa: E402
 from orchestrator.controller import GRPOController  # noqa: E402
-from orchestrator.faults import fault_hook  # noqa: E402
+from orchestrator.runtime.faults import fault_hook  # noqa: E402
 
 SCHEDULE = [(2, "reward_hang"), (3, "rollout_kill"), (5, "nan_loss"), (6, "engine_hang"), (8, "rollout_kill"),
             (10, "reward_memory"), (13, "torn_checkpoint"), (13, "trainer_kill"), (14, "probe_kill"), (16, "rollout_kill"),
@@ -127,7 +127,7 @@ class ScheduledFaults(GRPOController):
         return out
 
     def fault(self, window: str, k: int, handle) -> None:
-        """The fault hook (orchestrator/faults.py): SIGKILL rollout worker 0 as a call in window `kill_in` reaches it."""
+        """The fault hook (orchestrator/runtime/faults.py): SIGKILL rollout worker 0 as a call in window `kill_in` reaches it."""
         if k == 0 and window == self.kill_in:
             self.kill_in = None
             os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""What the garbage-collector thresholds of orchestrator/gc_tuning.py save in a fresh actor process: the imports a
+"""What the garbage-collector thresholds of orchestrator/runtime/gc_tuning.py save in a fresh actor process: the imports a
 trainer and a rollout worker make, then a rollout engine's start, at Python's default thresholds against ours.
 
 Each kind runs in a fresh Python process (as a Ray actor does: nothing imported yet), alternating, `--repeats`

@@ -1,4 +1,4 @@
-"""The trainer's step with glibc's default malloc against `run.glibc_tunables: auto` (orchestrator/malloc_env.py).
+"""The trainer's step with glibc's default malloc against `run.glibc_tunables: auto` (orchestrator/runtime/malloc_env.py).
 
     .venv/bin/python benchmarks/malloc_tunables.py [--steps 4] [--threads 1] [--warm-up] [--also GLIBC_TUNABLES ...]
 
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         return 0
     if args.steps < 3:
         ap.error("--steps must be >= 3 (steps 3..N are the steady state)")
-    from orchestrator.malloc_env import tunables_env
+    from orchestrator.runtime.malloc_env import tunables_env
 
     settings = [("glibc default", {}), ("run.glibc_tunables=auto", tunables_env("auto", environ={}))]
     settings += [(f"GLIBC_TUNABLES={value}", {"GLIBC_TUNABLES": value}) for value in args.also]

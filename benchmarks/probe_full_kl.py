@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     args = ap.parse_args(argv)
-    from orchestrator.ray_connect import QUIET_ENV
+    from orchestrator.runtime.ray_connect import QUIET_ENV
 
     os.environ.update(QUIET_ENV)
     import torch

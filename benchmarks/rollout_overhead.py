@@ -33,7 +33,7 @@ def start_worker(cfg, model_path: str):
     import ray
 
     from actors.rollout.worker import RolloutWorkerActor
-    from orchestrator.ray_connect import QUIET_ENV
+    from orchestrator.runtime.ray_connect import QUIET_ENV
 
     ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,
              runtime_env={"env_vars": QUIET_ENV})
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from orchestrator.ray_connect import QUIET_ENV
+    from orchestrator.runtime.ray_connect import QUIET_ENV
 
     os.environ.update(QUIET_ENV)  # what the actor gets: B logs no more than A
     from orchestrator.config.load import load_config

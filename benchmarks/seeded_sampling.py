@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from orchestrator.ray_connect import QUIET_ENV
+    from orchestrator.runtime.ray_connect import QUIET_ENV
 
     os.environ.update(QUIET_ENV)
     from vllm import LLM

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from orchestrator.ray_connect import QUIET_ENV
+    from orchestrator.runtime.ray_connect import QUIET_ENV
 
     os.environ.update(QUIET_ENV)
     import torch

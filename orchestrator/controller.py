@@ -47,8 +47,8 @@ from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
 from orchestrator.rollout.seeds import group_seed
 from orchestrator.rollout.single_turn import SingleTurnSource
 from orchestrator.rollout.source import RolloutSource
-from orchestrator.stopping import StopOnSignal
-from orchestrator.supervisor import supervise
+from orchestrator.runtime.stopping import StopOnSignal
+from orchestrator.runtime.supervisor import supervise
 
 
 @dataclass
@@ -382,7 +382,7 @@ class GRPOController:
     def restart(self, folder: Optional[Path], new_cfg=None) -> bool:
         """Stop every actor, start them again from checkpoint `folder` (None: the base model at step 0) in `new_cfg`
         when given (the current config when not, or when it cannot be reserved), `restore` (a verified weight sync),
-        restart the rollouts. Returns whether `new_cfg` runs. Used by placement.auto and orchestrator/supervisor.py."""
+        restart the rollouts. Returns whether `new_cfg` runs. Used by placement.auto and orchestrator/runtime/supervisor.py."""
         if self.pipeline is not None:  # one_step_off, stream: pending batches are regenerated
             self.pipeline.discard()
         self.cfg, placed = self.job.replace(new_cfg or self.cfg, folder)

@@ -14,7 +14,7 @@
 Lost rollout workers: `recover_rollout` (the rollout sources' hook) and `sync_weights` replace a worker whose
 process died, or whose weight load hung past weight_sync.timeout_s, by a fresh actor in the same
 placement-group bundle; it starts from the weights the job started from and is synced to the current
-version before it samples. Every restart counts against `run.max_restarts` (RestartBudget, orchestrator/faults.py).
+version before it samples. Every restart counts against `run.max_restarts` (RestartBudget, orchestrator/runtime/faults.py).
 
 Without `run.ray_address` or RAY_ADDRESS a run starts its own local Ray (advertising `placement.fake_gpus`
 `fake_gpu` resources when placement.resource=fake_gpu); with either, it joins that cluster (this is what
@@ -33,14 +33,14 @@ import ray
 from actors.pinning import CORES_ENV, engine_env
 from orchestrator.algo.sampler_support import SamplerSettings
 from orchestrator.critic_step import critic_checkpoint, restore_critic
-from orchestrator.faults import EnginesLost, RestartBudget, describe, is_actor_lost
-from orchestrator.overlap import pump_until, refs_ready
+from orchestrator.runtime.faults import EnginesLost, RestartBudget, describe, is_actor_lost
+from orchestrator.runtime.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import (PlacementError, env_actor_options, missing_resources, remove_groups,
                                            reserve_groups, slot_options, wait_placed)
 from orchestrator.placement.plan import ActorSlot, JobPlan, plan_job
-from orchestrator.malloc_env import run_env
+from orchestrator.runtime.malloc_env import run_env
 from orchestrator.memory.preflight import longest_sequence
-from orchestrator.ray_connect import QUIET_ENV, connect_ray
+from orchestrator.runtime.ray_connect import QUIET_ENV, connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
 
 @dataclass
@@ -132,7 +132,7 @@ class Job:
     # ---- calls -------------------------------------------------------------------------------------------
     def wait(self, refs, pump: Optional[Callable[[], None]] = None):
         """ray.get with `run.phase_timeout_s`: a hung actor stops the run with an error, never a hang. `pump`: called
-        between short waits until `refs` are ready, within the same timeout (orchestrator/overlap.py)."""
+        between short waits until `refs` are ready, within the same timeout (orchestrator/runtime/overlap.py)."""
         timeout = self.cfg.run.phase_timeout_s
         try:
             left = timeout if pump is None else pump_until(lambda wait_s: refs_ready(refs, wait_s), pump, timeout)

@@ -4,7 +4,7 @@ backward through the trainer's own loss path, and the optimizer's state, while t
 Why: a CPU process touches its peak memory for the first time in its first steps, and every fresh page is a page
 fault (on this project's CPU machine 8.8 s of a 23 s first step and 5.9 s of a 21 s second one were spent in
 the kernel, against 0.2 s of a 13 s later step: benchmarks/malloc_tunables.py). With `run.glibc_tunables: auto`
-(orchestrator/malloc_env.py) the heap keeps what the warm-up touched, so the real steps reuse it; and a config
+(orchestrator/runtime/malloc_env.py) the heap keeps what the warm-up touched, so the real steps reuse it; and a config
 whose largest micro-batch does not fit in memory fails at start, not at the first long batch hours in.
 
 CPU trainers only: a trainer on a GPU skips it (CUDA's caching allocator already keeps device memory between

@@ -105,7 +105,7 @@ def _newest_verified(resume: str, root: Path, hashes: bool) -> Optional[Path]:
 
 
 def restart_checkpoint(last: str | Path) -> Path:
-    """The checkpoint a supervised restart goes back to (orchestrator/supervisor.py): `last`, the run's newest,
+    """The checkpoint a supervised restart goes back to (orchestrator/runtime/supervisor.py): `last`, the run's newest,
     when its manifest still verifies (every byte), else the newest older `step_<k>` beside it that does, each
     one skipped with a CheckpointWarning naming the bad file. A folder without a manifest (written before
     manifests) is taken as it is when complete. Raises CheckpointError naming every problem when none of them

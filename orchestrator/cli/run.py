@@ -43,8 +43,8 @@ def run_cmd(args: argparse.Namespace) -> int:
     from orchestrator.guards import DivergedError, GuardTripped
     from orchestrator.memory.preflight import MemoryPlanError
     from orchestrator.placement.groups import PlacementError
-    from orchestrator.stopping import RunStopped, StepAbandoned
-    from orchestrator.supervisor import RunFailedError
+    from orchestrator.runtime.stopping import RunStopped, StepAbandoned
+    from orchestrator.runtime.supervisor import RunFailedError
 
     try:
         controller = GRPOController(cfg)

@@ -33,7 +33,7 @@ from orchestrator.config.schema import Config, RewardFunctionConfig
 from orchestrator.config.source_reward import check_source_rewards
 from orchestrator.eval.checks import check_eval_config
 from orchestrator.guards.signals import check_guards_config
-from orchestrator.malloc_env import check_tunables
+from orchestrator.runtime.malloc_env import check_tunables
 from orchestrator.metrics.hparams import env_sourced_keys
 from orchestrator.config.context_parallel import check_context_parallel  # noqa: I001 (own line: merges)
 

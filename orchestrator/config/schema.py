@@ -254,7 +254,7 @@ class RunConfig:
     # After SIGTERM/SIGINT: longest wait for the current step (and the checkpoint) to finish before it is
     # abandoned (no new checkpoint); keep it below the scheduler's kill delay (Slurm KillWait, k8s grace period).
     stop_grace_s: float = number(25.0, gt=0)
-    # glibc malloc settings of every actor process (orchestrator/malloc_env.py): "auto" keeps freed memory mapped
+    # glibc malloc settings of every actor process (orchestrator/runtime/malloc_env.py): "auto" keeps freed memory mapped
     # (a CPU training step stops refaulting gigabytes of pages: 1.0-1.5x faster here, by the VM's state) on
     # CPU runs (nothing with placement.resource=GPU), unless GLIBC_TUNABLES is set where the run is started (then
     # that); "none" = glibc's defaults; or a

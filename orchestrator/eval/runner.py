@@ -75,7 +75,7 @@ class Evaluator:
         run.job.settle_sync(keep=True)  # an overlapped weight sync verified first; its metrics go to the next row
         scratch: dict = {}  # the source's rollout/* metrics: not the step's
         source = SingleTurnSource(self.cfg, run.actors.rollout, run.job.wait, run.job.recover_rollout)
-        source.window = "eval"  # the fault window of its calls (orchestrator/faults.py)
+        source.window = "eval"  # the fault window of its calls (orchestrator/runtime/faults.py)
         trajs = source.generate(self.requests, run.version, scratch)
         result = run.job.score(trajs)
         out = self.metrics(trajs, result.rewards, result.per_function)

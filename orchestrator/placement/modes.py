@@ -21,7 +21,7 @@ import time
 
 import ray
 
-from orchestrator.faults import EnginesLost, call_engine, gather_engines
+from orchestrator.runtime.faults import EnginesLost, call_engine, gather_engines
 
 SLEEP_LEVEL = 1  # vLLM: weights to host memory, KV cache dropped (level 2 would drop the weights: no delta sync)
 
@@ -46,7 +46,7 @@ def time_slice(job, phase: str, row: dict) -> None:
 
 
 def on_every_engine(job, window: str, method: str, *args) -> list:
-    """Every rollout worker's `method(*args)` (orchestrator/faults.py `call_engine` in `window`), each within
+    """Every rollout worker's `method(*args)` (orchestrator/runtime/faults.py `call_engine` in `window`), each within
     run.phase_timeout_s; a worker lost or hung in the call is replaced (`job.replace_rollout`: synced to the
     current weights) and called again. Returns the results in worker order. Raises RestartsExhausted past
     run.max_restarts, RuntimeError for a strategy that cannot take a new engine (naming it)."""

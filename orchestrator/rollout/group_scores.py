@@ -12,7 +12,7 @@ only for what is still running when it takes the batch, then merges the groups' 
 
 Scores are not checkpointed: a resume scores the checkpoint's complete groups again (reward functions and the
 frozen reference are deterministic). A reward or reference actor that died surfaces when the batch's refs are
-waited for, as the Ray error the non-streaming step's wait raises, and the supervisor (orchestrator/supervisor.py)
+waited for, as the Ray error the non-streaming step's wait raises, and the supervisor (orchestrator/runtime/supervisor.py)
 restarts the job from the last checkpoint as it does there (the stream and these refs are started afresh).
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from orchestrator.faults import call_engine
+from orchestrator.runtime.faults import call_engine
 from orchestrator.reward.failures import FailureTally, check_failed_frac
 from orchestrator.rollout.agent_loop import GroupRequest
 from orchestrator.rollout.env import resolve_env_factory

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.faults import call_engine
+from orchestrator.runtime.faults import call_engine
 from orchestrator.rollout.source import Launched, RolloutSource
 from orchestrator.rollout.types import PromptRequest, Trajectory
 

@@ -53,7 +53,7 @@ class RolloutSource:
     job's list: a replaced worker's new handle is set in it); `recover`: the job's hook for a lost worker
     (None: a lost worker's error is raised)."""
 
-    window = "generate"  # the fault window of this source's calls (orchestrator/faults.py; the eval's: "eval")
+    window = "generate"  # the fault window of this source's calls (orchestrator/runtime/faults.py; the eval's: "eval")
 
     def __init__(self, cfg, workers: list, wait: Wait, recover: Optional[Recover] = None):
         self.cfg, self.wait, self.recover = cfg, wait, recover

@@ -25,7 +25,7 @@ taken without a call to the workers: a weight load queued on them (weight_sync.o
 Scoring is pipelined per group (orchestrator/rollout/group_scores.py): each group is scored as soon as it is
 complete in the buffer (every drain issues the reward actor's call for the groups it completed, and, with a
 reference actor, their reference logprobs), and the controller drains while the trainer trains (`pump`, through
-`Job.wait`: orchestrator/overlap.py), so the groups completing then are scored before their batch is taken; the
+`Job.wait`: orchestrator/runtime/overlap.py), so the groups completing then are scored before their batch is taken; the
 step waits only for the calls still running (`stream/score_wait_s`). Multi-turn groups keep the environment's
 rewards (reference logprobs only). The reward failure policy, overlong penalty and reward/* stay per batch.
 
@@ -36,7 +36,7 @@ weights, so no sample is lost or trained twice and the tokens trained are the on
 Multi-turn runs and older checkpoints (requests only) regenerate every untrained group from its request with the
 checkpoint's weights: nothing lost or trained twice, but the tokens differ.
 
-A lost rollout worker (in any call: orchestrator/faults.py `call_engine`; the job's `recover` hook replaces it,
+A lost rollout worker (in any call: orchestrator/runtime/faults.py `call_engine`; the job's `recover` hook replaces it,
 synced to the current weights, or the weight sync did) loses its groups: every incomplete group assigned to it
 is issued again, whole, to the replacement (same requests and seeds; `rollout/worker_restarts`,
 `rollout/groups_reissued`). Past run.max_restarts the hook raises and the run stops.
@@ -55,7 +55,7 @@ import dataclasses
 import time
 from typing import Callable, Iterator, Optional
 
-from orchestrator.faults import call_engine
+from orchestrator.runtime.faults import call_engine
 from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error

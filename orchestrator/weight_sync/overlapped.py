@@ -4,7 +4,7 @@ A synchronous sync keeps the trainer idle while every engine loads the new weigh
 (`sync/seconds` + `sync/probe_s`: 1.2 s of a 13 s step in benchmarks/RESULTS.md). Here the controller waits only
 for the trainer's send; the engines load, report their checksums and score the probe while the trainer trains
 the next step, and the controller verifies them as their calls return (`pump`, between its waits on the train
-step: orchestrator/overlap.py), or at the latest when the next sync starts. Slime and AReaL likewise send weights
+step: orchestrator/runtime/overlap.py), or at the latest when the next sync starts. Slime and AReaL likewise send weights
 without stopping the trainer.
 
 Nothing is sampled on unverified weights: each engine's stream is held before its load and released only once
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.faults import EnginesLost
+from orchestrator.runtime.faults import EnginesLost
 from orchestrator.weight_sync import WeightMismatchError
 
 

@@ -39,7 +39,7 @@ from typing import Any, Optional
 import ray
 
 from actors.weight_sync.base import SyncContext, WeightSender
-from orchestrator.faults import EnginesLost, call_engine, gather_engines
+from orchestrator.runtime.faults import EnginesLost, call_engine, gather_engines
 from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
 from orchestrator.weight_sync.fp8_check import check_fp8_report
 from orchestrator.weight_sync.probe import (

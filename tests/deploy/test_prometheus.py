@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.faults import RestartBudget
+from orchestrator.runtime.faults import RestartBudget
 from prometheus_client import generate_latest
 from omegaconf import OmegaConf
 from prometheus_client.parser import text_string_to_metric_families

@@ -17,7 +17,7 @@ from ray.util import placement_group_table
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.faults import fault_hook
+from orchestrator.runtime.faults import fault_hook
 from orchestrator.job import actor_options
 from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups
 from orchestrator.placement.plan import plan_job
@@ -112,7 +112,7 @@ def test_colocated_actors_share_a_bundle_and_see_their_cores(ray_fake_gpus):
 
 
 # The same run serves the colocated fault window: rollout worker 0 is killed (SIGKILL) as step 2's sleep call
-# reaches it (orchestrator/faults.py fault_hook); it is replaced in its bundle, synced to version 1, put to sleep,
+# reaches it (orchestrator/runtime/faults.py fault_hook); it is replaced in its bundle, synced to version 1, put to sleep,
 # and the run goes on.
 def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_model, tmp_path):
     cfg = _cfg("placement.mode=colocated", "placement.fake_gpus=1", "algo.kl_coef=0.05",

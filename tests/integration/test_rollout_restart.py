@@ -15,7 +15,7 @@ import ray
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.faults import RestartsExhausted, fault_hook
+from orchestrator.runtime.faults import RestartsExhausted, fault_hook
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def _cfg(tiny_model, out, *extra):
 
 class KillInWindows(GRPOController):
     """Kills rollout worker 0's process (SIGKILL) right before its call in each (step, fault window) of `schedule`
-    (orchestrator/faults.py `fault_hook`: at the call site, not after a sleep); records the groups and samples
+    (orchestrator/runtime/faults.py `fault_hook`: at the call site, not after a sleep); records the groups and samples
     every step trained on."""
 
     schedule = ((2, "generate"), (3, "probe"), (3, "eval"))  # eval: after step 3's training and sync

@@ -160,7 +160,7 @@ def test_sizer_simulates_the_critic_beside_the_policy_update():
 
 
 def test_a_dead_critic_is_supervised_like_the_trainer():
-    from orchestrator.supervisor import Failure, supervised
+    from orchestrator.runtime.supervisor import Failure, supervised
 
     dead = Failure("critic", "critic actor", "dead")
     assert supervised([Failure("rollout", "rollout worker 0", "dead"), dead]) == [dead]

@@ -1,4 +1,4 @@
-"""Lost rollout workers (orchestrator/faults.py, the sources' reissue in orchestrator/rollout/source.py, the
+"""Lost rollout workers (orchestrator/runtime/faults.py, the sources' reissue in orchestrator/rollout/source.py, the
 job's sync loop): the restart budget, which groups are issued again, and engines lost during a weight sync.
 No Ray: fake handles and a fake `wait`."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.faults import ENGINE_WINDOWS, EnginesLost, RestartBudget, RestartsExhausted, call_engine, describe, fault_hook
+from orchestrator.runtime.faults import ENGINE_WINDOWS, EnginesLost, RestartBudget, RestartsExhausted, call_engine, describe, fault_hook
 from orchestrator.job import Job
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.single_turn import SingleTurnSource

@@ -1,5 +1,5 @@
 """Per-group scoring of fully asynchronous training (orchestrator/rollout/group_scores.py, stream_source.py) and the
-wait that drains the engines while the trainer trains (orchestrator/overlap.py, `Job.wait(refs, pump)`), with fakes:
+wait that drains the engines while the trainer trains (orchestrator/runtime/overlap.py, `Job.wait(refs, pump)`), with fakes:
 per-group reward results merged equal one call on the batch (metrics too), each group is scored once as it
 completes (also while the trainer trains), dropped groups are forgotten, and a hung trainer still times out.
 
@@ -15,7 +15,7 @@ import ray
 
 import orchestrator.job as job_module
 from orchestrator.job import Job
-from orchestrator.overlap import pump_until
+from orchestrator.runtime.overlap import pump_until
 from orchestrator.reward.failures import FailureTally
 from orchestrator.reward.scorer import RewardResult, RewardScorer, merge_results
 from orchestrator.rollout.group_scores import GroupScores

@@ -1,4 +1,4 @@
-"""run.glibc_tunables (orchestrator/malloc_env.py): the environment every actor gets, its checks, and that glibc
+"""run.glibc_tunables (orchestrator/runtime/malloc_env.py): the environment every actor gets, its checks, and that glibc
 really keeps freed memory mapped under "auto" (a child process counts its page faults)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.malloc_env import ENV, check_tunables, glibc_version, run_env, tunables_env
+from orchestrator.runtime.malloc_env import ENV, check_tunables, glibc_version, run_env, tunables_env
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 

@@ -1,11 +1,11 @@
-"""orchestrator/ray_security.py: the local Ray's auth token file is readable by its user only; the loopback
+"""orchestrator/runtime/ray_security.py: the local Ray's auth token file is readable by its user only; the loopback
 switch is restored. (Where Ray's ports listen: tests/integration/test_ray_security.py.)"""
 from __future__ import annotations
 
 import stat
 
 from orchestrator.config import load_config
-from orchestrator.ray_security import LOOPBACK, loopback_node_ip, secure_auth_token, token_path
+from orchestrator.runtime.ray_security import LOOPBACK, loopback_node_ip, secure_auth_token, token_path
 
 
 def _mode(path) -> int:

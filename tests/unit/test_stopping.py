@@ -1,4 +1,4 @@
-"""SIGTERM/SIGINT handling of a run (orchestrator/stopping.py): the step finishes and a checkpoint is written,
+"""SIGTERM/SIGINT handling of a run (orchestrator/runtime/stopping.py): the step finishes and a checkpoint is written,
 a second signal or run.stop_grace_s abandons the step; and the watchdog of `rl-orch run`
 (orchestrator/cli/watchdog.py) leaves no process of a SIGKILLed child behind."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from orchestrator.cli.watchdog import run_watched
-from orchestrator.stopping import DUPLICATE_S, RunStopped, StepAbandoned, StopOnSignal
+from orchestrator.runtime.stopping import DUPLICATE_S, RunStopped, StepAbandoned, StopOnSignal
 
 
 def test_sigterm_lets_the_step_finish_then_checkpoints_and_stops():

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-import orchestrator.supervisor as sup
-from orchestrator.stopping import StepAbandoned
-from orchestrator.faults import RestartBudget
-from orchestrator.supervisor import (Failure, RunFailedError, checkpoint_step, give_up_message,
+import orchestrator.runtime.supervisor as sup
+from orchestrator.runtime.stopping import StepAbandoned
+from orchestrator.runtime.faults import RestartBudget
+from orchestrator.runtime.supervisor import (Failure, RunFailedError, checkpoint_step, give_up_message,
                                      restart_message, supervise, supervised)
 
 TRAINER_DEAD = Failure("trainer", "trainer rank 1", "dead")

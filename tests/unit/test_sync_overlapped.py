@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.faults import EnginesLost
+from orchestrator.runtime.faults import EnginesLost
 from orchestrator.weight_sync import WeightMismatchError
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
 from orchestrator.weight_sync.probe import ProbeScores

@@ -263,7 +263,7 @@ def test_unknown_tracker_is_a_config_error(tmp_path):
 
 def test_a_supervised_restart_in_the_same_process_shows_no_step_twice(tmp_path):
     """The supervisor's path: run_steps fails (every sink gets on_error, then close), then run_steps builds the
-    sinks again with the checkpoint's step (orchestrator/supervisor.py -> controller.run_steps)."""
+    sinks again with the checkpoint's step (orchestrator/runtime/supervisor.py -> controller.run_steps)."""
     cfg = _cfg(tmp_path, ["tensorboard", "wandb", "mlflow"])
     with pytest.raises(RuntimeError, match="trainer died"):
         with build_sinks(cfg, SinkContext(tmp_path, "unit", 4, 0)) as sinks:

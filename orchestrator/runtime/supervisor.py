@@ -1,6 +1,6 @@
 """Supervision: a dead or hung trainer rank, reference, reward or critic actor is survived by restarting the job from the
 newest checkpoint of the run, at most `run.max_restarts` times over the run
-(the job's budget, `Job.restarts`, shared with lost rollout workers: orchestrator/faults.py).
+(the job's budget, `Job.restarts`, shared with lost rollout workers: orchestrator/runtime/faults.py).
 
     supervise(controller, controller.run_steps)   # run_steps(extra_row_fields) runs the remaining steps
 
@@ -12,7 +12,7 @@ base model at step 0 before the first one), restores the trainer state, loader a
 go on from there (a newest checkpoint that no longer verifies against its manifest is skipped for the one
 before it: `restart_checkpoint`); the metrics log drops its rows past that step (they are redone once). Otherwise (no actor
 found dead: a bug, a bad reward function; a rollout worker, which its own restarts handle) the error stands, and
-after a SIGTERM/SIGINT (orchestrator/stopping.py) a failure abandons the step instead of restarting.
+after a SIGTERM/SIGINT (orchestrator/runtime/stopping.py) a failure abandons the step instead of restarting.
 Each row carries `run/restarts`, the restarts used so far. The pure parts (budget, messages) have unit tests.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Callable, Optional
 import ray
 
 from orchestrator.checkpoint import restart_checkpoint
-from orchestrator.faults import RestartBudget, RestartsExhausted
-from orchestrator.stopping import StepAbandoned
+from orchestrator.runtime.faults import RestartBudget, RestartsExhausted
+from orchestrator.runtime.stopping import StepAbandoned
 
 SUPERVISED_ROLES = ("trainer", "reference", "reward", "critic")  # critic: algo.estimator=gae
 PROBE_TIMEOUT_S = 10.0  # an actor that does not answer ready() within this is hung
