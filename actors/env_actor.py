@@ -1,6 +1,6 @@
 """EnvActor: a Ray actor holding environment instances (`env.placement=actor`), and the spawner of a pool.
 
-The rollout worker's `ActorEnvRunner` (orchestrator/rollout/env_pool.py) holds only env ids; the envs live
+The rollout worker's `ActorEnvRunner` (orchestrator/envs/env_pool.py) holds only env ids; the envs live
 here, in their own process, so a CPU-heavy env does not slow the engine's process, and an env that hangs in C
 code, calls ``os._exit`` or segfaults takes down only this actor (the runner kills and replaces it).
 
@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 import ray
 
-from orchestrator.rollout.env import resolve_env_factory
-from orchestrator.rollout.env_pool import ActorEnvRunner, EnvHost
-from orchestrator.rollout.env_runner import EnvRunner
+from orchestrator.envs.env import resolve_env_factory
+from orchestrator.envs.env_pool import ActorEnvRunner, EnvHost
+from orchestrator.envs.env_runner import EnvRunner
 
 
 @ray.remote(max_restarts=0)

@@ -83,7 +83,7 @@ def run_config(name: str, engines: list, round_robin: bool, args, tokenizer) -> 
     from actors.rollout.async_engine import ContinuousBatcher
     from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
     from orchestrator.rollout.chat_render import ChatRenderer
-    from orchestrator.rollout.env_runner import EnvRunner
+    from orchestrator.envs.env_runner import EnvRunner
     from orchestrator.rollout.router import StickyRouter
 
     for e in engines:

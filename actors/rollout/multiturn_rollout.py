@@ -25,8 +25,8 @@ from actors.env_actor import make_env_runner
 from actors.rollout.async_engine import ContinuousBatcher
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer, check_template_keeps_history
-from orchestrator.rollout.env import resolve_env_factory, with_tool_format
-from orchestrator.rollout.env_runner import EnvRunner
+from orchestrator.envs.env import resolve_env_factory, with_tool_format
+from orchestrator.envs.env_runner import EnvRunner
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import Trajectory
 

@@ -28,7 +28,7 @@ import threading
 from typing import Any, Optional
 
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig
-from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.multi_turn_source import group_request
 from orchestrator.rollout.partial import PartialSample
 from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally

@@ -22,7 +22,7 @@ or, on the demo's config (its `data.source: arith` rows are the questions):
 (Not on top of configs/grpo_guessing_cpu.yaml: a command-line mapping merges into the file's `env.kwargs`,
 so the guessing game's `low`, `high`, ... would reach this constructor, which refuses them.)
 
-What the orchestrator calls (orchestrator/rollout/env.py, orchestrator/rollout/agent_loop.py):
+What the orchestrator calls (orchestrator/envs/env.py, orchestrator/rollout/agent_loop.py):
   - the constructor with `env.kwargs` (checked against its signature at start-up), one instance per episode;
   - reset(sample), sample = {"prompt", "answer", "seed"} of the step's dataset row (seed = the group id);
     returns the opening messages: a string (one user message), a message dict or a list of them;

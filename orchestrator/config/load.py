@@ -262,11 +262,11 @@ def _check_auto_placement(cfg) -> None:
 
 
 def _check_env(cfg) -> None:
-    """env.* ranges and choices (orchestrator/rollout/env_config.py), rollout.block_size >= 0; with env.name
+    """env.* ranges and choices (orchestrator/envs/env_config.py), rollout.block_size >= 0; with env.name
     set, the environment must resolve now (a typo fails here, not after the actors start)."""
-    from orchestrator.rollout.env import BUILTIN_ENVS, make_env, resolve_env_factory
-    from orchestrator.rollout.env_config import validate_env_config
-    from orchestrator.rollout.envs.gymnasium_text import PREFIX as GYM_PREFIX
+    from orchestrator.envs.env import BUILTIN_ENVS, make_env, resolve_env_factory
+    from orchestrator.envs.env_config import validate_env_config
+    from orchestrator.envs.gymnasium_text import PREFIX as GYM_PREFIX
 
     try:
         validate_env_config(cfg.env, cfg.rollout.max_model_len)

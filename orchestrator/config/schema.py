@@ -25,7 +25,7 @@ from orchestrator.config.trackers import MlflowConfig, TensorBoardConfig, WandbC
 from orchestrator.config.weight_sync_config import (  # noqa: F401 (re-exported: the config's classes in one place)
     DeltaSyncConfig, DiskSyncConfig, SyncFabricConfig, WeightSyncConfig,
 )
-from orchestrator.rollout.env_config import RENDER_MODES, TOOL_FORMATS, EnvConfig
+from orchestrator.envs.env_config import RENDER_MODES, TOOL_FORMATS, EnvConfig
 
 
 @dataclass
@@ -364,7 +364,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     sizing: SizingConfig = field(default_factory=SizingConfig)
-    # Multi-turn rollouts against an environment (orchestrator/rollout/env_config.py); env.name "" = off.
+    # Multi-turn rollouts against an environment (orchestrator/envs/env_config.py); env.name "" = off.
     env: EnvConfig = field(default_factory=EnvConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (docs/eval.md)
@@ -372,6 +372,6 @@ class Config:
 
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the
-# env section validates itself (orchestrator/rollout/env_config.py), its render modes are listed here too.
+# env section validates itself (orchestrator/envs/env_config.py), its render modes are listed here too.
 CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES,
                        "env.tool_format": TOOL_FORMATS})

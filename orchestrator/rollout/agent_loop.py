@@ -30,7 +30,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from orchestrator.rollout.env_runner import EnvFailure, EnvRunnerLike
+from orchestrator.envs.env_runner import EnvFailure, EnvRunnerLike
 from orchestrator.rollout.multiturn import MultiTurnTrajectory, TrajectoryBuilder
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.seeds import sample_seed, turn_seed

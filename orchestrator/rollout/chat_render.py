@@ -27,15 +27,15 @@ was cut off (no end id) the template supplies the whole closing text (mask 0).
 Tools: a message returned by the environment may carry ``"tools": [schema, ...]`` (the built-in tool
 environments put it on their system message). The session renders them through the template's own
 ``tools=`` support when it has one (Qwen, Llama-3.1, Mistral), else lists them in the system text in
-the `tool_format`'s convention (orchestrator/rollout/tool_formats.py).
+the `tool_format`'s convention (orchestrator/envs/tool_formats.py).
 
 Try it: see tests/unit/test_multiturn_render.py and tests/unit/test_chat_templates.py (the real
 templates of Qwen3, Qwen2.5, DeepSeek-R1-Distill, Llama-3.1, Mistral v0.3 and SmolLM2).
 """
 from __future__ import annotations
 
-from orchestrator.rollout.env import Message
-from orchestrator.rollout.tool_formats import ToolFormat, get_tool_format
+from orchestrator.envs.env import Message
+from orchestrator.envs.tool_formats import ToolFormat, get_tool_format
 
 _DUMMY_USER = {"role": "user", "content": "U"}
 # the dummy assistant turn of incremental rendering: plain letters (no template trims, splits or escapes them)

@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from orchestrator.runtime.faults import call_engine
 from orchestrator.reward.failures import FailureTally, check_failed_frac
 from orchestrator.rollout.agent_loop import GroupRequest
-from orchestrator.rollout.env import resolve_env_factory
+from orchestrator.envs.env import resolve_env_factory
 from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.source import Launched, Recover, RolloutSource, Wait
 from orchestrator.rollout.types import PromptRequest, Trajectory

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.multiturn import MultiTurnTrajectory
 from orchestrator.rollout.types import PromptRequest, Trajectory
 

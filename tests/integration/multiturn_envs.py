@@ -76,7 +76,7 @@ class FaultyGuessingEnv:
     ("segv"); mode "ok" plays normally. Only meaningful inside an env actor (it would kill a test process)."""
 
     def __init__(self, **kwargs):
-        from orchestrator.rollout.envs.guessing import GuessingEnv
+        from orchestrator.envs.guessing import GuessingEnv
 
         self.game, self.mode, self.turns = GuessingEnv(**kwargs), "ok", 0
 

@@ -12,8 +12,8 @@ import pytest
 
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer, ChatTemplatePrefixError, check_template_keeps_history
-from orchestrator.rollout.env_runner import EnvRunner
-from orchestrator.rollout.envs.calculator import CalculatorEnv
+from orchestrator.envs.env_runner import EnvRunner
+from orchestrator.envs.calculator import CalculatorEnv
 from orchestrator.rollout.router import StickyRouter
 from tests.unit.template_helpers import SPECS, template_tokenizer
 
@@ -110,7 +110,7 @@ def test_real_template_multiturn(name, mode):
 
 
 def _tools(renderer):
-    from orchestrator.rollout.envs.calculator import CALCULATOR_TOOL
+    from orchestrator.envs.calculator import CALCULATOR_TOOL
     return [CALCULATOR_TOOL] if renderer.template_has_tools else None
 
 

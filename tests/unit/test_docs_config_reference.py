@@ -1,6 +1,6 @@
 """docs/configuration.md names every key of the run config schema, and every allowed value of a choice, so
 the reference stays complete when a key is added (orchestrator/config/schema.py, the env keys in
-orchestrator/rollout/env_config.py).
+orchestrator/envs/env_config.py).
 
     .venv/bin/python -m pytest tests/unit/test_docs_config_reference.py -q
 """

@@ -1,5 +1,5 @@
 """Environments in a pool of actors (env.placement=actor), without Ray: `ActorEnvRunner` over fake actor handles
-whose methods run an `EnvHost` in this process (orchestrator/rollout/env_pool.py), the config keys, and the plan's
+whose methods run an `EnvHost` in this process (orchestrator/envs/env_pool.py), the config keys, and the plan's
 env bundles (orchestrator/placement/plan.py)."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.placement.plan import plan_job
-from orchestrator.rollout.env_config import EnvConfig, validate_env_config
-from orchestrator.rollout.env_pool import ActorEnvRunner, EnvHandle, EnvHost
-from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.envs.env_config import EnvConfig, validate_env_config
+from orchestrator.envs.env_pool import ActorEnvRunner, EnvHandle, EnvHost
+from orchestrator.envs.env_runner import EnvFailure
 
 CPU_YAML = "configs/grpo_guessing_cpu.yaml"
 

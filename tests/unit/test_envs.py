@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from orchestrator.rollout.env import EnvStep, as_messages, make_env, resolve_env_factory
-from orchestrator.rollout.env_config import EnvConfig, validate_env_config
-from orchestrator.rollout.env_runner import EnvFailure, EnvRunner
-from orchestrator.rollout.envs.calculator import CALCULATOR_TOOL, CalcError, CalculatorEnv, format_number, safe_eval
-from orchestrator.rollout.envs.guessing import GuessingEnv
-from orchestrator.rollout.tool_calls import ToolCallParseError, parse_tool_calls
+from orchestrator.envs.env import EnvStep, as_messages, make_env, resolve_env_factory
+from orchestrator.envs.env_config import EnvConfig, validate_env_config
+from orchestrator.envs.env_runner import EnvFailure, EnvRunner
+from orchestrator.envs.calculator import CALCULATOR_TOOL, CalcError, CalculatorEnv, format_number, safe_eval
+from orchestrator.envs.guessing import GuessingEnv
+from orchestrator.envs.tool_calls import ToolCallParseError, parse_tool_calls
 
 
 @pytest.mark.parametrize("expr,value", [("3*(4+5)", 27), ("2**10", 1024), ("7/2", 3.5), ("-3 + 1", -2),
@@ -94,15 +94,15 @@ def test_guessing_game():
 
 def test_resolution_by_name_and_dotted_path():
     assert resolve_env_factory("calculator") is CalculatorEnv
-    assert resolve_env_factory("orchestrator.rollout.envs.guessing:GuessingEnv") is GuessingEnv
-    assert resolve_env_factory("orchestrator.rollout.envs.guessing.GuessingEnv") is GuessingEnv
+    assert resolve_env_factory("orchestrator.envs.guessing:GuessingEnv") is GuessingEnv
+    assert resolve_env_factory("orchestrator.envs.guessing.GuessingEnv") is GuessingEnv
     assert make_env("guessing", {"high": 10}).high == 10
     with pytest.raises(ValueError, match=r"env.name='nope.module:X': cannot import module 'nope.module'"):
         resolve_env_factory("nope.module:X")
     with pytest.raises(ValueError, match="has no attribute 'Missing'"):
-        resolve_env_factory("orchestrator.rollout.envs.guessing:Missing")
+        resolve_env_factory("orchestrator.envs.guessing:Missing")
     with pytest.raises(ValueError, match="reset.*step"):
-        resolve_env_factory("orchestrator.rollout.envs.guessing:random")
+        resolve_env_factory("orchestrator.envs.guessing:random")
     with pytest.raises(ValueError, match="neither a built-in"):
         resolve_env_factory("chess")
     with pytest.raises(ValueError, match="env.kwargs"):
@@ -177,3 +177,9 @@ def test_env_config_validation():
             validate_env_config(cfg)
     with pytest.raises(ValueError, match="rollout.max_model_len=512"):
         validate_env_config(EnvConfig(max_tokens=1024), max_model_len=512)
+
+
+def test_a_built_in_environment_is_found_under_its_path_before_the_move():
+    """Built-ins lived in orchestrator.rollout.envs until 2026-12-06: a run config naming that path still loads."""
+    assert resolve_env_factory("orchestrator.rollout.envs.guessing:GuessingEnv") is GuessingEnv
+    assert resolve_env_factory("orchestrator.envs.calculator.CalculatorEnv") is CalculatorEnv

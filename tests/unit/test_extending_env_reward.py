@@ -15,8 +15,8 @@ import pytest
 from orchestrator.config import ConfigError, load_config
 from orchestrator.data.datasets import load_examples
 from orchestrator.reward import RewardScorer, resolve_reward_fn
-from orchestrator.rollout.env import check_step, make_env, resolve_env_factory
-from orchestrator.rollout.env_runner import EnvRunner
+from orchestrator.envs.env import check_step, make_env, resolve_env_factory
+from orchestrator.envs.env_runner import EnvRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = "docs.examples.my_env:RetryArithEnv"

@@ -1,4 +1,4 @@
-"""env.name=gymnasium:<id> (orchestrator/rollout/envs/gymnasium_text.py): real Gymnasium games played as text through
+"""env.name=gymnasium:<id> (orchestrator/envs/gymnasium_text.py): real Gymnasium games played as text through
 the Environment protocol and the run's own env resolution and checks."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from orchestrator.config import load_config
 from orchestrator.config.load import ConfigError
-from orchestrator.rollout.env import check_step, make_env
-from orchestrator.rollout.envs.gymnasium_text import ansi_to_text, parse_action
+from orchestrator.envs.env import check_step, make_env
+from orchestrator.envs.gymnasium_text import ansi_to_text, parse_action
 
 LAKE = {"make_kwargs": {"is_slippery": False}, "actions": ["left", "down", "right", "up"]}
 

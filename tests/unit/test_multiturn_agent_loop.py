@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 from orchestrator.models import resolve_model_path
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer
-from orchestrator.rollout.env import resolve_env_factory
-from orchestrator.rollout.env_runner import EnvRunner
-from orchestrator.rollout.envs.guessing import GuessingEnv
+from orchestrator.envs.env import resolve_env_factory
+from orchestrator.envs.env_runner import EnvRunner
+from orchestrator.envs.guessing import GuessingEnv
 from orchestrator.rollout.router import StickyRouter
 
 HANG = threading.Event()

@@ -67,7 +67,7 @@ def test_metrics_aggregate_over_workers():
 
 @pytest.mark.parametrize("override, message", [
     ("env.name=no_such_pkg.envs:Env", "env.name='no_such_pkg.envs:Env': cannot import module"),
-    ("env.name=orchestrator.rollout.envs.guessing:Nope", "has no attribute 'Nope'"),
+    ("env.name=orchestrator.envs.guessing:Nope", "has no attribute 'Nope'"),
     ("env.render_mode=lazy", r"env.render_mode='lazy' is not allowed; choose one of \['strict', 'incremental'\]"),
     ("env.max_tokens=4096", r"env.max_tokens=4096 > rollout.max_model_len=1024"),
     ("env.step_timeout_s=0", "env.step_timeout_s=0.0: need > 0"),

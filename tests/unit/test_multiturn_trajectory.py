@@ -5,8 +5,8 @@ import torch
 
 from orchestrator.algo.advantages import compute_advantages
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
-from orchestrator.rollout.env import EnvStep
-from orchestrator.rollout.env_runner import EnvRunner
+from orchestrator.envs.env import EnvStep
+from orchestrator.envs.env_runner import EnvRunner
 from orchestrator.rollout.multiturn import TrajectoryBuilder
 from orchestrator.rollout.router import StickyRouter
 
@@ -185,9 +185,9 @@ def test_advantages_are_per_trajectory():
 def test_multiturn_modules_are_pure():
     import subprocess
     import sys
-    modules = ["agent_loop", "chat_render", "env", "env_config", "env_runner", "multiturn", "router", "tool_calls",
-               "envs.calculator", "envs.guessing", "envs.python_tool"]
-    code = ("import sys\n" + "".join(f"import orchestrator.rollout.{m}\n" for m in modules) +
+    modules = [f"rollout.{m}" for m in ("agent_loop", "chat_render", "multiturn", "router")] + \
+        [f"envs.{m}" for m in ("env", "env_config", "env_runner", "tool_calls", "calculator", "guessing", "python_tool")]
+    code = ("import sys\n" + "".join(f"import orchestrator.{m}\n" for m in modules) +
             "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'vllm', 'actors'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""

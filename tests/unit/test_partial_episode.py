@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
-from orchestrator.rollout.env import EnvStep
+from orchestrator.envs.env import EnvStep
 from orchestrator.rollout.multi_turn_source import group_request
 from orchestrator.rollout.multiturn import TrajectoryBuilder
 from orchestrator.rollout.partial_episode import EpisodeSample

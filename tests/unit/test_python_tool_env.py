@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 from orchestrator.models import resolve_model_path
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer
-from orchestrator.rollout.env import make_env, resolve_env_factory
-from orchestrator.rollout.env_runner import EnvRunner
+from orchestrator.envs.env import make_env, resolve_env_factory
+from orchestrator.envs.env_runner import EnvRunner
 from orchestrator.rollout.router import StickyRouter
 
 TESTS = "assert f(1) == 3\nassert f(2) == 5"

@@ -16,8 +16,8 @@ import pytest
 
 from actors.rollout.stream import StreamingGenerator
 from actors.rollout.stream_episodes import StreamingEpisodes
-from orchestrator.rollout.env import EnvStep
-from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.envs.env import EnvStep
+from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.types import PromptRequest
 
 ENV = {"name": "fake", "max_turns": 3, "max_tokens": 200}

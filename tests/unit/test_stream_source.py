@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.rollout.env_runner import EnvFailure
+from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.multiturn import TrajectoryBuilder
 from orchestrator.rollout.partial import samples_of, snapshot_copy
 from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally

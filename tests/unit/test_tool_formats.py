@@ -1,14 +1,14 @@
-"""Tool-call formats (orchestrator/rollout/tool_formats.py): Hermes, Llama-3 JSON, Mistral; auto from the template;
+"""Tool-call formats (orchestrator/envs/tool_formats.py): Hermes, Llama-3 JSON, Mistral; auto from the template;
 malformed calls become observations; env.tool_format reaches the tool environments."""
 import pytest
 
 from orchestrator.rollout.chat_render import ChatRenderer
-from orchestrator.rollout.env import with_tool_format
-from orchestrator.rollout.env_config import EnvConfig, validate_env_config
-from orchestrator.rollout.envs.calculator import CalculatorEnv
-from orchestrator.rollout.envs.python_tool import PythonToolEnv
-from orchestrator.rollout.tool_calls import ToolCall, ToolCallParseError
-from orchestrator.rollout.tool_formats import TOOL_FORMATS, detect_tool_format, get_tool_format
+from orchestrator.envs.env import with_tool_format
+from orchestrator.envs.env_config import EnvConfig, validate_env_config
+from orchestrator.envs.calculator import CalculatorEnv
+from orchestrator.envs.python_tool import PythonToolEnv
+from orchestrator.envs.tool_calls import ToolCall, ToolCallParseError
+from orchestrator.envs.tool_formats import TOOL_FORMATS, detect_tool_format, get_tool_format
 from tests.unit.template_helpers import SPECS, load_template, template_tokenizer
 
 

@@ -4,7 +4,7 @@ tools or answers.
 The tool's schema rides on the system message as ``"tools": [schema]``: the chat renderer
 (orchestrator/rollout/chat_render.py) renders it through the template's own ``tools=`` support, or lists it in the
 system text for templates without one. Calls are parsed in `tool_format` (``env.tool_format``: hermes
-``<tool_call>``, llama3_json, mistral ``[TOOL_CALLS]``, or auto; orchestrator/rollout/tool_formats.py), and each
+``<tool_call>``, llama3_json, mistral ``[TOOL_CALLS]``, or auto; orchestrator/envs/tool_formats.py), and each
 reply is a ``tool`` message in that format's shape (with a ``tool_call_id`` for Mistral).
 
 A turn with tool calls gets one `tool` message per call (a malformed call is an observation saying so, never a
@@ -14,9 +14,9 @@ schema, `score` and `call`. Pure Python; no Ray, no vLLM.
 """
 from __future__ import annotations
 
-from orchestrator.rollout.env import EnvStep
-from orchestrator.rollout.tool_calls import ToolCall, ToolCallParseError
-from orchestrator.rollout.tool_formats import get_tool_format
+from orchestrator.envs.env import EnvStep
+from orchestrator.envs.tool_calls import ToolCall, ToolCallParseError
+from orchestrator.envs.tool_formats import get_tool_format
 
 
 class ToolEnv:

@@ -15,7 +15,7 @@ Environments are chosen by `EnvConfig.name`: a built-in name (``"calculator"``, 
 ``"gymnasium:<id>"`` (a Gymnasium environment with discrete actions, envs/gymnasium_text.py) or a dotted path ``"pkg.module:Class"`` / ``"pkg.module.Class"`` to any class (or factory) with `reset` and
 `step`. `EnvRunner` (env_runner.py) calls them under a per-step timeout.
 
-Try it: ``python -c "from orchestrator.rollout.env import make_env; e = make_env('guessing'); print(e.reset({'secret': 3}))"``
+Try it: ``python -c "from orchestrator.envs.env import make_env; e = make_env('guessing'); print(e.reset({'secret': 3}))"``
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from typing import Any, Callable, NamedTuple, Protocol, Union, runtime_checkable
 Message = dict  # {"role": str, "content": str, ...}
 Observation = Union[str, Message, list]
 
+MOVED_FROM = "orchestrator.rollout.envs."  # now orchestrator.envs (a run config may name a built-in's old path)
 BUILTIN_ENVS = {
-    "calculator": "orchestrator.rollout.envs.calculator:CalculatorEnv",
-    "guessing": "orchestrator.rollout.envs.guessing:GuessingEnv",
-    "python": "orchestrator.rollout.envs.python_tool:PythonToolEnv",
+    "calculator": "orchestrator.envs.calculator:CalculatorEnv",
+    "guessing": "orchestrator.envs.guessing:GuessingEnv",
+    "python": "orchestrator.envs.python_tool:PythonToolEnv",
 }
 
 
@@ -117,11 +118,13 @@ def resolve_env_factory(name: str, key: str = "env.name") -> Callable[..., Envir
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{key} is empty: give a built-in environment {sorted(BUILTIN_ENVS)} or 'pkg.module:Class'")
-    if name.startswith("gymnasium:"):  # a Gymnasium environment as a text game (orchestrator/rollout/envs/gymnasium_text.py)
-        from orchestrator.rollout.envs.gymnasium_text import gymnasium_env_class
+    if name.startswith("gymnasium:"):  # a Gymnasium environment as a text game (orchestrator/envs/gymnasium_text.py)
+        from orchestrator.envs.gymnasium_text import gymnasium_env_class
 
         return gymnasium_env_class(name[len("gymnasium:"):])
     path = BUILTIN_ENVS.get(name, name)
+    if path.startswith(MOVED_FROM):  # the built-in environments' package before 2026-12-06: still found
+        path = "orchestrator.envs." + path[len(MOVED_FROM):]
     if ":" in path:
         module_name, attr = path.split(":", 1)
     elif "." in path:

@@ -2,7 +2,7 @@
 
 Episode: reset(sample) -> [system (text, "tools": [the calculator schema]), user (sample["prompt"])]. Each policy turn is
 either one or more tool calls (``env.tool_format``: Hermes ``<tool_call>``, Llama-3 JSON or Mistral
-``[TOOL_CALLS]``, orchestrator/rollout/tool_formats.py) calling
+``[TOOL_CALLS]``, orchestrator/envs/tool_formats.py) calling
 ``calculator(expression)``, answered by ``"tool"`` messages with the result, or a final answer that
 ends the episode with reward `accuracy([turn], [sample["answer"]])` (orchestrator/reward/functions.py:
 last ``\\boxed{}`` or last number, compared with math-verify). Tool turns have reward 0.
@@ -10,7 +10,7 @@ last ``\\boxed{}`` or last number, compared with math-verify). Tool turns have r
 The expression is evaluated by `safe_eval` over Python's `ast` (numbers, + - * / // % **, unary
 signs, parentheses), never `eval`.
 
-Try it: ``python -c "from orchestrator.rollout.envs.calculator import safe_eval; print(safe_eval('3*(4+5)'))"``
+Try it: ``python -c "from orchestrator.envs.calculator import safe_eval; print(safe_eval('3*(4+5)'))"``
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import ast
 import operator
 
 from orchestrator.reward.functions import accuracy
-from orchestrator.rollout.envs.tool_env import ToolEnv
-from orchestrator.rollout.tool_calls import ToolCall
+from orchestrator.envs.tool_env import ToolEnv
+from orchestrator.envs.tool_calls import ToolCall
 
 CALCULATOR_TOOL = {
     "type": "function",

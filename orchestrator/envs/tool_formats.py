@@ -3,7 +3,7 @@
 ``env.tool_format`` picks one (``auto`` = from the chat template, `detect_tool_format`):
 
 - ``hermes`` (Hermes-2-Pro, Qwen2.5, Qwen3, SmolLM2 fallback): ``<tool_call>{"name": .., "arguments": {..}}</tool_call>``
-  blocks anywhere in the turn (orchestrator/rollout/tool_calls.py); replies render as ``<tool_response>``.
+  blocks anywhere in the turn (orchestrator/envs/tool_calls.py); replies render as ``<tool_response>``.
 - ``llama3_json`` (Llama-3.1/3.2 JSON tool calling): the whole turn is one JSON object
   ``{"name": .., "parameters": {..}}``, optionally after ``<|python_tag|>``; replies render in the ``ipython`` role.
 - ``mistral`` (Mistral-7B-Instruct-v0.3, Mistral-Nemo/Small): ``[TOOL_CALLS] [{"name": .., "arguments": {..},
@@ -15,14 +15,14 @@ chat template renders the role. A malformed call raises `ToolCallParseError` for
 observation telling the model so. The tool schemas reach the prompt through the template's own ``tools=``
 support; `ToolFormat.system_prompt` describes them in the system text for templates without it.
 
-Try it: ``python -c "from orchestrator.rollout.tool_formats import get_tool_format as g; print(g('llama3_json').parse('{\\"name\\": \\"f\\", \\"parameters\\": {}}'))"``
+Try it: ``python -c "from orchestrator.envs.tool_formats import get_tool_format as g; print(g('llama3_json').parse('{\\"name\\": \\"f\\", \\"parameters\\": {}}'))"``
 """
 from __future__ import annotations
 
 import json
 import re
 
-from orchestrator.rollout.tool_calls import ToolCall, ToolCallParseError, call_arguments, parse_tool_calls, tools_system_prompt
+from orchestrator.envs.tool_calls import ToolCall, ToolCallParseError, call_arguments, parse_tool_calls, tools_system_prompt
 
 TOOL_FORMATS = ("auto", "hermes", "llama3_json", "mistral")
 _MISTRAL_V11 = re.compile(r"\s*([A-Za-z0-9_.-]+)\[ARGS\]")

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from orchestrator.rollout.env import EnvStep, Message, as_messages, check_step
-from orchestrator.rollout.env_runner import EnvFailure, EnvStats
+from orchestrator.envs.env import EnvStep, Message, as_messages, check_step
+from orchestrator.envs.env_runner import EnvFailure, EnvStats
 
 
 @dataclass

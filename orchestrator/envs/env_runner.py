@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from orchestrator.rollout.env import EnvStep, Environment, Message, as_messages, check_step
+from orchestrator.envs.env import EnvStep, Environment, Message, as_messages, check_step
 
 
 class EnvFailure(Exception):

@@ -2,7 +2,7 @@
 (docs/multi-turn.md), e.g. ``gymnasium:FrozenLake-v1``, ``gymnasium:Taxi-v3``, ``gymnasium:Blackjack-v1``.
 
 The adapter plays the Gymnasium environment ``gymnasium.make(<id>, **make_kwargs)`` through the Environment protocol
-(orchestrator/rollout/env.py):
+(orchestrator/envs/env.py):
 
 - ``reset(sample)`` resets it with ``seed=sample["seed"]`` (the rollout group id: every sample of a GRPO group starts
   from the same state) and returns `intro` (what the game is and how to answer) plus the first observation.

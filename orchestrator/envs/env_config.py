@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 RENDER_MODES = ("strict", "incremental")
-TOOL_FORMATS = ("auto", "hermes", "llama3_json", "mistral")  # as orchestrator/rollout/tool_formats.py
+TOOL_FORMATS = ("auto", "hermes", "llama3_json", "mistral")  # as orchestrator/envs/tool_formats.py
 PLACEMENTS = ("thread", "actor")
 
 
@@ -44,7 +44,7 @@ class EnvConfig:
     # strips past <think> reasoning); "incremental" renders only the new messages after a fixed
     # dummy history (never checks the past).
     render_mode: str = "strict"
-    # How tool calls are written and answered (orchestrator/rollout/tool_formats.py): "hermes" (<tool_call>,
+    # How tool calls are written and answered (orchestrator/envs/tool_formats.py): "hermes" (<tool_call>,
     # Qwen/Hermes/SmolLM2), "llama3_json" (a JSON turn, ipython replies), "mistral" ([TOOL_CALLS], [TOOL_RESULTS]
     # with tool_call_id), or "auto" = picked from the chat template. Passed to environments whose constructor
     # takes `tool_format` (the built-in calculator and python tools).

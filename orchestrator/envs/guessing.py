@@ -9,14 +9,14 @@ ends it with reward 0. A turn without an integer is answered with a reminder and
 The secret is `sample["secret"]` when given, else drawn from ``random.Random(sample.get("seed", 0))``
 in [low, high]: deterministic per sample.
 
-Try it: ``python -c "from orchestrator.rollout.envs.guessing import GuessingEnv; e = GuessingEnv(); e.reset({'secret': 7}); print(e.step('5'))"``
+Try it: ``python -c "from orchestrator.envs.guessing import GuessingEnv; e = GuessingEnv(); e.reset({'secret': 7}); print(e.step('5'))"``
 """
 from __future__ import annotations
 
 import random
 import re
 
-from orchestrator.rollout.env import EnvStep
+from orchestrator.envs.env import EnvStep
 
 _INT_RE = re.compile(r"-?\d+")
 

@@ -1,7 +1,7 @@
 """Python tool environment: the model may run code in the sandbox and read its output, then answers.
 
 Episode: reset(sample) -> [system (the tool's description), user (sample["prompt"])]. Each policy turn is either
-one or more tool calls (``env.tool_format``, orchestrator/rollout/tool_formats.py) calling ``python(code)``, each
+one or more tool calls (``env.tool_format``, orchestrator/envs/tool_formats.py) calling ``python(code)``, each
 answered by a ``"tool"`` message with what the run printed (stdout, then stderr, the exit status and any limit
 hit, cut to `max_output_chars`), or a final answer that ends the episode with reward
 ``reward_fn([turn], [sample["answer"]])`` (`code_tests` by default: the final code block against the task's
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from orchestrator.reward.functions import resolve_reward_fn
 from orchestrator.reward.sandbox import SandboxLimits, SandboxResult, run_python
-from orchestrator.rollout.envs.tool_env import ToolEnv
-from orchestrator.rollout.tool_calls import ToolCall
+from orchestrator.envs.tool_env import ToolEnv
+from orchestrator.envs.tool_calls import ToolCall
 
 PYTHON_TOOL = {
     "type": "function",

@@ -1,1 +1,0 @@
-"""Built-in environments with verifiable rewards: `calculator` (tool use) and `guessing` (multi-turn)."""
