@@ -2,7 +2,7 @@
 
 The critic is the policy's base model (its decoder: `AutoModelForCausalLM(...).get_decoder()`, the LM head
 dropped) with a scalar value head `Linear(hidden, 1)` on the last hidden state, zero-initialised (the first
-values are 0). Values are in the trainer's *shifted* coordinates (actors/trainer/forward.py): the value of
+values are 0). Values are in the trainer's *shifted* coordinates (actors/model/forward.py): the value of
 response token t is read at the position that predicts it, i.e. V_t is the value of the state before token t,
 as GAE needs (orchestrator/algo/gae.py). Its own AdamW (`critic.lr`, linear warmup `critic.warmup_steps`, then
 constant), gradient clipping, the non-finite update guard of the trainer (actors/trainer/finite.py), the
@@ -32,9 +32,9 @@ from transformers import AutoModelForCausalLM
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.trainer import finite
-from actors.trainer.forward import (LOSS_MASK, MicroBatch, apply_loss_mask, autocast_context, collate,
-                                    response_values, split_micro_batches)
-from actors.trainer.fsdp import SHARDED_DIR, load_sharded
+from actors.model.forward import (LOSS_MASK, MicroBatch, apply_loss_mask, autocast_context, collate,
+                                  response_values, split_micro_batches)
+from actors.model.fsdp import SHARDED_DIR, load_sharded
 from actors.trainer.trainer import keep_fused
 from orchestrator.algo import loss_normalizer, lr_multiplier, position_ids_from_attention_mask, response_mask_tensor
 from orchestrator.algo.value_loss import clipped_value_loss, explained_variance_over
@@ -53,7 +53,7 @@ class ValueModel(torch.nn.Module):
         self.head = torch.nn.Linear(hidden_size, 1)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
-        # the decoder-layer classes FSDP2 wraps one by one (actors/trainer/fsdp.py:shard_model)
+        # the decoder-layer classes FSDP2 wraps one by one (actors/model/fsdp.py:shard_model)
         self._no_split_modules = list(getattr(body, "_no_split_modules", None) or [])
 
     @classmethod

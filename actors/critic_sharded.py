@@ -1,5 +1,5 @@
 """PPO's value model over D ranks with FSDP2: `critic.num_workers = D > 1` starts D `ShardedCriticActor`s, the way
-`trainer.num_workers` shards the policy (actors/trainer/sharded.py; the same helpers: actors/trainer/fsdp.py,
+`trainer.num_workers` shards the policy (actors/trainer/sharded.py; the same helpers: actors/model/fsdp.py,
 collectives.py, leader.py).
 
 - Process group: its own (the rendezvous key `rl_orch_fsdp_<group>` with a critic group name; torch's default
@@ -31,8 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 from actors.critic import STATE_FILE, WEIGHTS_FILE, Critic, ValueModel, merge_values
-from actors.trainer import collectives
-from actors.trainer.fsdp import SHARDED_DIR, full_state_dict, join_group, load_full_state, save_sharded, shard_model
+from actors.model import collectives
+from actors.model.fsdp import SHARDED_DIR, full_state_dict, join_group, load_full_state, save_sharded, shard_model
 from actors.trainer.leader import RankLeader
 from orchestrator.atomic import atomic_dir
 

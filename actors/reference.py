@@ -10,9 +10,9 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import prefix_share
-from actors.trainer.forward import batch_logprobs
-from actors.trainer import attention
+from actors.model import prefix_share
+from actors.model.forward import batch_logprobs
+from actors.model import attention
 from actors.pinning import pin_from_env_count
 from orchestrator.algo.sampler_support import Sampling
 
@@ -21,8 +21,8 @@ class Reference:
     """Frozen policy copy. `logprobs` returns per-response-token logprobs [B][len(response_i)], in padded
     micro-batches of `micro_batch_size` or, with `micro_batch_tokens`, packed rows of that many tokens.
     `shared_prefix` (trainer.shared_prefix): padded micro-batches run each distinct prompt once
-    (actors/trainer/prefix_share.py); ignored with packed rows or a model that path does not support.
-    `attn_implementation` (trainer.attn_implementation): see actors/trainer/attention.py."""
+    (actors/model/prefix_share.py); ignored with packed rows or a model that path does not support.
+    `attn_implementation` (trainer.attn_implementation): see actors/model/attention.py."""
 
     def __init__(self, model_path: str, temperature: Sampling, micro_batch_size: int, precision: str = "fp32",
                  pad_id: int = 0, num_threads: int = 0, micro_batch_tokens: Optional[int] = None,
@@ -41,7 +41,7 @@ class Reference:
                               and prefix_share.model_fallback_reason(self.model) is None)
 
     def _attn_implementation(self, requested: str, packing: bool, precision: str):
-        """The transformers attention to load (actors/trainer/attention.py; the context-parallel reference
+        """The transformers attention to load (actors/model/attention.py; the context-parallel reference
         overrides it with the ring's)."""
         return attention.resolve_attn_implementation(requested, on_cuda=torch.cuda.is_available(), packing=packing,
                                                      precision=precision, flash_available=attention.flash_attn_available())

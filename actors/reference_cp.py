@@ -1,7 +1,7 @@
 """The reference model split like the trainer under context parallelism (`trainer.context_parallel_size` = c > 1
 with `algo.kl_coef` > 0, issue 22): c `ContextParallelReferenceActor`s form a process group of their own, and every
 micro-batch row (padded or packed) is split over them with the trainer's zig-zag split, attention running round
-the ring (actors/trainer/context_parallel.py `cp_forward_logprobs`). A rank holds 1/c of each row's hidden states
+the ring (actors/model/context_parallel.py `cp_forward_logprobs`). A rank holds 1/c of each row's hidden states
 and 1/c of its logits buffer, as the trainer's ranks do, so a sequence the trainer can train the reference can
 score (orchestrator/memory/estimate.py counts the reference per rank the same way).
 
@@ -19,9 +19,9 @@ from typing import Optional
 import ray
 
 from actors.reference import Reference
-from actors.trainer.context_parallel import RING_ATTENTION, cp_forward_logprobs
-from actors.trainer.forward import batch_logprobs
-from actors.trainer.fsdp import join_group
+from actors.model.context_parallel import RING_ATTENTION, cp_forward_logprobs
+from actors.model.forward import batch_logprobs
+from actors.model.fsdp import join_group
 from actors.trainer.leader import RankLeader
 from orchestrator.algo.sampler_support import Sampling
 

@@ -1,5 +1,5 @@
 """Context parallelism on CPU (gloo): the activation bytes a rank keeps for the backward, and the step time, with
-c = 1 (one process, SDPA) and c = 2 (two processes, ring attention, actors/trainer/context_parallel.py) on one
+c = 1 (one process, SDPA) and c = 2 (two processes, ring attention, actors/model/context_parallel.py) on one
 packed row of L tokens, for a random SmolLM2-135M-shaped Llama with `--layers` decoder layers, fp32.
 
     python benchmarks/context_parallel.py --seq-len 2048 --layers 4
@@ -24,7 +24,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors.trainer.forward import collate_packed, forward_logprobs  # noqa: E402
+from actors.model.forward import collate_packed, forward_logprobs  # noqa: E402
 
 
 def build_model(layers: int, impl=None):
@@ -74,7 +74,7 @@ def _single(args) -> dict:
 
 
 def _rank(rank: int, init: str, args, out: str) -> None:
-    from actors.trainer.context_parallel import RING_ATTENTION, cp_forward_logprobs
+    from actors.model.context_parallel import RING_ATTENTION, cp_forward_logprobs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)

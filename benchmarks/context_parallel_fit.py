@@ -50,7 +50,7 @@ def step_growth_mib(loss_fn) -> float:
 
 def _single(seq_len: int, layers: int) -> float:
     import torch
-    from actors.trainer.forward import forward_logprobs
+    from actors.model.forward import forward_logprobs
     from benchmarks.context_parallel import build_model, packed_row
 
     torch.set_num_threads(1)
@@ -61,7 +61,7 @@ def _single(seq_len: int, layers: int) -> float:
 def _rank(rank: int, init: str, seq_len: int, layers: int, out: str) -> None:
     import torch
     import torch.distributed as dist
-    from actors.trainer.context_parallel import RING_ATTENTION, cp_forward_logprobs
+    from actors.model.context_parallel import RING_ATTENTION, cp_forward_logprobs
     from benchmarks.context_parallel import build_model, packed_row
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ Each configuration runs in a fresh subprocess: SmolLM2-135M-Instruct in fp32 (as
 it), AdamW, one small warm-up update (creates the optimizer states), then the measured update: two
 micro-batches (so gradients are held while the second one's activations are; the last sequence of a
 micro-batch is 16 tokens shorter, so there is padding and an attention mask) through the trainer's
-own forward (`actors.trainer.forward.forward_logprobs`: response positions only to logits), the token-mean
+own forward (`actors.model.forward.forward_logprobs`: response positions only to logits), the token-mean
 loss, backward, gradient clipping and the AdamW step.
 
 Tracker: torch's `MemTracker` (torch.distributed._tools.mem_tracker), a dispatch-mode tracker that
@@ -47,7 +47,7 @@ def measure(name: str) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
-    from actors.trainer.forward import collate, forward_logprobs
+    from actors.model.forward import collate, forward_logprobs
     from orchestrator.models import resolve_model_path
 
     precision, attention, mbs, seq, resp, ckpt = CONFIGS[name]

@@ -48,7 +48,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from actors.trainer.forward import split_micro_batches  # noqa: E402
+from actors.model.forward import split_micro_batches  # noqa: E402
 from actors.trainer.trainer import Trainer  # noqa: E402
 from orchestrator.algo import TrainBatch  # noqa: E402
 from orchestrator.algo.packing import pack_first_fit_decreasing, token_occupancy  # noqa: E402

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from actors.rollout.vllm_engine import VLLMEngine
-    from actors.trainer.forward import probe_scores
+    from actors.model.forward import probe_scores
     from orchestrator.config.load import load_config
     from orchestrator.controller import GRPOController
     from orchestrator.weight_sync.probe import compare_probe, probe_full_kl, probe_tokens

@@ -1,4 +1,4 @@
-"""Shared-prompt forward benchmark (`trainer.shared_prefix`, actors/trainer/prefix_share.py): a full
+"""Shared-prompt forward benchmark (`trainer.shared_prefix`, actors/model/prefix_share.py): a full
 `Trainer.train_step` (forward + backward + AdamW step, fp32) with the prompt run once per group against
 the plain prompt+response forward.
 
@@ -98,7 +98,7 @@ def profile_micro_batch(trainers: dict, batch: TrainBatch, mbs: int, top: int) -
     each variant after one warm-up call; prints the top ops by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from actors.trainer.forward import collate
+    from actors.model.forward import collate
 
     for name, t in trainers.items():
         part = micro_batches(batch, mbs, name != "plain")[0]

@@ -25,7 +25,7 @@ same as with one trainer.
 - LoRA (`trainer.lora.rank > 0`): peft injects the adapters before sharding, so each decoder layer's
   FSDP unit holds its frozen base weights and its trainable `lora_A` / `lora_B` (FSDP2 shards each
   parameter; only the adapters get gradients and AdamW state). The merged export gathers the full
-  state dict (base + adapters) and folds the adapters in on rank 0 (`actors.trainer.lora.merged_state_dict`
+  state dict (base + adapters) and folds the adapters in on rank 0 (`actors.model.lora.merged_state_dict`
   with `state=`), so the engines get `W + scaling * B @ A` as from a single trainer.
 - Weight sync: all ranks join a full-state-dict gather (`get_model_state_dict(full_state_dict=True,
   cpu_offload=True)`); rank 0 gets the full tensors and returns them as the single trainer does.
@@ -36,7 +36,7 @@ same as with one trainer.
   A checkpoint of a single trainer (no `sharded/`) loads too: the full weights and optimizer state are
   sharded on load.
 
-- Context parallelism (`trainer.context_parallel_size` = c > 1, actors/trainer/context_parallel.py): the D ranks
+- Context parallelism (`trainer.context_parallel_size` = c > 1, actors/model/context_parallel.py): the D ranks
   form a (D // c, c) mesh; the c ranks of a row share every micro-batch of their data-parallel group's samples
   (`i % (D // c) == rank // c`), each running the decoder on its zig-zag part of each row with ring attention
   over the row's group; the logprobs (training, old-logprob and `logprobs` passes) are gathered over the group.
@@ -63,11 +63,11 @@ import ray
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from actors.trainer import collectives, lora
-from actors.trainer.context_parallel import context_parallel_group, cp_forward_logprobs
-from actors.trainer.forward import batch_logprobs, collate, forward_logprobs
-from actors.trainer.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, join_group, load_sharded, load_unsharded,
-                                 save_sharded, shard_model)
+from actors.model import collectives, lora
+from actors.model.context_parallel import context_parallel_group, cp_forward_logprobs
+from actors.model.forward import batch_logprobs, collate, forward_logprobs
+from actors.model.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, join_group, load_sharded, load_unsharded,
+                               save_sharded, shard_model)
 from actors.trainer.leader import RankLeader
 from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch

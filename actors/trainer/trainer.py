@@ -6,7 +6,7 @@ one normaliser computed for the whole mini-batch first (`loss_normalizer`, cases
 update does not depend on the micro-batch size, nor on packing (`trainer.packing`: micro-batches are
 rows of `micro_batch_tokens` tokens, first-fit decreasing, case C11). AdamW, linear warmup then cosine decay, gradient
 clipping, fp32, bf16 autocast or FP8 linear layers (actors/trainer/fp8.py) with fp32 master weights. Optional gradient checkpointing, LoRA
-adapters (actors/trainer/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
+adapters (actors/model/lora.py: merged weights for sync and `policy/`) and, for mixture-of-experts policies,
 the router load-balancing loss over real tokens (actors/trainer/moe_loss.py, case C12).
 """
 from __future__ import annotations
@@ -26,9 +26,10 @@ from transformers import AutoModelForCausalLM
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
-from actors.trainer.forward import LOSS_MASK, collate_micro_batch, split_micro_batches
-from actors.trainer.policy_forward import policy_forward
-from actors.trainer import attention, finite, fp8, lora, prefix_share, warmup
+from actors.model.forward import LOSS_MASK, collate_micro_batch, split_micro_batches
+from actors.model.policy_forward import policy_forward
+from actors.model import attention, lora, prefix_share
+from actors.trainer import finite, fp8, warmup
 from actors.trainer.moe_loss import RouterAux
 from actors.trainer.update_size import update_ratio
 from orchestrator.algo import LossInputs, Sampling, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
@@ -252,8 +253,8 @@ class Trainer:
         return warmup.warm_up(self, prompt_len, response_len, group_size)
 
     def probe_logprobs(self, prompt_ids: list[int], continuation_ids: list[int], rows: bool = False):
-        """The trainer's side of the weight-sync probe: `ProbeScores` (actors/trainer/forward.py `probe_scores`)."""
-        from actors.trainer.forward import probe_scores
+        """The trainer's side of the weight-sync probe: `ProbeScores` (actors/model/forward.py `probe_scores`)."""
+        from actors.model.forward import probe_scores
 
         return probe_scores(self.model, prompt_ids, continuation_ids, self.cfg.precision, self.pad_id, rows)
 
@@ -286,7 +287,7 @@ class Trainer:
 
     def _export_state(self, merge: bool = True) -> dict[str, torch.Tensor]:
         """The policy's state under HF names; with LoRA the merged weights (`merge=False`: same names and
-        shapes, base tensors, nothing computed), see actors/trainer/lora.py."""
+        shapes, base tensors, nothing computed), see actors/model/lora.py."""
         return self.model.state_dict() if self.peft is None else lora.merged_state_dict(self.model, merge)
 
     def sync_size(self, dtype: str) -> tuple[int, int]:
@@ -342,7 +343,7 @@ class Trainer:
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
         else:  # written by FSDP2 ranks (trainer.num_workers > 1): model + optimizer in DCP files, any D
-            from actors.trainer.fsdp import SHARDED_DIR, load_sharded
+            from actors.model.fsdp import SHARDED_DIR, load_sharded
             load_sharded(self.model, self.optimizer, Path(folder) / SHARDED_DIR)
         keep_fused(self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])

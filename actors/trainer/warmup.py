@@ -30,9 +30,9 @@ from __future__ import annotations
 import time
 import torch
 
-from actors.trainer import prefix_share
-from actors.trainer.forward import collate_micro_batch
-from actors.trainer.policy_forward import policy_forward
+from actors.model import prefix_share
+from actors.model.forward import collate_micro_batch
+from actors.model.policy_forward import policy_forward
 
 # what torch's CPU allocator (c10 DefaultCPUAllocator) says when malloc fails
 CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory",)
@@ -64,7 +64,7 @@ def warm_up(trainer, prompt_len: int, response_len: int, group_size: int = 1) ->
     as a step collates them, forward through `policy_forward` (precision's autocast, context parallelism,
     response-only logits) and backward twice, between two `touch_optimizer_state` (the first only for Adam and
     AdamW, whose state is kept). When the trainer uses the shared-prompt
-    forward (actors/trainer/prefix_share.py), each run of `group_size` sequences (rollout.n, a GRPO group) shares
+    forward (actors/model/prefix_share.py), each run of `group_size` sequences (rollout.n, a GRPO group) shares
     its prompt, as in a step's micro-batch; otherwise every prompt is distinct. Returns {"trainer/warm_up_s":
     seconds; 0.0 when skipped on a GPU}. Raises ValueError for a length or group size below 1;
     torch.OutOfMemoryError naming the shape when it does not fit (torch's, or the CPU allocator's RuntimeError);

@@ -76,7 +76,7 @@ def token_entropy(logits: Tensor, temperature: Sampling = 1.0, grad: bool = Fals
 
 @dataclass
 class EntropySink:
-    """Where a forward leaves the token entropy of the positions it scored (``actors/trainer/forward.py``).
+    """Where a forward leaves the token entropy of the positions it scored (``actors/model/forward.py``).
 
     ``grad``: keep the graph (the entropy bonus, ``algo.entropy_coef > 0``) or not (the ``actor/entropy``
     metric alone). ``value``: after ``record``, ``[b, L-1]`` float32 laid out like the micro-batch's mask,

@@ -1,4 +1,4 @@
-"""The load-time check of context parallelism (`trainer.context_parallel_size`, actors/trainer/context_parallel.py).
+"""The load-time check of context parallelism (`trainer.context_parallel_size`, actors/model/context_parallel.py).
 The other long-sequence keys are checked by orchestrator/config/precision.py (FP8 training) and
 orchestrator/config/fp8_rollout.py (FP8 rollouts).
 
@@ -19,5 +19,5 @@ def check_context_parallel(cfg) -> None:
                          f"split over c of the trainer ranks)")
     impl = getattr(cfg.trainer, "attn_implementation", "auto")
     if c > 1 and impl not in ("auto", "sdpa"):
-        raise ValueError(f"trainer.context_parallel_size={c} runs ring attention (actors/trainer/context_parallel.py): "
+        raise ValueError(f"trainer.context_parallel_size={c} runs ring attention (actors/model/context_parallel.py): "
                          f"trainer.attn_implementation={impl} cannot be used with it; set auto or sdpa")

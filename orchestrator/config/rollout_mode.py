@@ -15,7 +15,8 @@ counted, never trained. A sync run trains at staleness 0 whatever k says.
 Deprecated keys, still read (`resolve_rollout_mode` says which new keys to use): `placement.mode=disaggregated_async`
 = `placement.mode=disaggregated` with `rollout.mode=one_step_off`, or `rollout.mode=stream` with
 `rollout.partial_rollout=true`; `rollout.partial_rollout=true` = `rollout.mode=stream`. The resolved config holds
-the new keys (`placement.mode` never `disaggregated_async`; `rollout.partial_rollout` = (rollout.mode == stream)).
+the new keys only (`placement.mode` never `disaggregated_async`, `rollout.partial_rollout` false: read into
+rollout.mode), so a saved config reloads without a warning and takes any rollout.mode override.
 Pure: no Ray, no torch.
 """
 from __future__ import annotations
@@ -39,11 +40,14 @@ def _deprecated(placement: str, partial: bool, mode: str) -> Optional[str]:
 def _mode_of(cfg, placement: str, partial: bool) -> str:
     """rollout.mode as set, or as the deprecated keys say. Raises ValueError naming both keys of a conflict."""
     mode = cfg.rollout.mode
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"rollout.mode={mode!r} is not allowed; choose one of {list(MODES)}")
     if mode is None:
         if partial:
             if placement == "colocated":
-                raise ValueError("rollout.partial_rollout=true (rollout.mode=stream) needs placement.mode=disaggregated "
-                                 "(got 'colocated'): the engines generate while the trainer trains")
+                raise ValueError("rollout.partial_rollout=true (deprecated: rollout.mode=stream) needs "
+                                 "placement.mode=disaggregated (got 'colocated'): the engines generate while the trainer "
+                                 "trains")
             return STREAM
         return ONE_STEP_OFF if placement == ASYNC_PLACEMENT else SYNC
     if partial and mode != STREAM:
@@ -57,23 +61,23 @@ def _mode_of(cfg, placement: str, partial: bool) -> str:
 
 def resolve_rollout_mode(cfg) -> Optional[str]:
     """Set `cfg.rollout.mode` (from the deprecated keys when unset), `placement.mode` (disaggregated for
-    disaggregated_async) and `rollout.partial_rollout` (= mode == stream) in place; idempotent. Returns the
+    disaggregated_async) and `rollout.partial_rollout` (false: read into the mode) in place; idempotent. Returns the
     deprecation message naming the new keys when a deprecated key was used, else None.
 
-    Raises ValueError naming both keys: rollout.mode against rollout.partial_rollout=true or against
+    Raises ValueError naming both keys: a rollout.mode not in MODES; rollout.mode against rollout.partial_rollout=true or against
     placement.mode=disaggregated_async; an asynchronous mode with placement.mode=colocated (the engines sleep while
     the trainer trains, so nothing generates beside training); stream with algo.max_staleness < 1."""
     placement, partial = cfg.placement.mode, bool(cfg.rollout.partial_rollout)
     mode = _mode_of(cfg, placement, partial)
-    note = _deprecated(placement, partial and cfg.rollout.mode is None, mode)
+    note = _deprecated(placement, partial, mode)
     if mode != SYNC and placement == "colocated":
         raise ValueError(f"rollout.mode={mode} needs placement.mode=disaggregated (got 'colocated'): colocated engines "
                          "sleep while the trainer trains, so no batch generates beside training")
-    if mode == STREAM and cfg.algo.max_staleness < 1:
+    if mode == STREAM and cfg.algo.max_staleness == 0:  # below 0: the field's own range check names it
         raise ValueError("rollout.mode=stream needs algo.max_staleness >= 1 (got 0): k is how many policy versions a "
                          "streamed sample may lag the trainer")
     cfg.rollout.mode = mode
-    cfg.rollout.partial_rollout = mode == STREAM
+    cfg.rollout.partial_rollout = False
     if placement == ASYNC_PLACEMENT:
         cfg.placement.mode = "disaggregated"
     return note

@@ -158,7 +158,7 @@ class TrainerConfig:
     # fp32 | bf16-autocast (fp32 master weights) | fp8 (torchao FP8 linear layers on GPUs of capability >= 8.9;
     # refused on CPU placements and with LoRA: orchestrator/config/precision.py)
     precision: str = choice("bf16-autocast", ("fp32", "bf16-autocast", "fp8"))
-    # c: each sequence split over c of the trainer ranks (ring attention, actors/trainer/context_parallel.py);
+    # c: each sequence split over c of the trainer ranks (ring attention, actors/model/context_parallel.py);
     # divides num_workers
     context_parallel_size: int = number(1, ge=1, note="(ranks each sequence is split over; divides trainer.num_workers)")
     num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host

@@ -23,7 +23,7 @@ from orchestrator.memory.planner import MemoryPlan, format_plan, plan_memory
 from orchestrator.memory.shapes import ModelShape, model_shape
 from orchestrator.placement.plan import on_gpu
 
-# Same set as actors.trainer.forward.FAST_PATH_ARCHS (pure modules may not import actors; a unit test compares):
+# Same set as actors.model.forward.FAST_PATH_ARCHS (pure modules may not import actors; a unit test compares):
 # these project only the response positions to logits.
 FAST_PATH_ARCHS = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                              "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM"})

@@ -111,6 +111,8 @@ METRICS = {
     "rl_orch_actor_loss": ("gauge", "Policy loss of the step (NaN when it was NaN)", ()),
     "rl_orch_actor_loss_nan": ("gauge", "1 when the step's loss was NaN or infinite, else 0", ()),
     "rl_orch_actor_grad_norm": ("gauge", "Gradient norm before clipping", ()),
+    "rl_orch_actor_update_ratio": ("gauge", "Size of the step's optimizer updates relative to the weights before them, "
+                                   "||delta theta|| / ||theta_old|| (guards.update_ratio_max)", ()),
     "rl_orch_actor_learning_rate": ("gauge", "Learning rate of the step", ()),
     "rl_orch_actor_skipped_updates_total": ("counter", "Optimizer updates skipped: non-finite loss, gradient norm "
                                             "or updated weights (weights and optimizer state unchanged)", ()),

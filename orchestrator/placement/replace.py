@@ -112,17 +112,13 @@ def current_step_s(cfg, workload: Workload, split: Split) -> float:
 
 def mode_keys(cfg, mode: str, k: Optional[int] = None) -> dict[str, Any]:
     """The config keys that select sizer mode `mode`: placement.mode and rollout.mode (CONFIG_MODE); stream adds
-    algo.max_staleness=k (the k the sizer chose: required, an integer >= 1); the other modes set
-    rollout.partial_rollout=false (a loaded stream config holds true: orchestrator/config/rollout_mode.py).
-    Raises ValueError naming k."""
+    algo.max_staleness=k (the k the sizer chose: required, an integer >= 1). Raises ValueError naming k."""
     placement, rollout = CONFIG_MODE[mode]
     out: dict[str, Any] = {"placement.mode": placement, "rollout.mode": rollout}
     if mode == "stream":
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k (algo.max_staleness of a stream split): must be an integer >= 1 (got {k!r})")
         out["algo.max_staleness"] = k
-    elif cfg.rollout.partial_rollout:
-        out["rollout.partial_rollout"] = False
     return out
 
 

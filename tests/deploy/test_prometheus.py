@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.metrics import read_jsonl
 from orchestrator.metrics import SinkContext, registry
-from orchestrator.metrics.prometheus import METRICS, PrometheusExporter, error_kind
+from orchestrator.metrics.prometheus import METRICS, ROW_COUNTERS, ROW_GAUGES, PrometheusExporter, error_kind
 from orchestrator.weight_sync import WeightMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +114,12 @@ DEMO_EXPECTED = [
 ]
 
 
+def test_every_row_key_maps_to_a_declared_metric():
+    """A row key mapped to an undeclared metric would stop the run at its first row (KeyError in the sink)."""
+    names = {m[0] if isinstance(m, tuple) else m for m in (*ROW_GAUGES.values(), *ROW_COUNTERS.values())}
+    assert names and names <= set(METRICS), names - set(METRICS)
+
+
 def test_observe_demo_row_serves_expected_series(exporter):
     row = DEMO_ROWS[0]
     exporter.log_row(row)
@@ -141,9 +147,10 @@ def test_rows_accumulate_and_optional_keys_are_exported(exporter):
                       "memory/trainer_peak_gib": 1.5, "memory/util_frac": 0.5, "sync/seconds": 3.0,
                       "unknown/key": 7.0, "sync/strategy": "nccl", "actor/kl": None, "rollout/mismatch_kl_k3": 2e-4,
                       "rollout/mismatch_ratio_max": 1.5, "rollout/mismatch_masked_token_frac": 0.01,
-                      "actor/entropy": 0.625, "actor/approx_kl_old": 0.002})
+                      "actor/entropy": 0.625, "actor/approx_kl_old": 0.002, "actor/update_ratio": 1e-4})
     s = _registry_samples(exporter)
     assert _value(s, "rl_orch_actor_entropy_nats") == 0.625 and _value(s, "rl_orch_actor_approx_kl_old") == 0.002
+    assert _value(s, "rl_orch_actor_update_ratio") == 1e-4
     assert _value(s, "rl_orch_trainer_step") == 3
     assert _value(s, "rl_orch_trainer_steps_total") == 3  # the 4th row has no step
     assert _value(s, "rl_orch_phase_seconds_count", phase="train") == 3

@@ -1,4 +1,4 @@
-"""Context parallelism on GPUs with NCCL (trainer.context_parallel_size = 2, actors/trainer/context_parallel.py):
+"""Context parallelism on GPUs with NCCL (trainer.context_parallel_size = 2, actors/model/context_parallel.py):
 D = 2 ranks with c = 2 give the same logprobs and update as one trainer on the same packed batch, in fp32 (the
 ring's send/recv and the all-gather of logprobs over NCCL, the ring's positions on CUDA).
 

@@ -1,6 +1,6 @@
 """The planner's trainer estimate against torch.cuda.max_memory_allocated for a small random Llama.
 
-One update as the trainer does it (two micro-batches through actors.trainer.forward.forward_logprobs, backward,
+One update as the trainer does it (two micro-batches through actors.model.forward.forward_logprobs, backward,
 gradient clipping, foreach AdamW) after a warm-up update that creates the optimizer states. The
 estimate leaves out the `runtime` term (CUDA context, not seen by the caching allocator).
 """
@@ -12,7 +12,7 @@ from orchestrator.memory.shapes import model_shape
 
 
 def _update(model, opt, batch: int, length: int, response: int, precision: str, micro_batches: int) -> None:
-    from actors.trainer.forward import collate, forward_logprobs
+    from actors.model.forward import collate, forward_logprobs
 
     opt.zero_grad(set_to_none=True)
     vocab = model.config.vocab_size

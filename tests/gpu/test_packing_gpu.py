@@ -1,4 +1,4 @@
-"""Packed rows on a GPU with FlashAttention-2's varlen kernel (trainer.attn_implementation, actors/trainer/attention.py):
+"""Packed rows on a GPU with FlashAttention-2's varlen kernel (trainer.attn_implementation, actors/model/attention.py):
 each sequence of a packed row gets the same logprobs as alone under SDPA (case C11), and the trainer picks
 flash_attention_2 by itself for packed bf16 rows.
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from actors.trainer.attention import attn_implementation_for, flash_attn_available
-from actors.trainer.forward import collate, collate_packed, forward_logprobs, response_values
+from actors.model.attention import attn_implementation_for, flash_attn_available
+from actors.model.forward import collate, collate_packed, forward_logprobs, response_values
 from orchestrator.config.schema import TrainerConfig
 
 pytestmark = pytest.mark.gpu

@@ -19,7 +19,7 @@ import ray
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from actors.trainer.forward import collate
+from actors.model.forward import collate
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from tests.integration.test_fsdp import _batch, _cfgs, _ranks

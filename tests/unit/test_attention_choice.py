@@ -1,9 +1,9 @@
-"""actors/trainer/attention.py: which attention kernel the trainer and reference load (trainer.attn_implementation)."""
+"""actors/model/attention.py: which attention kernel the trainer and reference load (trainer.attn_implementation)."""
 from __future__ import annotations
 
 import pytest
 
-from actors.trainer.attention import load_kwargs, resolve_attn_implementation
+from actors.model.attention import load_kwargs, resolve_attn_implementation
 from orchestrator.config import ConfigError, load_config
 
 GPU = dict(on_cuda=True, packing=True, precision="bf16-autocast", flash_available=True)

@@ -1,4 +1,4 @@
-"""Context parallelism in the trainer's forward (actors/trainer/context_parallel.py), 2 gloo ranks
+"""Context parallelism in the trainer's forward (actors/model/context_parallel.py), 2 gloo ranks
 (torch.multiprocessing.spawn), a tiny Llama in fp32: the logprobs, the policy loss and every parameter gradient
 (summed over the 2 ranks) equal the un-split forward's (c = 1, SDPA), for a padded micro-batch and for packed rows
 whose sequences straddle the chunk boundaries, with and without gradient checkpointing, and with the entropy
@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from actors.trainer.forward import collate, collate_packed, forward_logprobs
+from actors.model.forward import collate, collate_packed, forward_logprobs
 from orchestrator.algo import EntropySink, LossInputs, compute_policy_loss
 from orchestrator.config.schema import AlgoConfig
 from tests.unit.trainer_helpers import random_batch, save_tiny_llama
@@ -44,7 +44,7 @@ def _load(folder, impl=None):
 
 
 def _rank(rank: int, init: str, folder: str, out_dir: str) -> None:
-    from actors.trainer.context_parallel import RING_ATTENTION, cp_forward_logprobs
+    from actors.model.context_parallel import RING_ATTENTION, cp_forward_logprobs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=C)
@@ -88,7 +88,7 @@ def test_two_context_parallel_ranks_equal_one(run, packed, checkpointing):
     loss = _loss(lp, mb, sink.value)
     loss.backward()
     if not checkpointing:  # outside a context-parallel forward the ring-loaded model is plain SDPA (probe, empty rows)
-        from actors.trainer.context_parallel import RING_ATTENTION
+        from actors.model.context_parallel import RING_ATTENTION
 
         with torch.no_grad():
             assert torch.allclose(forward_logprobs(_load(folder, RING_ATTENTION), mb, 0.7), lp, atol=1e-6)

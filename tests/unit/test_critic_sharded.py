@@ -44,7 +44,7 @@ def _metrics(row: dict) -> dict:
 
 def _rank(rank: int, init: str, model: str, out: str) -> None:
     from actors.critic_sharded import ShardedCritic
-    from actors.trainer.fsdp import full_state_dict
+    from actors.model.fsdp import full_state_dict
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=D,
                             timeout=datetime.timedelta(seconds=90))  # a mismatched collective fails, not hangs

@@ -1,5 +1,5 @@
-"""Token entropy from the forward's logits (orchestrator/algo/entropy.py, actors/trainer/forward.py,
-actors/trainer/prefix_share.py): hand values, chunking, gradient, and the same numbers on the plain,
+"""Token entropy from the forward's logits (orchestrator/algo/entropy.py, actors/model/forward.py,
+actors/model/prefix_share.py): hand values, chunking, gradient, and the same numbers on the plain,
 packed and shared-prompt paths."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import orchestrator.algo.entropy as entropy_mod
-from actors.trainer.forward import collate, collate_packed, forward_logprobs, per_sequence
-from actors.trainer.prefix_share import shared_prefix_logprobs
+from actors.model.forward import collate, collate_packed, forward_logprobs, per_sequence
+from actors.model.prefix_share import shared_prefix_logprobs
 from orchestrator.algo import EntropySink, token_entropy
 
 

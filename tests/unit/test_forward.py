@@ -1,4 +1,4 @@
-"""Unit tests of actors.trainer.forward (plain torch, a tiny random Llama): collate, forward_logprobs (including
+"""Unit tests of actors.model.forward (plain torch, a tiny random Llama): collate, forward_logprobs (including
 case C10, left padding), response_values and batch_logprobs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from actors.trainer.forward import (MicroBatch, autocast_context, batch_logprobs, collate, forward_logprobs,
-                                   response_values)
+from actors.model.forward import (MicroBatch, autocast_context, batch_logprobs, collate, forward_logprobs,
+                                  response_values)
 from orchestrator.algo import position_ids_from_attention_mask
 
 V = 97

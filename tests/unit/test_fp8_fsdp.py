@@ -1,5 +1,5 @@
 """FP8 training under FSDP2 (trainer.num_workers > 1 with trainer.precision=fp8): actors/trainer/fp8.py converts the
-linear layers before actors/trainer/fsdp.py shards them (torchao's order), and 2 gloo ranks, each holding half of
+linear layers before actors/model/fsdp.py shards them (torchao's order), and 2 gloo ranks, each holding half of
 every weight, give the loss and gradients of one process in FP8 (torchao's dynamic scales take the amax of the whole
 weight across ranks). torch.multiprocessing.spawn, tiny Llama, CPU."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _loss(model) -> torch.Tensor:
 
 
 def _rank(rank: int, init: str, folder: str, out: str) -> None:
-    from actors.trainer.fsdp import shard_model
+    from actors.model.fsdp import shard_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)

@@ -1,4 +1,4 @@
-"""LoRA in the Trainer (actors/trainer/lora.py) on a tiny random Llama: only adapters train, merged weights are
+"""LoRA in the Trainer (actors/model/lora.py) on a tiny random Llama: only adapters train, merged weights are
 peft's merge, checkpoints round-trip, bad targets and settings fail clearly."""
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_bad_lora_and_moe_settings_are_config_errors(override, message):
 
 def test_merge_from_a_full_state_dict_equals_the_live_merge(tiny, tmp_path):
     # FSDP2 ranks (actors/trainer/sharded.py) merge from gathered full tensors instead of the live layers
-    from actors.trainer import lora
+    from actors.model import lora
 
     t = _trainer(tiny)
     t.train_step(_batch(seed=5))

@@ -108,7 +108,7 @@ def test_worked_32k_example_fits_with_c4_not_c1(capsys):
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out
     assert "trainer.context_parallel_size=4 (ring attention): fits" in out
-    assert "[not in rl-orch yet" not in out  # context parallelism runs (actors/trainer/context_parallel.py)
+    assert "[not in rl-orch yet" not in out  # context parallelism runs (actors/model/context_parallel.py)
     assert main(EXAMPLE + ["--context-parallel", "4"]) == 0
     fits = capsys.readouterr().out
     doc = DOC.read_text()
@@ -129,7 +129,7 @@ def test_config_keys_are_planned_and_a_cpu_run_refuses_fp8_engines(tmp_path, cap
     for key in keys[3:]:  # FP8 rollouts run on CUDA engines only (orchestrator/config/fp8_rollout.py)
         with pytest.raises(ConfigError, match=f"{key}.* needs CUDA GPUs"):
             load_config(CPU_YAML, ["rollout.dtype=bfloat16", key])
-    # context parallelism is built (actors/trainer/context_parallel.py): a run takes it, with SDPA-class attention
+    # context parallelism is built (actors/model/context_parallel.py): a run takes it, with SDPA-class attention
     assert load_config(CPU_YAML, keys[:2]).trainer.context_parallel_size == 2
     with pytest.raises(ConfigError, match="trainer.attn_implementation=eager cannot be used with it"):
         load_config(CPU_YAML, keys[:2] + ["trainer.attn_implementation=eager"])

@@ -189,7 +189,7 @@ def test_gpu_fractions_decide_colocation(smol_config):
 
 
 def test_fast_path_archs_match_the_trainer():
-    from actors.trainer.forward import FAST_PATH_ARCHS as trainer_archs
+    from actors.model.forward import FAST_PATH_ARCHS as trainer_archs
 
     assert FAST_PATH_ARCHS == trainer_archs
 
@@ -207,7 +207,7 @@ def test_layer_activation_bytes_match_saved_tensors_of_a_live_tiny_llama(precisi
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.trainer.forward import collate, forward_logprobs
+    from actors.model.forward import collate, forward_logprobs
 
     hf = dict(vocab_size=100, hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
               tie_word_embeddings=True)

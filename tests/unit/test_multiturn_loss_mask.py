@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from actors.trainer.forward import LOSS_MASK, apply_loss_mask, collate, collate_packed, forward_logprobs, per_sequence
+from actors.model.forward import LOSS_MASK, apply_loss_mask, collate, collate_packed, forward_logprobs, per_sequence
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.config.schema import AlgoConfig, TrainerConfig

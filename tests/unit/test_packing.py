@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
-from actors.trainer.forward import (batch_logprobs, collate, collate_packed, forward_logprobs, per_sequence,
-                            response_values, split_micro_batches)
+from actors.model.forward import (batch_logprobs, collate, collate_packed, forward_logprobs, per_sequence,
+                                  response_values, split_micro_batches)
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.algo.packing import pack_first_fit_decreasing, packed_position_ids, token_occupancy

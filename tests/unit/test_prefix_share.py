@@ -1,4 +1,4 @@
-"""The GRPO shared-prompt forward (actors/trainer/prefix_share.py, `trainer.shared_prefix`) on a tiny random Llama:
+"""The GRPO shared-prompt forward (actors/model/prefix_share.py, `trainer.shared_prefix`) on a tiny random Llama:
 the same per-token logprobs, loss, gradients, updates and reference logprobs as the plain prompt+response
 forward (fp32), fewer tokens through the decoder, and the documented fallbacks."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
 
-from actors.trainer import prefix_share
-from actors.trainer.forward import collate, forward_logprobs
+from actors.model import prefix_share
+from actors.model.forward import collate, forward_logprobs
 from actors.reference import Reference
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
@@ -281,7 +281,7 @@ def test_fallback_trains_like_the_plain_path(tiny, shared_calls, over, reason, c
     on, off = _trainer(tiny, True, **over), _trainer(tiny, False, **over)
     on._initial = [p.detach().clone() for p in on.model.parameters()]
     assert reason in prefix_share.trainer_fallback_reason(on)
-    with caplog.at_level("WARNING", logger="actors.trainer.prefix_share"):
+    with caplog.at_level("WARNING", logger="actors.model.prefix_share"):
         ma, mb = on.train_step(_batch()), off.train_step(_batch())
         _assert_same_update(on, off, ma, mb)
         on.train_step(_batch(seed=1))

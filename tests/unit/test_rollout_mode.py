@@ -29,20 +29,23 @@ def _load(*over: str):
 def test_the_new_keys_load_without_a_warning(over, mode, placement):
     cfg, said = _load(*over)
     assert (cfg.rollout.mode, cfg.placement.mode, said) == (mode, placement, [])
-    assert cfg.rollout.partial_rollout == (mode == "stream")  # the deprecated key mirrors the mode
+    assert cfg.rollout.partial_rollout is False  # the deprecated key is read into the mode
     assert staleness_bound(cfg) == (0 if mode == "sync" else cfg.algo.max_staleness)
 
 
-@pytest.mark.parametrize("over, mode, new", [
-    (("placement.mode=disaggregated_async",), "one_step_off", "placement.mode=disaggregated rollout.mode=one_step_off"),
+@pytest.mark.parametrize("over, mode, old, new", [
+    (("placement.mode=disaggregated_async",), "one_step_off", "placement.mode=disaggregated_async",
+     "placement.mode=disaggregated rollout.mode=one_step_off"),
     (("placement.mode=disaggregated_async", "rollout.partial_rollout=true"), "stream",
-     "placement.mode=disaggregated rollout.mode=stream"),
-    (("rollout.partial_rollout=true",), "stream", "rollout.mode=stream"),
+     "placement.mode=disaggregated_async rollout.partial_rollout=true", "placement.mode=disaggregated rollout.mode=stream"),
+    (("rollout.partial_rollout=true",), "stream", "rollout.partial_rollout=true", "rollout.mode=stream"),
+    (("rollout.mode=stream", "rollout.partial_rollout=true"), "stream", "rollout.partial_rollout=true",
+     "rollout.mode=stream"),
 ])
-def test_the_deprecated_keys_still_load_and_name_the_new_ones(over, mode, new, tmp_path):
+def test_the_deprecated_keys_still_load_and_name_the_new_ones(over, mode, old, new, tmp_path):
     cfg, said = _load(*over)
     assert (cfg.rollout.mode, cfg.placement.mode) == (mode, "disaggregated")
-    assert said == [f"config: {' '.join(over)} is deprecated; write {new} (docs/configuration.md, rollout.mode)"]
+    assert said == [f"config: {old} is deprecated; write {new} (docs/configuration.md, rollout.mode)"]
     # what the run folder's config.yaml holds loads again with the new keys and says nothing
     saved = tmp_path / "config.yaml"
     OmegaConf.save(cfg, saved)
@@ -63,12 +66,34 @@ def _load_file(path):
     (("rollout.mode=one_step_off", "placement.mode=colocated"), ("rollout.mode=one_step_off", "placement.mode")),
     (("rollout.mode=stream", "placement.mode=colocated"), ("rollout.mode=stream", "placement.mode")),
     (("rollout.partial_rollout=true", "placement.mode=colocated"), ("rollout.partial_rollout", "placement.mode")),
-    (("rollout.mode=stream", "algo.max_staleness=0"), ("rollout.mode=stream", "algo.max_staleness")),
+    (("rollout.mode=stream", "algo.max_staleness=0"), ("rollout.mode=stream", "algo.max_staleness", "got 0")),
+    (("rollout.mode=stream", "algo.max_staleness=-1"), ("algo.max_staleness=-1", ">= 0")),
+    (("rollout.mode=SYNC", "placement.mode=colocated"), ("rollout.mode='SYNC' is not allowed", "'one_step_off'")),
+    (("rollout.mode=async", "rollout.partial_rollout=true"), ("rollout.mode='async' is not allowed",)),
+    (("rollout.mode=stream", "algo.tis_cap=null"), ("algo.tis_cap", "algo.old_logprobs=rollout")),
 ])
 def test_conflicts_are_refused_naming_both_keys(over, both):
     with pytest.raises(ConfigError) as e:
         load_config(YAML, list(over))
     assert all(key in str(e.value) for key in both), str(e.value)
+
+
+def test_a_saved_streaming_config_takes_any_mode_override(tmp_path):
+    """The run folder's config.yaml of a stream run (written from the loaded config) reloads in another mode."""
+    cfg, _ = _load("rollout.mode=stream")
+    saved = tmp_path / "config.yaml"
+    OmegaConf.save(cfg, saved)
+    for mode in ("sync", "one_step_off"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = load_config(str(saved), [f"rollout.mode={mode}"])
+        assert again.rollout.mode == mode and not [w for w in caught if issubclass(w.category, FutureWarning)]
+
+
+def test_the_stream_refusal_offers_no_fix_it_refuses():
+    with pytest.raises(ConfigError) as e:
+        load_config(YAML, ["rollout.mode=stream", "algo.tis_cap=null"])
+    assert "algo.max_staleness=0" not in str(e.value)
 
 
 def test_resolving_twice_changes_nothing():

@@ -14,7 +14,7 @@ import orchestrator.runtime.supervisor as sup
 from orchestrator.runtime.stopping import StepAbandoned
 from orchestrator.runtime.faults import RestartBudget
 from orchestrator.runtime.supervisor import (Failure, RunFailedError, checkpoint_step, give_up_message,
-                                     restart_message, supervise, supervised)
+                                             restart_message, supervise, supervised)
 
 TRAINER_DEAD = Failure("trainer", "trainer rank 1", "dead")
 ROLLOUT_DEAD = Failure("rollout", "rollout worker 0", "dead")

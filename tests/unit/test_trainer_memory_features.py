@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from actors.trainer.forward import collate
+from actors.model.forward import collate
 from actors.trainer.trainer import Trainer
 from orchestrator.algo import TrainBatch
 from orchestrator.algo.moe import load_balancing_loss

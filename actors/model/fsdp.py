@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import lora
+from actors.model import lora
 from orchestrator.checkpoint.dcp import SafeLoadPlanner, SafeReader
 from orchestrator.checkpoint.state import load_trainer_state
 
@@ -120,7 +120,7 @@ def load_unsharded(model, optimizer, folder: Path, peft_model=None) -> None:
     """Collective: load a single trainer's checkpoint (`policy/` + `trainer_state.pt`'s optimizer state,
     keyed by parameter index) into the sharded model and optimizer. With LoRA (`peft_model` given) the
     weights are the adapter in `policy_adapter/` (the base weights stay `model.path`'s; `policy/` holds
-    merged weights); raises as `actors.trainer.lora.load_adapter` when it is missing or does not match."""
+    merged weights); raises as `actors.model.lora.load_adapter` when it is missing or does not match."""
     if peft_model is not None:
         src = lora.adapter_tensors(peft_model, model, folder / lora.ADAPTER_DIR)
     else:

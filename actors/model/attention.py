@@ -51,12 +51,12 @@ def resolve_attn_implementation(requested: str, *, on_cuda: bool, packing: bool,
 def attn_implementation_for(trainer_cfg, packing: bool) -> Optional[str]:
     """`resolve_attn_implementation` for this process (its GPU and installed packages) and `trainer_cfg`
     (TrainerConfig: attn_implementation, precision). With trainer.context_parallel_size > 1 the ring attention
-    (actors/trainer/context_parallel.py: SDPA outside context-parallel forwards); trainer.attn_implementation
+    (actors/model/context_parallel.py: SDPA outside context-parallel forwards); trainer.attn_implementation
     must then be "auto" or "sdpa" (orchestrator/config/context_parallel.py checks it when the config loads)."""
     import torch
 
     if getattr(trainer_cfg, "context_parallel_size", 1) > 1:
-        from actors.trainer.context_parallel import RING_ATTENTION  # the import registers it with transformers
+        from actors.model.context_parallel import RING_ATTENTION  # the import registers it with transformers
 
         return RING_ATTENTION
 

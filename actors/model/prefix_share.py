@@ -31,11 +31,11 @@ train_step 1.77x faster than plain by CPU time, against 1.40x for "cache" (1 tor
 
 Only the response-scoring hidden states go through the output projection (the LM head), and the
 per-token logprobs (`token_logprobs`, log_softmax(logits / T), case C03) are scattered onto the
-`MicroBatch.mask` layout of `actors.trainer.forward.collate`, so the loss code (clip, TIS, KL, C01/C02
+`MicroBatch.mask` layout of `actors.model.forward.collate`, so the loss code (clip, TIS, KL, C01/C02
 aggregation, multi-turn loss mask) is unchanged. Advantages keep using rollout group ids (case C04):
 prompts are matched here only to share computation.
 
-Falls back to the plain prompt+response forward (`actors.trainer.forward.forward_logprobs`), logged once per
+Falls back to the plain prompt+response forward (`actors.model.forward.forward_logprobs`), logged once per
 trainer, when: trainer.packing is on (packed rows have no per-sample prompt to share), the MoE router
 loss is on (it needs router logits of every token), gradient checkpointing is on (transformers turns the
 KV cache off in checkpointed training layers), the trainer has D > 1 FSDP2 ranks (the sharded root is
@@ -50,8 +50,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
-from actors.trainer.forward import collate, forward_logprobs, response_values
+from actors.model.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context, batch_logprobs as plain_batch_logprobs
+from actors.model.forward import collate, forward_logprobs, response_values
 from orchestrator.algo import EntropySink, token_logprobs
 from orchestrator.algo.sampler_support import Sampling
 
@@ -335,7 +335,7 @@ def batch_logprobs(model, prompt_ids, response_ids, temperature: Sampling, micro
 
 def trainer_batch_logprobs(trainer, prompt_ids, response_ids) -> list[list[float]]:
     """`Trainer.logprobs` / `_old_logprobs`: `batch_logprobs` above when `enabled(trainer)`, else the
-    plain `actors.trainer.forward.batch_logprobs` (packed rows with trainer.packing)."""
+    plain `actors.model.forward.batch_logprobs` (packed rows with trainer.packing)."""
     cfg = trainer.cfg
     if enabled(trainer):
         return batch_logprobs(trainer.model, prompt_ids, response_ids, trainer.temperature, cfg.micro_batch_size,

@@ -266,7 +266,7 @@ def batch_logprobs(model, prompt_ids, response_ids, temperature: Sampling, micro
     """Response-token logprobs of every sample (no gradient), [B][len(response_i)], computed in padded
     micro-batches of `micro_batch_size` sequences, or, when `micro_batch_tokens` is given, in packed rows
     of at most that many tokens (first-fit decreasing; ValueError if one sequence is longer). `forward`:
-    `forward_logprobs` or one with its signature (the context-parallel forward, actors/trainer/context_parallel.py)."""
+    `forward_logprobs` or one with its signature (the context-parallel forward, actors/model/context_parallel.py)."""
     if micro_batch_tokens is not None:
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
         result: list = [None] * len(prompt_ids)

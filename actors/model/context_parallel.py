@@ -49,7 +49,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from actors.trainer.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context
+from actors.model.forward import FAST_PATH_ARCHS, MicroBatch, autocast_context
 from orchestrator.algo import EntropySink, position_ids_from_attention_mask, token_logprobs
 from orchestrator.algo.ring_attention import zigzag_positions
 from orchestrator.algo.ring_dist import ring_attention_dist
@@ -155,7 +155,7 @@ def split_row(mb: MicroBatch, c: int) -> dict:
 
 def cp_forward_logprobs(model, mb: MicroBatch, temperature: Sampling, precision: str = "fp32", *, group=None,
                         entropy: Optional[EntropySink] = None) -> torch.Tensor:
-    """Logprobs [b, L-1] float32 of `mb` (as `actors.trainer.forward.forward_logprobs`: masked positions
+    """Logprobs [b, L-1] float32 of `mb` (as `actors.model.forward.forward_logprobs`: masked positions
     scored, 0 elsewhere), computed over the context-parallel `group` (every rank of it calls this with the same
     micro-batch) and equal on every rank. Differentiable; every rank of the group must run backward. Given an
     `entropy` sink, its value [b, L-1] is gathered the same way. The model must be loaded with
@@ -191,7 +191,7 @@ def cp_forward_logprobs(model, mb: MicroBatch, temperature: Sampling, precision:
 
 def policy_logprobs(trainer, mb: MicroBatch, router_logits: Optional[list], entropy: EntropySink) -> torch.Tensor:
     """The trainer's differentiable logprobs [b, L-1] of `mb` over its context-parallel group `trainer.cp_group`
-    (actors/trainer/policy_forward.py). Raises ValueError when router logits are asked for (the MoE
+    (actors/model/policy_forward.py). Raises ValueError when router logits are asked for (the MoE
     load-balancing loss is not built for context parallelism)."""
     if router_logits is not None:
         raise ValueError("trainer.context_parallel_size > 1 with trainer.router_aux_loss_coef > 0 (a mixture of "
@@ -203,7 +203,7 @@ def policy_logprobs(trainer, mb: MicroBatch, router_logits: Optional[list], entr
 def context_parallel_group(world_size: int, c: int, device_type: str):
     """Collective (every rank of the default group calls it): the 2-D mesh (dp = world_size // c, cp = c) of the
     trainer ranks, rank = dp_rank * c + cp_rank, and this rank's context-parallel ProcessGroup (its row of c
-    ranks). FSDP2 shards over all world_size ranks (actors/trainer/fsdp.py: the flattened mesh), so model
+    ranks). FSDP2 shards over all world_size ranks (actors/model/fsdp.py: the flattened mesh), so model
     states divide by world_size, activations by c."""
     from torch.distributed.device_mesh import init_device_mesh
 

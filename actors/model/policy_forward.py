@@ -1,7 +1,7 @@
 """The trainer's differentiable forward of one micro-batch: logprobs and token entropy from the same logits.
 
-`policy_forward` runs the shared-prompt or plain forward (actors/trainer/prefix_share.py), or with
-trainer.context_parallel_size > 1 the context-parallel one (actors/trainer/context_parallel.py), collects the
+`policy_forward` runs the shared-prompt or plain forward (actors/model/prefix_share.py), or with
+trainer.context_parallel_size > 1 the context-parallel one (actors/model/context_parallel.py), collects the
 token entropy of the scored positions from the logits that forward already has (orchestrator/algo/entropy.py:
 no extra pass; with a graph only when `algo.entropy_coef > 0`), re-lays packed rows one sequence per row
 (`per_sequence`) and applies the multi-turn loss mask. Plain torch, no Ray.
@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from actors.trainer import context_parallel, prefix_share
-from actors.trainer.forward import MicroBatch, apply_loss_mask, per_sequence
+from actors.model import context_parallel, prefix_share
+from actors.model.forward import MicroBatch, apply_loss_mask, per_sequence
 from orchestrator.algo import EntropySink
 
 

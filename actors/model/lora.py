@@ -1,7 +1,7 @@
 """LoRA for the policy trainer through peft: wrap the model, export merged weights, checkpoint adapters.
 
 With `trainer.lora.rank > 0` the trainer's model gets peft LoRA layers injected (in place: the model
-object stays the transformers class, so `actors/trainer/forward.py`'s fast path and every `self.model` use keep
+object stays the transformers class, so `actors/model/forward.py`'s fast path and every `self.model` use keep
 working); only the adapter matrices require gradients. Weight sync and the checkpoint's `policy/` folder
 get *merged* weights ``W + (alpha / rank) * B @ A`` (peft's `get_delta_weight`) under the base model's
 HF names, computed without touching the live parameters, so the existing senders, checksums and vLLM
