@@ -110,7 +110,7 @@ def current_step_s(cfg, workload: Workload, split: Split) -> float:
                            generate_scale=workload.generate_scale).step_s
 
 
-def mode_keys(cfg, mode: str, k: Optional[int] = None) -> dict[str, Any]:
+def mode_keys(mode: str, k: Optional[int] = None) -> dict[str, Any]:
     """The config keys that select sizer mode `mode`: placement.mode and rollout.mode (CONFIG_MODE); stream adds
     algo.max_staleness=k (the k the sizer chose: required, an integer >= 1). Raises ValueError naming k."""
     placement, rollout = CONFIG_MODE[mode]
@@ -169,7 +169,7 @@ def to_overrides(cfg, split: Split, k: Optional[int] = None) -> tuple[Optional[d
         where = "on the trainer's devices" if split.reference == 0 else f"on {split.reference} devices"
         return None, (f"the reference {where}: the run has {refs} reference rank(s) "
                       f"(trainer.context_parallel_size), each with a bundle of its own")
-    out = {**mode_keys(cfg, split.mode, k), "rollout.num_workers": split.rollout // tp,
+    out = {**mode_keys(split.mode, k), "rollout.num_workers": split.rollout // tp,
            "trainer.num_workers": split.trainer, **device_amounts(cfg, split.mode)}
     try:
         with_overrides(cfg, out)
