@@ -38,11 +38,9 @@ from orchestrator.reward.failures import check_reward_failures
 from orchestrator.reward.overlong import add_overlong_penalty, overlong_filter_masks, overlong_filter_metrics
 from orchestrator.reward.scorer import RewardResult
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.rollout.async_source import AsyncRollouts
-from orchestrator.rollout.group_scores import BatchScores
-from orchestrator.rollout.resume_mode import STREAM, SYNC, check_resumable, state_to_load
-from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
-from orchestrator.rollout.dynamic_sampling import DynamicSampling, round_group_id
+from orchestrator.rollout.resume_mode import STREAM, check_resumable, state_to_load
+from orchestrator.rollout.dynamic_sampling import DynamicSampling, StepBatch, round_group_id
+from orchestrator.rollout.pipeline import RolloutPipeline, rollout_pipeline
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
 from orchestrator.rollout.seeds import group_seed
 from orchestrator.rollout.single_turn import SingleTurnSource
@@ -97,7 +95,7 @@ class GRPOController:
         if cfg.env.name:  # multi-turn: the env resolves now, before any actor starts
             check_env(cfg)
         self.source: Optional[RolloutSource] = None  # made in run(), once the workers exist
-        self.pipeline: Optional[AsyncRollouts | StreamRollouts] = None  # rollout.mode one_step_off / stream
+        self.pipeline: Optional[RolloutPipeline] = None  # of rollout.mode (orchestrator/rollout/pipeline.py), run()
         self.guards = RunGuards(cfg)  # skipped updates in a row (run.max_skipped_updates), the guards.* section
         self.async_state: Optional[dict] = None  # a checkpoint's pending async batches, until the pipeline takes them
         self.reward_parts, self.scored = {}, None  # the last step's scored batch: completion samples (metrics.samples_*)
@@ -154,68 +152,48 @@ class GRPOController:
         return read_jsonl(self.metrics_path) if self.metrics_path.exists() else []
 
     def start_rollouts(self) -> None:
-        """The rollout source over the job's workers (multi-turn when env.name is set), wrapped in the
-        one-step-off or streaming pipeline of rollout.mode one_step_off / stream."""
+        """The rollout pipeline of rollout.mode (orchestrator/rollout/pipeline.py) over the rollout source of the job's
+        workers (multi-turn when env.name is set); a resume's pending rollouts back in it."""
         kind = MultiTurnSource if self.cfg.env.name else SingleTurnSource
         self.source = kind(self.cfg, self.job.actors.rollout, self.job.wait, self.job.recover_rollout)
-        self.pipeline = None
-        if self.cfg.rollout.mode != SYNC:
-            per_group = self.score_group if not self.cfg.env.name or self.actors.reference is not None else None
-            self.pipeline = async_rollouts(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step,
-                                           per_group, on_poll=self.job.pump_sync)
-            if self.async_state:  # a resume: the checkpoint's generated, untrained batch (exact resume)
-                self.pipeline.load_state_dict(self.async_state)
+        per_group = self.score_group if not self.cfg.env.name or self.actors.reference is not None else None
+        self.pipeline = rollout_pipeline(self.source, self.sample_prompts, self.loader, self.cfg, self.start_step,
+                                         per_group, on_poll=self.job.pump_sync)
+        if self.async_state:  # a resume: the checkpoint's generated, untrained groups (exact resume)
+            self.pipeline.load_state_dict(self.async_state)
         self.async_state = None
 
     def step(self, step: int) -> tuple[dict, Optional[str]]:
-        """One GRPO step; returns the metrics row and the checkpoint folder if one was written."""
-        if self.pipeline is not None:
-            return self.step_async(step)
+        """One GRPO step over the rollout pipeline of rollout.mode (orchestrator/rollout/pipeline.py); returns the
+        metrics row and the checkpoint folder if one was written. sync: this step's batch is generated now;
+        one_step_off: step + 1's batch is launched before this step trains, on the weights the engines hold (bounded
+        by algo.max_staleness), and waited for before the weight sync; stream: the engines generate throughout."""
         timer, row = PhaseTimer(), {"step": step}
         t0 = time.perf_counter()
-        trajs, rewards = self.sampling.rollouts(self, step, timer, row)  # sample, generate (dynamic: + reward)
-        advantages, ref = self._score(trajs, timer, row, rewards)
-        with timer.phase("train"):
-            time_slice(self.job, "train", row)  # colocated: engines sleep (orchestrator/placement/modes.py)
-            row.update(self.train(trajs, advantages, ref))
-        with timer.phase("weight_sync"):
-            time_slice(self.job, "weight_sync", row)  # colocated: engines wake their weights
-            self.sync_weights(step, row)
-        return self._end_step(step, timer, row, t0)
-
-    def step_async(self, step: int) -> tuple[dict, Optional[str]]:
-        """One step of rollout.mode one_step_off (orchestrator/rollout/async_source.py) or stream: the batch of
-        step + 1 is launched before this step trains, on the weights the engines hold (one step off-policy,
-        bounded by algo.max_staleness); its generation is waited for before the weight sync."""
-        timer, row = PhaseTimer(), {"step": step}
-        t0 = time.perf_counter()
-        with timer.phase("sample"):  # and launch: this step's batch if none is in flight, and the next one
+        with timer.phase("sample"):  # and launch: this step's batch if none is in flight (and the next one's)
             self.pipeline.launch(step)
-        with timer.phase("generate"):  # the wait for this step's batch (prefetched: usually ready)
-            trajs = self.pipeline.take(step, self.version, row)
-        with timer.phase("reward"):  # streaming: its groups were scored as they completed; waits for the rest
-            scored = self.pipeline.scores(row)
-        advantages, ref = self._score(trajs, timer, row, scored=scored)
+        # take the batch, score it; algo.dynamic_sampling: more rounds until it holds informative groups
+        batch = self.sampling.batch(self, self.pipeline, step, self.version, timer, row)
+        advantages, ref = self._score(batch, timer, row)
         with timer.phase("train"):  # streaming: the engines are drained while the trainer trains (`pump`)
-            row.update(self.train(trajs, advantages, ref))
-        with timer.phase("generate"):  # the next batch's generation not hidden behind this step
+            time_slice(self.job, "train", row)  # colocated: engines sleep (orchestrator/placement/modes.py)
+            row.update(self.train(batch.trajs, advantages, ref))
+        with timer.phase("generate"):  # one-step-off: the next batch's generation not hidden behind this step
             self.pipeline.finish_in_flight(row)
         with timer.phase("weight_sync"):  # streaming: overlapped with the next step (weight_sync.overlap)
+            time_slice(self.job, "weight_sync", row)  # colocated: engines wake their weights
             self.sync_weights(step, row, overlap=self.cfg.rollout.mode == STREAM and self.cfg.weight_sync.overlap)
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 
-    def _score(self, trajs: list[Trajectory], timer: PhaseTimer, row: dict, rewards=None,
-               scored: Optional[BatchScores] = None) -> tuple[list, Optional[list]]:
-        """The reward (unless `rewards` are given), reference and advantages phases: (advantages, reference or None);
-        `scored`: the reward result and reference logprobs scored per group (streaming), used where not None."""
-        with timer.phase("reward"):
-            rewards = self.score(trajs, row, scored and scored.reward) if rewards is None else rewards
+    def _score(self, batch: StepBatch, timer: PhaseTimer, row: dict) -> tuple[list, Optional[list]]:
+        """The reference and advantages phases of the scored batch: (advantages, reference logprobs or None)."""
         with timer.phase("reference"):
-            ref = scored.reference if scored and scored.reference is not None else self.reference_logprobs(trajs)
+            ref = batch.reference if batch.reference is not None else self.reference_logprobs(batch.trajs)
         with timer.phase("advantages"):
-            advantages = self.advantages(trajs, rewards, row)
-        self.scored = ScoredBatch(trajs, rewards, advantages, {} if self.cfg.env.name else self.reward_parts)
+            advantages = self.advantages(batch.trajs, batch.rewards, row)
+        parts = {} if self.cfg.env.name else self.reward_parts
+        self.scored = ScoredBatch(batch.trajs, batch.rewards, advantages, parts)
         return advantages, ref
 
     def _end_step(self, step: int, timer: PhaseTimer, row: dict, t0: float) -> tuple[dict, Optional[str]]:
@@ -243,10 +221,6 @@ class GRPOController:
             out.append(PromptRequest(group_id=gid, prompt_ids=self.prompt_ids[k], answer=ex.answer, prompt=ex.prompt,
                                      seed=group_seed(self.cfg.rollout.seed, step, gid)))
         return out
-
-    def generate(self, requests: list[PromptRequest], row: dict) -> list[Trajectory]:
-        """The step's groups on the rollout workers, through the rollout source (single- or multi-turn)."""
-        return self.source.generate(requests, self.version, row)
 
     def score(self, trajs: list[Trajectory], row: dict, result: Optional[RewardResult] = None) -> list[float]:
         """Rewards of `trajs` (multi-turn: the environment's) and reward/* into `row`; `result`: the reward actor's
@@ -303,8 +277,7 @@ class GRPOController:
                            rollout_logprobs=[t.logprobs for t in trajs], advantages=advantages, ref_logprobs=ref,
                            response_mask=self._loss_masks(trajs))
         critic = self.critic.start_update(batch)  # gae: the critic trains beside the policy (its own bundle)
-        pump = self.pipeline.pump if self.pipeline is not None else None  # streaming: StreamRollouts.pump
-        policy = self.job.wait(self.actors.trainer.train_step.remote(batch), pump)
+        policy = self.job.wait(self.actors.trainer.train_step.remote(batch), self.pipeline.pump)  # stream: drains
         return {**policy, **self.critic.finish_update(critic)}
 
     def sync_weights(self, step: int, row: dict, overlap: bool = False) -> None:

@@ -42,15 +42,10 @@ def overlong_max_len(cfg) -> int:
 
 
 def check_sampling_config(cfg) -> None:
-    """Raises ValueError naming the keys: dynamic sampling with rollout.mode one_step_off or stream (its rounds
-    need each batch's rewards before the next is drawn; the one-step-off pipeline launches the next step's
-    batch before this step's is scored) or with too many group ids for ROUND_STRIDE; an overlong penalty
-    whose cache_len exceeds max_len, or set for a multi-turn run (env.name)."""
+    """Raises ValueError naming the keys: dynamic sampling with too many group ids for ROUND_STRIDE; an overlong
+    penalty whose cache_len exceeds max_len, or set for a multi-turn run (env.name). Dynamic sampling runs in every
+    rollout.mode (orchestrator/rollout/dynamic_sampling.py)."""
     ds, op = cfg.algo.dynamic_sampling, cfg.reward.overlong_penalty
-    if ds.enabled and cfg.rollout.mode not in (None, "sync"):
-        raise ValueError(f"algo.dynamic_sampling.enabled=true is not supported with rollout.mode={cfg.rollout.mode} "
-                         "(each round needs the previous round's rewards; the pipeline draws the next step's prompts "
-                         "before this step is scored): use rollout.mode=sync, or turn it off")
     if ds.enabled and (cfg.trainer.total_steps + 1) * cfg.rollout.prompts_per_step >= ROUND_STRIDE:
         raise ValueError(f"algo.dynamic_sampling: trainer.total_steps * rollout.prompts_per_step must stay below "
                          f"{ROUND_STRIDE} (the group-id stride of the extra rounds)")

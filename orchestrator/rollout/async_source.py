@@ -1,6 +1,7 @@
-"""`rollout.mode=one_step_off`: the in-flight batches of the one-step-off pipeline over any rollout
+"""`rollout.mode=one_step_off` and `sync`: the in-flight batches of the one-step-off pipeline over any rollout
 source (single-turn or multi-turn, orchestrator/rollout/source.py), scheduled by
-`orchestrator.rollout.async_pipeline.AsyncPipeline`.
+`orchestrator.rollout.async_pipeline.AsyncPipeline`; `SyncRollouts` is the same scheduler at depth 0 (launch,
+wait, train, sync). Both implement orchestrator/rollout/pipeline.py's `RolloutPipeline`.
 
     rollouts = AsyncRollouts(source, sample, loader, cfg, start_step)  # sample(step) -> the step's PromptRequests
     rollouts.launch(step)              # start of step k: launch the batch of k + 1 (and of k when none is in flight)
@@ -8,6 +9,14 @@ source (single-turn or multi-turn, orchestrator/rollout/source.py), scheduled by
     ... reward, reference, advantages, train on it ...
     rollouts.finish_in_flight(row)     # wait for the k + 1 generation BEFORE the weight sync
     ... sync_weights(k) ...; rollouts.synced(k)
+    rollouts.more(k, r, version, row, groups)   # algo.dynamic_sampling: round r of step k, generated now
+
+`more` (dynamic sampling's further rounds, orchestrator/rollout/dynamic_sampling.py) samples a whole round of
+rollout.prompts_per_step prompts and generates it at once on the weights the engines hold (staleness 0; in
+one-step-off mode the engines may be generating the next batch meanwhile, which the round then shares them with).
+Its prompts are drawn after the next batch's: a checkpoint that keeps the pending batch (`state_dict`) resumes
+exactly; one that does not (`loader_state`) rewinds before the pending batch, so the rounds' prompts are drawn
+again later in the epoch.
 
 The engines generate batch k + 1 with the weights they hold (version k - 1) while the trainer trains
 step k. The controller waits for that generation to return before it starts weight sync k, so no sync
@@ -57,10 +66,13 @@ class AsyncRollouts:
     loader: the prompt loader (state_dict / load_state_dict), rewound on discard and checkpointed before
     the oldest pending batch; cfg: the run config (algo.max_staleness, trainer.total_steps)."""
 
-    def __init__(self, source: RolloutSource, sample: Callable[[int], list], loader, cfg, start_step: int = 0):
+    def __init__(self, source: RolloutSource, sample: Callable[..., list], loader, cfg, start_step: int = 0,
+                 depth: Optional[int] = None):
         self.source, self.sample, self.loader = source, sample, loader
-        self.pipe = AsyncPipeline(cfg.algo.max_staleness, cfg.trainer.total_steps, start_step=start_step)
+        bound = 0 if depth == 0 else cfg.algo.max_staleness  # depth 0: synchronous, staleness 0 whatever k says
+        self.pipe = AsyncPipeline(bound, cfg.trainer.total_steps, start_step=start_step, depth=depth)
         self.batches: dict[int, _Batch] = {}
+        self.rounds_s = 0.0  # the mean worker's generate seconds of this step's dynamic-sampling rounds (`more`)
 
     def launch(self, step: int) -> None:
         """Sample prompts and launch generation for every batch the pipeline schedules at step `step`."""
@@ -88,6 +100,13 @@ class AsyncRollouts:
         row["rollout/queue_depth"] = len(self.batches)  # batches generated or in flight, not yet trained
         return trajs
 
+    def more(self, step: int, round_: int, version: int, row: dict, groups: int) -> list:
+        """Round `round_` of step `step` (dynamic sampling): rollout.prompts_per_step prompts sampled and generated
+        now on the engines' weights (see the module docstring; `groups` is met: a round is a whole batch)."""
+        trajs = self.source.generate(self.sample(step, round_), self.pipe.engine_version, row)
+        self.rounds_s += row.get("rollout/worker_generate_s_mean", 0.0)  # the engines' time in it: busy this step
+        return trajs
+
     pump = None  # nothing to do while the trainer trains (the next batch's generation is waited for below)
 
     def scores(self, row: dict) -> None:
@@ -107,7 +126,8 @@ class AsyncRollouts:
                 busy.append(sum(seconds) / len(seconds))
         row["async/overlap_s"] = row.get("async/overlap_s", 0.0) + hidden
         row["async/generate_s"] = wall  # the whole generation (slowest worker), hidden or not
-        row["rollout/worker_generate_s_mean"] = sum(busy)  # 0 on the last step: nothing was generated during it
+        # 0 on the last step without dynamic-sampling rounds: nothing was generated during it
+        row["rollout/worker_generate_s_mean"], self.rounds_s = sum(busy) + self.rounds_s, 0.0
 
     def synced(self, version: int) -> None:
         """Weight sync `version` reached every engine (no generation may be in flight)."""
@@ -171,3 +191,24 @@ class AsyncRollouts:
         if batch.launched.results is None:
             self.source.fetch(batch.launched)
             self.pipe.arrived(batch.ticket.step)
+
+
+class SyncRollouts(AsyncRollouts):
+    """`rollout.mode=sync`: the one-step-off scheduler at depth 0: a step launches its own batch and waits for it,
+    so every batch is generated by the weights it trains (staleness 0) and nothing generates across a weight sync.
+    Its rows carry `rollout/staleness` (0) and no `async/*` keys; nothing is pending at a checkpoint."""
+
+    def __init__(self, source: RolloutSource, sample: Callable[..., list], loader, cfg, start_step: int = 0):
+        super().__init__(source, sample, loader, cfg, start_step, depth=0)
+
+    def take(self, step: int, version: int, row: dict) -> list:
+        batch = self.batches.pop(step)
+        self._fetch(batch)
+        self.pipe.admit(step, version)  # staleness 0 (the engines hold the trained version: checked below)
+        trajs = self.source.collect(batch.launched, batch.ticket.weight_version, row)
+        row["rollout/staleness"] = 0
+        return trajs
+
+    def finish_in_flight(self, row: dict) -> None:
+        """Nothing is in flight after `take` (the rounds' generate seconds are in their rows)."""
+        self.rounds_s = 0.0

@@ -1,23 +1,28 @@
 """DAPO dynamic sampling: a step trains only on groups whose rewards differ (Yu et al. 2025, "DAPO: An Open-Source
-LLM Reinforcement Learning System at Scale", section 3.2, the constraint of eq. 11: 0 < |{o_i correct}| < G).
+LLM Reinforcement Learning System at Scale", section 3.2, the constraint of eq. 11: 0 < |{o_i correct}| < G), in
+every rollout mode: a group filter over what the rollout pipeline (orchestrator/rollout/pipeline.py) returns.
 
 A group whose n rewards are all equal has advantage 0 under a group baseline and adds nothing but noise to the
-update. With `algo.dynamic_sampling.enabled`, a step generates rounds of `rollout.prompts_per_step` groups
-(round 0 is the step's usual batch; each further round draws the next prompts from the data loader), scores
-each round, drops the uniform groups, and stops once it holds `rollout.prompts_per_step` informative groups
-(the first ones in generation order; surplus groups of the last round are dropped) or after `max_rounds`
-rounds. Short after max_rounds: the step trains on its informative groups topped up with the step's uniform
-groups in generation order, so the global batch keeps its size (trainer.mini_batches and trainer.num_workers
-divide it); a warning is printed the first time. Every prompt drawn moves the loader, whose state the
-checkpoint saves, and every round's seeds are a function of (rollout.seed, step, group id): a resume is exact.
+update. With `algo.dynamic_sampling.enabled`, a step takes its batch of `rollout.prompts_per_step` groups from the
+pipeline (round 0), scores it, sets the uniform groups aside, and asks the pipeline for more (`more`, rounds 1, 2,
+...) until it holds `rollout.prompts_per_step` informative groups (the first ones in the order taken; surplus ones
+are dropped) or after `max_rounds` rounds. What a round is depends on the mode: `sync` and `one_step_off` sample a
+whole round of rollout.prompts_per_step more prompts and generate it at once (DAPO's over-sampling; one-step-off: on
+the engines' current weights, staleness 0), `stream` takes as many more complete groups as are missing from the
+stream (already generating: a round costs little; their slots start new groups). Short after max_rounds: the step
+trains on its informative groups topped up with uniform ones in the order taken, so the global batch keeps its size
+(trainer.mini_batches and trainer.num_workers divide it); a warning is printed the first time. Every prompt drawn
+moves the loader, whose state the checkpoint saves, and every round's seeds are a function of (rollout.seed, step,
+group id): a resume is exact.
 
 Group ids stay unique over the run: round r of step s gives prompt i the id s * P + i + r * ROUND_STRIDE
-(P = rollout.prompts_per_step; round 0 is exactly the id without dynamic sampling).
+(P = rollout.prompts_per_step; round 0 is exactly the id without dynamic sampling; the stream's groups keep the ids
+of the batch they were drawn in).
 
-Metrics: rollout/dyn_groups_generated, rollout/dyn_groups_kept (informative groups trained),
-rollout/dyn_groups_padded (uniform groups trained to fill the batch), rollout/dyn_rounds. The rollout/* and
-reward/* metrics of the rounds are merged over every generated sample (`merge_round_rows`); actor/* and
-rollout/groups_mixed_frac describe the trained batch. Pure: the controller is passed in (`Host`).
+Metrics: rollout/dyn_groups_generated (groups taken), rollout/dyn_groups_kept (informative groups trained),
+rollout/dyn_groups_padded (uniform groups trained to fill the batch), rollout/dyn_rounds. The rollout/* and reward/*
+metrics of the rounds are merged over every sample taken (`merge_round_rows`); actor/* and rollout/groups_mixed_frac
+describe the trained batch. Pure: the controller and the pipeline are passed in (`Host`, `Rounds`).
 """
 from __future__ import annotations
 
@@ -34,13 +39,19 @@ def round_group_id(step: int, index: int, round_: int, prompts_per_step: int) ->
 
 
 class Host(Protocol):
-    """What the sampler calls on the controller (orchestrator/controller.py)."""
+    """What the filter calls on the controller (orchestrator/controller.py)."""
 
     reward_parts: dict  # each reward function's values over the last scored batch (completion samples)
 
-    def sample_prompts(self, step: int, round_: int = 0) -> list: ...
-    def generate(self, requests: list, row: dict) -> list: ...
-    def score(self, trajs: list, row: dict) -> list: ...
+    def score(self, trajs: list, row: dict, result=None) -> list: ...
+
+
+class Rounds(Protocol):
+    """What the filter calls on the rollout pipeline (orchestrator/rollout/pipeline.py `RolloutPipeline`)."""
+
+    def take(self, step: int, version: int, row: dict) -> list: ...
+    def more(self, step: int, round_: int, version: int, row: dict, groups: int) -> list: ...
+    def scores(self, row: dict): ...
 
 
 def informative(rewards: list[float]) -> bool:
@@ -57,65 +68,75 @@ def split_groups(trajs: list, rewards: list[float]) -> list[tuple[list[int], boo
 
 
 @dataclass
+class StepBatch:
+    """What a step trains: trajectories [B], rewards [B] and, when scored per group (stream), reference logprobs
+    [B][len(response_i)] (None: the step asks the reference for them)."""
+
+    trajs: list
+    rewards: list[float]
+    reference: Optional[list] = None
+
+
+@dataclass
 class Pool:
-    """Groups collected over a step's rounds: (trajectories, rewards, {function: values}) per group."""
+    """Groups collected over a step's rounds: (trajectories, rewards, {function: values}, reference or None) each."""
 
     kept: list = field(default_factory=list)
     uniform: list = field(default_factory=list)
     generated: int = 0
 
-    def add(self, trajs: list, rewards: list[float], parts: dict) -> None:
+    def add(self, trajs: list, rewards: list[float], parts: dict, reference: Optional[list] = None) -> None:
         parts = {k: v for k, v in parts.items() if len(v) == len(trajs)}  # multi-turn: none (env rewards)
         for idx, good in split_groups(trajs, rewards):
             values = {k: [v[i] for i in idx] for k, v in parts.items()}
-            group = ([trajs[i] for i in idx], [rewards[i] for i in idx], values)
+            ref = None if reference is None else [reference[i] for i in idx]
+            group = ([trajs[i] for i in idx], [rewards[i] for i in idx], values, ref)
             (self.kept if good else self.uniform).append(group)
             self.generated += 1
 
-    def batch(self, groups: int) -> tuple[list, list[float], dict, int, int]:
-        """(trajectories, rewards, parts, informative groups, uniform groups) of the trained batch: the first
-        `groups` informative groups, topped up with uniform ones."""
+    def batch(self, groups: int) -> tuple[StepBatch, dict, int, int]:
+        """(the trained batch, its parts, informative groups, uniform groups): the first `groups` informative
+        groups, topped up with uniform ones."""
         chosen = self.kept[:groups]
-        pad = self.uniform[: groups - len(chosen)]
-        trajs = [t for g in chosen + pad for t in g[0]]
-        rewards = [r for g in chosen + pad for r in g[1]]
-        names = chosen[0][2] if chosen else (pad[0][2] if pad else {})
-        parts = {k: [v for g in chosen + pad for v in g[2].get(k, [])] for k in names}
-        return trajs, rewards, parts, len(chosen), len(pad)
+        chosen = chosen + self.uniform[: groups - len(chosen)]
+        trajs = [t for g in chosen for t in g[0]]
+        rewards = [r for g in chosen for r in g[1]]
+        names = chosen[0][2] if chosen else {}
+        parts = {k: [v for g in chosen for v in g[2].get(k, [])] for k in names}
+        ref = None if any(g[3] is None for g in chosen) else [lp for g in chosen for lp in g[3]]
+        kept = min(len(self.kept), groups)
+        return StepBatch(trajs, rewards, ref), parts, kept, len(chosen) - kept
 
 
 class DynamicSampling:
-    """The step's rollouts: `rollouts(host, step, timer, row)` -> (trajectories, rewards or None).
+    """The step's batch, scored: `batch(host, pipeline, step, version, timer, row)` -> StepBatch.
 
-    Off (`algo.dynamic_sampling.enabled` false): sample, generate, and rewards None (the controller scores), as
-    before. On: the rounds of the module docstring; the rewards come back with the trajectories and the
-    host's `reward_parts` hold the trained batch's per-function values."""
+    Off (`algo.dynamic_sampling.enabled` false): the pipeline's batch, scored. On: the rounds of the module
+    docstring; the host's `reward_parts` hold the trained batch's per-function values."""
 
     def __init__(self, cfg):
         self.cfg = cfg.algo.dynamic_sampling
         self.prompts_per_step = cfg.rollout.prompts_per_step
         self.warned = False
 
-    def rollouts(self, host: Host, step: int, timer, row: dict) -> tuple[list, Optional[list[float]]]:
-        if not self.cfg.enabled:
-            with timer.phase("sample"):
-                requests = host.sample_prompts(step)
-            with timer.phase("generate"):
-                return host.generate(requests, row), None
+    def batch(self, host: Host, pipeline: Rounds, step: int, version: int, timer, row: dict) -> StepBatch:
         pool, rows, sizes = Pool(), [], []
-        for round_ in range(self.cfg.max_rounds):
-            with timer.phase("sample"):
-                requests = host.sample_prompts(step, round_)
-            rows.append({"step": step})
-            with timer.phase("generate"):
-                trajs = host.generate(requests, rows[-1])
-            with timer.phase("reward"):
-                rewards = host.score(trajs, rows[-1])
-            pool.add(trajs, rewards, host.reward_parts)
+        for round_ in range(self.cfg.max_rounds if self.cfg.enabled else 1):
+            rows.append(row if not self.cfg.enabled else {"step": step})
+            with timer.phase("generate"):  # round 0: the wait for this step's batch (prefetched: usually ready)
+                trajs = pipeline.take(step, version, rows[-1]) if round_ == 0 else \
+                    pipeline.more(step, round_, version, rows[-1], self.prompts_per_step - len(pool.kept))
+            with timer.phase("reward"):  # stream: its groups were scored as they completed; waits for the rest
+                scored = pipeline.scores(rows[-1])
+                rewards = host.score(trajs, rows[-1], scored and scored.reward)
+            reference = scored.reference if scored else None
+            if not self.cfg.enabled:
+                return StepBatch(trajs, rewards, reference)
+            pool.add(trajs, rewards, host.reward_parts, reference)
             sizes.append(len(trajs))
             if len(pool.kept) >= self.prompts_per_step:
                 break
-        trajs, rewards, host.reward_parts, kept, padded = pool.batch(self.prompts_per_step)
+        batch, host.reward_parts, kept, padded = pool.batch(self.prompts_per_step)
         row.update(merge_round_rows(rows, sizes))
         row.update({"rollout/dyn_groups_generated": pool.generated, "rollout/dyn_groups_kept": kept,
                     "rollout/dyn_groups_padded": padded, "rollout/dyn_rounds": len(rows)})
@@ -124,25 +145,28 @@ class DynamicSampling:
             print(f"algo.dynamic_sampling: step {step} found {kept} informative groups of {self.prompts_per_step} in "
                   f"max_rounds={self.cfg.max_rounds} rounds; it trains on them plus {padded} uniform groups "
                   "(rollout/dyn_groups_padded; warned once)", flush=True)
-        return trajs, rewards
+        return batch
 
 
 _AVERAGED = ("/mean", "_mean", "_frac", "_rate", "_per_s")  # but *_s_mean: seconds (the rollout's busy time), summed
+# the pipelines' gauges and running counters (orchestrator/rollout/async_pipeline.py, stream_buffer.py): the last round's
+_LAST = ("async/weight_version", "async/dropped_batches", "async/buffer_groups", "async/in_flight_groups",
+         "async/dropped_groups", "async/dropped_samples", "rollout/queue_depth")
 
 
 def merge_round_rows(rows: list[dict], sizes: list[int]) -> dict:
-    """One row from the rounds' rows, weighted by their samples `sizes`: memory/* and *_max the largest, reward/std
-    pooled over every sample (from each round's reward/mean and reward/std), means / fractions / rates the
-    sample-weighted mean, everything else (counts, seconds) the sum; non-numbers the last round's. One round:
-    its row, unchanged."""
+    """One row from the rounds' rows, weighted by their samples `sizes`: memory/*, *_max and staleness the largest,
+    reward/std pooled over every sample (from each round's reward/mean and reward/std), means / fractions / rates the
+    sample-weighted mean, the pipelines' gauges and running counters (`_LAST`) and non-numbers the last round's,
+    everything else (counts, seconds) the sum. One round: its row, unchanged."""
     if len(rows) == 1:
         return {k: v for k, v in rows[0].items() if k != "step"}
     out: dict = {}
     for key in dict.fromkeys(k for r in rows for k in r if k != "step"):
         have = [(r[key], n) for r, n in zip(rows, sizes) if key in r]
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v, _ in have):
+        if key in _LAST or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v, _ in have):
             out[key] = have[-1][0]
-        elif key.startswith("memory/") or key.endswith("_max"):
+        elif key.startswith("memory/") or key.endswith(("_max", "staleness", "max_staleness_seen")):
             out[key] = max(v for v, _ in have)
         elif key == "reward/std":
             out[key] = pooled_std(rows, sizes)

@@ -172,6 +172,15 @@ class GroupBuffer:
         self.trained_groups += count
         return Batch([g for g in admitted if id(g) in chosen], policy_version)
 
+    def release(self, count: int) -> None:
+        """`count` groups taken will not be trained (a step's group filter takes more than it trains,
+        orchestrator/rollout/dynamic_sampling.py): their slots start new groups. Raises ValueError past the groups
+        taken."""
+        if not 0 <= count <= self.trained_groups:
+            raise ValueError(f"release({count}): only {self.trained_groups} groups were taken")
+        self.started -= count
+        self.trained_groups -= count
+
     def awaited(self, count: int, policy_version: int) -> list[int]:
         """The in-flight groups a take of `count` groups at `policy_version` waits for: as many as the admissible
         ready groups leave missing, due ones first (see `take`), then in the order they were submitted (the oldest

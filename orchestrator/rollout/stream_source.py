@@ -56,7 +56,6 @@ import time
 from typing import Callable, Iterator, Optional
 
 from orchestrator.runtime.faults import call_engine
-from orchestrator.rollout.async_source import AsyncRollouts
 from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
@@ -152,20 +151,20 @@ class StreamRollouts:
                 self._send(w, "stream_prioritize", sorted(want))
             self.first[w] = (h, want)
 
-    def take(self, step: int, version: int, row: dict) -> list[Trajectory]:
-        """The trajectories of the first prompts_per_step complete admissible groups (waits for them; dropped
-        groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` keys into `row`."""
-        self.version = version
+    def take(self, step: int, version: int, row: dict, groups: Optional[int] = None) -> list[Trajectory]:
+        """The trajectories of the first `groups` (default prompts_per_step) complete admissible groups (waits for
+        them; dropped groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` into `row`."""
+        self.version, count = version, groups or self.per_step
         t0 = time.perf_counter()
         if self.pump_failed:  # a worker call failed while the trainer trained: replaced now
             self._poll(0.0)
         self._score_ready()  # groups a checkpoint's snapshot or a resume put into the buffer
-        batch = self.buffer.take(self.per_step, version)  # drained while the trainer trained: no worker call
+        batch = self.buffer.take(count, version)  # drained while the trainer trained: no worker call
         while batch is None:  # (a weight load queued on the workers, weight_sync.overlap, does not hold the step)
-            self._prioritize(self.buffer.awaited(self.per_step, version))  # the engines run these first
+            self._prioritize(self.buffer.awaited(count, version))  # the engines run these first
             self._poll(POLL_S)
             self.launch(step)
-            batch = self.buffer.take(self.per_step, version, wait_for_due=time.perf_counter() - t0 < DUE_WAIT_S)
+            batch = self.buffer.take(count, version, wait_for_due=time.perf_counter() - t0 < DUE_WAIT_S)
         self._prioritize([])
         samples, self.taken, self.pump_failed = batch.samples, True, False
         if self.group_scores is not None:
@@ -178,6 +177,13 @@ class StreamRollouts:
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
         self.restarts = self.reissued = 0
         return [s.to_trajectory() for s in samples]
+
+    def more(self, step: int, round_: int, version: int, row: dict, groups: int) -> list[Trajectory]:
+        """`groups` more complete groups for step `step` (dynamic sampling's round `round_`), taken as `take` does. A
+        step trains rollout.prompts_per_step of the groups it takes, so these free their slots for new groups first."""
+        self.buffer.release(groups)
+        self.launch(step)
+        return self.take(step, version, row, groups)
 
     def scores(self, row: dict) -> Optional[BatchScores]:
         """The rewards and reference logprobs of the batch taken last, scored per group as each completed, waited
@@ -389,12 +395,3 @@ class StreamRollouts:
                 "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
                 **episode_metrics(samples), **{k: v for k, v in self.stream.items() if k not in ENGINE_KEYS}}
 
-
-def async_rollouts(source, sample: Callable[[int], list], loader, cfg, start_step: int = 0,
-                   score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
-    """The rollouts of rollout.mode one_step_off / stream: `StreamRollouts` for stream (each
-    complete group scored by `score_group`, `on_poll` before every drain), else the one-step-off `AsyncRollouts`."""
-    if cfg.rollout.mode == STREAM:
-        return StreamRollouts(source.workers, source.wait, sample, loader, cfg, start_step, source.recover,
-                              env_cfg=getattr(source, "env_cfg", None), score_group=score_group, on_poll=on_poll)
-    return AsyncRollouts(source, sample, loader, cfg, start_step)

@@ -1,9 +1,11 @@
 """rollout.mode=one_step_off on Ray (local, CPU) with a tiny random model and vLLM on CPU.
 
-Three one-step-off steps: every batch's staleness within algo.max_staleness (0 on step 1, then 1), the
-verified weight sync passes every step, engines and trainer agree at the end, a wrong weight version is
-still caught, and a resume trains the batch generated before the checkpoint (kept in it). Multi-turn rollouts
-(the guessing environment) run in the same pipeline: the async pipeline wraps any rollout source.
+Three one-step-off steps with DAPO dynamic sampling (a reward that makes the groups of even answers uniform, so
+steps take extra rounds, generated at once on the engines' weights): every batch's staleness within
+algo.max_staleness (0 on step 1, then 1), only informative groups trained while there are enough, the verified weight
+sync passes every step, engines and trainer agree at the end, a wrong weight version is still caught, and a resume
+trains the batch generated before the checkpoint (kept in it) with the loader where the uninterrupted run left it.
+Multi-turn rollouts (the guessing environment) run in the same pipeline: the async pipeline wraps any rollout source.
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ from orchestrator.weight_sync import WeightMismatchError
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
-REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+REWARD = "reward.functions=[{name: 'tests.integration.dapo_rewards:parity_reward', weight: 1.0}]"
 
 
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [
-        REWARD, "rollout.mode=one_step_off", "trainer.total_steps=3", "checkpoint.every_steps=1", *extra])
+        REWARD, "rollout.mode=one_step_off", "trainer.total_steps=3", "checkpoint.every_steps=1",
+        "algo.dynamic_sampling.enabled=true", "algo.dynamic_sampling.max_rounds=6", *extra])
 
 
 # One 3-step run serves the staleness, version and checkpoint checks, then its resume from step 2's checkpoint.
@@ -56,14 +59,26 @@ def test_async_staleness_within_its_bound_and_a_resume_trains_the_pending_batch(
     assert [r["sync/version"] for r in rows] == [1, 2, 3]  # the verified sync ran (and passed) every step
     # steps 1 and 2 ran the next batch's generation; step 3 launched nothing past trainer.total_steps
     assert all(r["async/overlap_s"] >= 0 for r in rows) and rows[-1]["async/overlap_s"] == 0
-    assert rows[-1]["roles/rollout_busy_s"] < rows[0]["roles/rollout_busy_s"]
     assert all(r["actor/tis_weight_mean"] > 0 for r in rows)
-    # a checkpoint stores the loader before the pending batch's prompts: the same positions as a sync run
     per_step = cfg.rollout.prompts_per_step
-    positions = [json.loads((tmp_path / "ckpt" / f"step_{s:06d}" / "state.json").read_text())["loader"]["position"]
+    for r in rows:  # dynamic sampling: rounds of prompts_per_step groups, the batch keeps its size
+        assert r["rollout/dyn_groups_generated"] == per_step * r["rollout/dyn_rounds"]
+        assert r["rollout/dyn_groups_kept"] + r["rollout/dyn_groups_padded"] == per_step
+        if r["rollout/dyn_groups_padded"] == 0:  # enough informative groups: no uniform group trained
+            assert r["rollout/groups_mixed_frac"] == 1.0
+    assert any(r["rollout/dyn_rounds"] > 1 for r in rows), [r["rollout/dyn_rounds"] for r in rows]
+    # a checkpoint stores the loader before the pending batch's prompts: those of the batches before it and of the
+    # rounds of the steps before (a step's rounds are drawn after the next batch was launched); the last, every prompt
+    extra = [per_step * (r["rollout/dyn_rounds"] - 1) for r in rows]
+    positions = [_drawn(json.loads((tmp_path / "ckpt" / f"step_{s:06d}" / "state.json").read_text())["loader"])
                  for s in (2, 3)]
-    assert positions == [2 * per_step, 3 * per_step]
+    assert positions == [2 * per_step + extra[0], 3 * per_step + sum(extra)]
     _check_resume_trains_the_batch_generated_before_the_checkpoint(tiny_model, tmp_path, final_loader)
+
+
+def _drawn(loader_state: dict) -> int:
+    """Prompts drawn so far by a loader of this state."""
+    return loader_state["epoch"] * loader_state["size"] + loader_state["position"]
 
 
 def _check_resume_trains_the_batch_generated_before_the_checkpoint(tiny_model, tmp_path, final_loader) -> None:

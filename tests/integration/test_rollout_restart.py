@@ -99,10 +99,10 @@ class KillBeforeAsyncStep(GRPOController):
     """rollout.mode=one_step_off: kills rollout worker 0 at the start of step 2, before the batch of
     step 3 is launched on it (the batch of step 2 was generated during step 1)."""
 
-    def step_async(self, step):
+    def step(self, step):
         if step == 2:
             os.kill(ray.get(self.job.actors.rollout[0].pid.remote()), signal.SIGKILL)
-        return super().step_async(step)
+        return super().step(step)
 
 
 def _run_to_step_3(controller) -> list[dict]:

@@ -75,8 +75,8 @@ def pairwise_cases(load: Callable[[list[str]], Optional[str]]) -> tuple[list[dic
 
 def _complete(cases: list, refused: dict, load, seen: dict) -> tuple[list, dict]:
     """Cover the pairs the greedy generator left out: each one substituted into the existing cases in turn, the
-    first that loads joins the cases; a pair no case can take (a third key forbids it: streaming needs the
-    asynchronous placement, which dynamic sampling refuses) joins `refused` with the last error."""
+    first that loads joins the cases; a pair no case can take (a third key forbids it) joins `refused` with the last
+    error."""
     table = factors()
     names = list(table)
     covered = {(a, c[a], b, c[b]) for c in cases for a, b in itertools.combinations(names, 2)}

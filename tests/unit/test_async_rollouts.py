@@ -8,6 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from orchestrator.rollout.async_source import AsyncRollouts
+from orchestrator.rollout.pending import unpack
 from orchestrator.rollout.source import RolloutSource
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout import PromptRequest, Trajectory
@@ -173,3 +174,40 @@ def test_a_resume_with_fewer_total_steps_drops_the_pending_batch_past_them():
     resumed = _rollouts(resumed_ctl)
     resumed.load_state_dict(first.state_dict())
     assert resumed.batches == {} and resumed.state_dict() is None
+
+
+def test_sync_mode_generates_each_step_on_the_weights_it_trains_and_keeps_nothing_pending():
+    from orchestrator.rollout.async_source import SyncRollouts
+
+    ctl = FakeController(max_staleness=3)  # the bound does not matter in sync mode: staleness is 0
+    rollouts = SyncRollouts(FakeSource(ctl), ctl.sample_prompts, ctl.loader, ctl.cfg, ctl.start_step)
+    for step in (1, 2, 3):
+        rollouts.launch(step)
+        assert rollouts.state_dict() is None and len(ctl.launches) == step  # its own batch, launched now
+        row = {"rollout/worker_generate_s_mean": 2.0}
+        trajs = rollouts.take(step, ctl.version, row)
+        assert [t.group_id for t in trajs] == [2 * step, 2 * step + 1] and {t.weight_version for t in trajs} == {step - 1}
+        rollouts.finish_in_flight(row)  # nothing in flight: the row's generate seconds stay the step's
+        assert row["rollout/staleness"] == 0 and row["rollout/worker_generate_s_mean"] == 2.0
+        assert not any(k.startswith("async/") for k in row)
+        assert rollouts.loader_state() is None and rollouts.state_dict() is None
+        ctl.sync(step)
+        rollouts.synced(step)
+
+
+def test_a_dynamic_sampling_round_in_one_step_off_mode_is_generated_now_on_the_engines_weights():
+    ctl = FakeController(max_staleness=1, total=4)
+    ctl.sample_prompts = lambda step, round_=0: [PromptRequest(group_id=1000 * round_ + step * 2 + i, prompt_ids=[k],
+                                                               answer="") for i, k in enumerate(ctl.loader.next_batch())]
+    rollouts = _rollouts(ctl)
+    _step(ctl, rollouts, 1)
+    rollouts.launch(2)  # the batch of step 3 goes out on weights 1
+    rollouts.take(2, ctl.version, {})
+    row = {}
+    extra = rollouts.more(2, 1, ctl.version, row, groups=1)  # a whole round of prompts_per_step groups
+    assert [t.group_id for t in extra] == [1004, 1005] and {t.weight_version for t in extra} == {1}  # staleness 0
+    assert row["rollout/worker_restarts"] == 0 and 3 in rollouts.batches  # the next step's batch is untouched
+    rollouts.finish_in_flight({})
+    state = rollouts.state_dict()  # the pending batch and the loader after the round's prompts: an exact resume
+    assert [b["step"] for b in unpack(state["batches"])] == [3]
+    assert state["loader"] == ctl.loader.state_dict()

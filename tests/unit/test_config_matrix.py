@@ -61,8 +61,7 @@ def test_the_matrix_covers_every_pair_and_grows_with_the_registries():
 def test_every_refused_pair_names_both_keys_and_is_in_the_docs_table():
     assert REFUSED, "no pair refused: the table in docs/configuration.md would be stale"
     for (a, la, b, lb), error in REFUSED.items():
-        # a pair refused by itself names both keys; one a third key forbids (streaming needs the asynchronous
-        # placement, which dynamic sampling refuses) names one of them and that key
+        # a pair refused by itself names both keys; one a third key forbids (none today) names one of them and that key
         assert any(k in error for k in keys_of(a)) or any(k in error for k in keys_of(b)), error
         assert f"| `{a}` = `{la}` | `{b}` = `{lb}` |" in DOCS, f"docs/configuration.md lacks the refused pair {a}={la}, {b}={lb}"
 

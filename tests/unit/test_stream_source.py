@@ -16,7 +16,8 @@ from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.multiturn import TrajectoryBuilder
 from orchestrator.rollout.partial import samples_of, snapshot_copy
 from orchestrator.rollout.partial_episode import EpisodeSample, FailedEpisode, GroupEnvTally
-from orchestrator.rollout.stream_source import StreamRollouts, async_rollouts
+from orchestrator.rollout.pipeline import rollout_pipeline
+from orchestrator.rollout.stream_source import StreamRollouts
 from orchestrator.rollout.types import PromptRequest
 
 
@@ -197,7 +198,7 @@ def test_a_group_over_the_bound_is_dropped_and_its_slot_refilled():
 def test_the_factory_picks_the_stream_for_rollout_mode_stream():
     rollouts, fakes, _, loader, cfg = _setup()
     source = SimpleNamespace(workers=fakes, wait=lambda refs: refs, recover=None)
-    assert isinstance(async_rollouts(source, lambda s: [], loader, cfg), StreamRollouts)
+    assert isinstance(rollout_pipeline(source, lambda s: [], loader, cfg), StreamRollouts)
 
 
 def _run_steps(rollouts, engine, steps, trained):
@@ -349,3 +350,17 @@ def test_a_group_whose_every_reset_failed_completes_and_a_batch_without_trajecto
     rollouts.launch(1)
     with pytest.raises(RuntimeError, match="no trajectory: every reset of env.name='fake_env' failed"):
         rollouts.take(1, 0, {})
+
+
+def test_more_groups_for_a_step_free_their_slots_so_the_stream_keeps_its_capacity():
+    rollouts, fakes, engine, loader, cfg = _setup(k=1)
+    rollouts.launch(1)
+    first = rollouts.take(1, 0, {})  # batch 1 (groups 2, 3); batch 2 (groups 4, 5) starts: capacity (0 + 2) * 2
+    assert sorted({t.group_id for t in first}) == [2, 3] and loader.drawn == 2
+    extra = rollouts.more(1, 1, 0, {}, groups=1)  # one group more: its slot is freed first (the step trains 2)
+    assert len({t.group_id for t in extra}) == 1 and len(extra) == 2
+    assert rollouts.buffer.started == 3 and loader.drawn == 2  # one slot free: batches start whole
+    rollouts.more(1, 2, 0, {}, groups=1)  # a second slot freed: batch 3 starts
+    assert rollouts.buffer.started == 2 + 2 and loader.drawn == 3  # trained 2, batch 3 live
+    with pytest.raises(ValueError, match="only"):
+        rollouts.buffer.release(99)
