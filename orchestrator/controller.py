@@ -38,7 +38,8 @@ from orchestrator.reward.failures import check_reward_failures
 from orchestrator.reward.overlong import add_overlong_penalty, overlong_filter_masks, overlong_filter_metrics
 from orchestrator.reward.scorer import RewardResult
 from orchestrator.rollout import PromptRequest, Trajectory
-from orchestrator.rollout.resume_mode import STREAM, check_resumable, state_to_load
+from orchestrator.config.rollout_mode import STREAM, mode_kind
+from orchestrator.rollout.resume_mode import check_resumable, state_to_load
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, StepBatch, round_group_id
 from orchestrator.rollout.pipeline import RolloutPipeline, rollout_pipeline
 from orchestrator.rollout.multi_turn_source import MultiTurnSource, check_env
@@ -182,7 +183,7 @@ class GRPOController:
             self.pipeline.finish_in_flight(row)
         with timer.phase("weight_sync"):  # streaming: overlapped with the next step (weight_sync.overlap)
             time_slice(self.job, "weight_sync", row)  # colocated: engines wake their weights
-            self.sync_weights(step, row, overlap=self.cfg.rollout.mode == STREAM and self.cfg.weight_sync.overlap)
+            self.sync_weights(step, row, overlap=mode_kind(self.cfg) == STREAM and self.cfg.weight_sync.overlap)
             self.pipeline.synced(step)
         return self._end_step(step, timer, row, t0)
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-SYNC, ONE_STEP_OFF, STREAM = "sync", "one_step_off", "stream"
-MODES = (SYNC, ONE_STEP_OFF, STREAM)
+from orchestrator.rollout.modes import KINDS as MODES, ONE_STEP_OFF, STREAM, SYNC, get, kind_of  # noqa: F401 (re-exported)
 ASYNC_PLACEMENT = "disaggregated_async"  # deprecated placement.mode
 
 
@@ -40,8 +39,8 @@ def _deprecated(placement: str, partial: bool, mode: str) -> Optional[str]:
 def _mode_of(cfg, placement: str, partial: bool) -> str:
     """rollout.mode as set, or as the deprecated keys say. Raises ValueError naming both keys of a conflict."""
     mode = cfg.rollout.mode
-    if mode is not None and mode not in MODES:
-        raise ValueError(f"rollout.mode={mode!r} is not allowed; choose one of {list(MODES)}")
+    if mode is not None:
+        get(mode)  # a registered mode or a dotted path to one (orchestrator/rollout/modes.py); else ValueError
     if mode is None:
         if partial:
             if placement == "colocated":
@@ -50,10 +49,10 @@ def _mode_of(cfg, placement: str, partial: bool) -> str:
                                  "trains")
             return STREAM
         return ONE_STEP_OFF if placement == ASYNC_PLACEMENT else SYNC
-    if partial and mode != STREAM:
+    if partial and kind_of(mode) != STREAM:
         raise ValueError(f"rollout.partial_rollout=true means rollout.mode=stream, but rollout.mode={mode!r}: drop "
                          "rollout.partial_rollout (deprecated)")
-    if placement == ASYNC_PLACEMENT and mode == SYNC:
+    if placement == ASYNC_PLACEMENT and kind_of(mode) == SYNC:
         raise ValueError(f"placement.mode={ASYNC_PLACEMENT} (deprecated) generates one step off, but rollout.mode=sync: "
                          "write placement.mode=disaggregated")
     return mode
@@ -70,10 +69,11 @@ def resolve_rollout_mode(cfg) -> Optional[str]:
     placement, partial = cfg.placement.mode, bool(cfg.rollout.partial_rollout)
     mode = _mode_of(cfg, placement, partial)
     note = _deprecated(placement, partial, mode)
-    if mode != SYNC and placement == "colocated":
+    kind = kind_of(mode)
+    if kind != SYNC and placement == "colocated":
         raise ValueError(f"rollout.mode={mode} needs placement.mode=disaggregated (got 'colocated'): colocated engines "
                          "sleep while the trainer trains, so no batch generates beside training")
-    if mode == STREAM and cfg.algo.max_staleness == 0:  # below 0: the field's own range check names it
+    if kind == STREAM and cfg.algo.max_staleness == 0:  # below 0: the field's own range check names it
         raise ValueError("rollout.mode=stream needs algo.max_staleness >= 1 (got 0): k is how many policy versions a "
                          "streamed sample may lag the trainer")
     cfg.rollout.mode = mode
@@ -86,4 +86,10 @@ def resolve_rollout_mode(cfg) -> Optional[str]:
 def staleness_bound(cfg) -> int:
     """The largest staleness a trained token of resolved config `cfg` may have: 0 in sync mode, else
     algo.max_staleness."""
-    return 0 if cfg.rollout.mode == SYNC else int(cfg.algo.max_staleness)
+    return 0 if mode_kind(cfg) == SYNC else int(cfg.algo.max_staleness)
+
+
+def mode_kind(cfg) -> str:
+    """The built-in mode (SYNC, ONE_STEP_OFF, STREAM) whose contract resolved config `cfg`'s rollout.mode keeps:
+    itself for a built-in, the `kind` a registered or dotted-path mode declares (orchestrator/rollout/modes.py)."""
+    return kind_of(cfg.rollout.mode)

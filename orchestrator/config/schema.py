@@ -26,6 +26,7 @@ from orchestrator.config.weight_sync_config import (  # noqa: F401 (re-exported:
     DeltaSyncConfig, DiskSyncConfig, SyncFabricConfig, WeightSyncConfig,
 )
 from orchestrator.envs.env_config import RENDER_MODES, TOOL_FORMATS, EnvConfig
+from orchestrator.rollout.modes import KINDS as ROLLOUT_MODES
 
 
 @dataclass
@@ -73,7 +74,8 @@ class RolloutConfig:
     # next step's batch generates while this one trains) | stream (the engines generate without pause; a weight
     # update interrupts their requests, which go on with the new weights). null = from the deprecated keys
     # (placement.mode=disaggregated_async, rollout.partial_rollout), else sync; the loaded config holds the mode.
-    mode: Optional[str] = choice(None, ("sync", "one_step_off", "stream"))
+    # Or a mode of your own: the dotted path of a module defining MODE (orchestrator/rollout/modes.py registry).
+    mode: Optional[str] = None
     # Deprecated: rollout.mode=stream. After loading, true exactly when rollout.mode is stream.
     partial_rollout: bool = False
 
@@ -373,5 +375,5 @@ class Config:
 
 # {key path: allowed values} of every choice field (the configuration reference and its tests read it); the
 # env section validates itself (orchestrator/envs/env_config.py), its render modes are listed here too.
-CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES,
+CHOICES = ChoicesView({**field_choices(Config), "env.render_mode": RENDER_MODES, "rollout.mode": ROLLOUT_MODES,
                        "env.tool_format": TOOL_FORMATS})

@@ -45,6 +45,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from orchestrator.config.load import ConfigError, validate
+from orchestrator.config.rollout_mode import STREAM, mode_kind
 from orchestrator.placement.plan import reference_ranks
 from orchestrator.sizing.measurements import MeasurementError, measure_rows, role_gpus, timed_rows
 from orchestrator.sizing.stream_sim import simulate_stream
@@ -88,7 +89,7 @@ def held_devices(cfg) -> int:
 def sizer_mode(cfg) -> str:
     """The run's mode as the sizer names it (SIZER_MODE of placement.mode and rollout.mode): colocated,
     disaggregated, async (rollout.mode=one_step_off) or stream (k = algo.max_staleness)."""
-    return SIZER_MODE[(cfg.placement.mode, cfg.rollout.mode)]
+    return SIZER_MODE[(cfg.placement.mode, mode_kind(cfg))]
 
 
 def current_split(cfg) -> Split:
@@ -155,7 +156,7 @@ def to_overrides(cfg, split: Split, k: Optional[int] = None) -> tuple[Optional[d
     algo.max_staleness (the staleness the run accepted), and any config `validate` refuses (e.g. streaming
     needs placement.mode=disaggregated, algo.max_staleness >= 1 and, with algo.old_logprobs=trainer, a
     staleness correction: orchestrator/config/rollout_mode.py, orchestrator/config/load.py `_check_async`)."""
-    if cfg.rollout.mode == "stream" and split.mode != "stream":
+    if mode_kind(cfg) == STREAM and split.mode != "stream":
         return None, (f"the run streams (rollout.mode=stream) and {split.mode} would drop the untrained "
                       "streamed groups its checkpoint holds")
     if split.mode == "stream" and isinstance(k, int) and k > cfg.algo.max_staleness:

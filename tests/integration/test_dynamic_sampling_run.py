@@ -1,5 +1,6 @@
 """DAPO on Ray (local, CPU), tiny random model, vLLM on CPU: dynamic sampling trains only informative groups and
-resumes exactly (2 steps + resume + 2 steps = 4 steps); overlong shaping and filtering run through the trainer.
+resumes exactly (2 steps + resume + 2 steps = 4 steps); overlong shaping and filtering run through the trainer, in
+the worked example of a rollout mode of one's own (docs/examples/rollout_mode_example.py).
 
 The reward makes whole groups uniform on purpose: a prompt whose gold answer is even scores 1.0 for every sample
 (a uniform group, dropped), an odd one scores by completion length (usually informative), so steps need more than
@@ -75,17 +76,26 @@ def test_dynamic_sampling_trains_informative_groups_and_resumes_exactly(ray_loca
     assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in split.rows]
 
 
-def test_overlong_penalty_and_filter_train(ray_local, tiny_model, tmp_path):
+def test_overlong_penalty_and_filter_train_in_a_rollout_mode_of_ones_own(ray_local, tiny_model, tmp_path):
+    """Also the rollout-mode seam's worked example on Ray, named by its dotted path (docs/examples/
+    rollout_mode_example.py, overfit_one_batch): every step trains the first step's prompts, the loader never moves."""
     out = tmp_path / "o"
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{
         "rollout.max_new_tokens": 12, "reward.overlong_penalty.enabled": "true",
-        "reward.overlong_penalty.cache_len": 6, "algo.overlong_filter": "true"}) +
+        "reward.overlong_penalty.cache_len": 6, "algo.overlong_filter": "true",
+        "rollout.mode": "docs.examples.rollout_mode_example"}) +
         ["reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"])
     controller = GRPOController(cfg)
+    start = controller.loader.state_dict()
     try:
         rows = controller.run().rows
     finally:
         controller.shutdown()
+    total, per_step = cfg.trainer.total_steps, cfg.rollout.prompts_per_step
+    assert [r["step"] for r in rows] == list(range(1, total + 1)) and controller.loader.state_dict() == start
+    assert sorted({t.group_id for t in controller.scored.trajs}) == [total * per_step + i for i in range(per_step)]
+    first = [controller.prompt_ids[k] for k in controller.loader.next_batch()]  # what every step drew
+    assert sorted(map(tuple, first)) == sorted({tuple(t.prompt_ids) for t in controller.scored.trajs})
     for r in rows:
         # a random model runs to max_new_tokens often: those samples get -1 (the whole ramp) and leave the loss
         assert -1.0 <= r["reward/overlong_penalty_mean"] <= 0.0
