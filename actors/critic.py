@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from actors.model.data_parallel import SingleRank
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.trainer import finite
@@ -80,7 +81,7 @@ class ValueModel(torch.nn.Module):
         return self.head(out.last_hidden_state[:, :-1].float()).squeeze(-1)
 
 
-class Critic:
+class Critic(SingleRank):
     """Owns the value model, its optimizer and LR schedule, in one process (the data-parallel hooks: identities).
 
     Args:
@@ -222,27 +223,11 @@ class Critic:
         return out
 
     # ---- data-parallel hooks: identities for one process; ShardedCritic (actors/critic_sharded.py) overrides them --
-    rank, dp_size = 0, 1
-
     def _prepare_model(self, model: ValueModel) -> ValueModel:
         return model
 
-    def _mine(self, indices) -> list[int]:
-        """This rank's sample indices of a batch (all of them with one process)."""
-        return list(indices)
-
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         return sums
-
-    def _all_sum(self, values: list[float]) -> list[float]:
-        return values
-
-    def _all_max(self, values: list[float]) -> list[float]:
-        return values
-
-    def _empty_micro_batches(self, count: int) -> int:
-        """How many empty micro-batches to run after this rank's `count` real ones; 0 with one process."""
-        return 0
 
     def _dummy_micro_batch(self) -> MicroBatch:
         """One [1, 2] row of pad ids (the empty micro-batch of a rank with a shorter share)."""

@@ -33,11 +33,11 @@ from safetensors.torch import save_file
 from actors.critic import STATE_FILE, WEIGHTS_FILE, Critic, ValueModel, merge_values
 from actors.model import collectives
 from actors.model.fsdp import SHARDED_DIR, full_state_dict, join_group, load_full_state, save_sharded, shard_model
-from actors.trainer.leader import RankLeader
+from actors.model.data_parallel import DataParallelRank
 from orchestrator.atomic import atomic_dir
 
 
-class ShardedCritic(RankLeader, Critic):
+class ShardedCritic(DataParallelRank, Critic):
     """One rank of a D-rank FSDP2 critic; rank 0 (the leader) fans calls out to its peers.
 
     Extra constructor arguments (keyword): `rank`, `world_size` (D >= 2), `group_name` (unique per job: the
@@ -49,10 +49,8 @@ class ShardedCritic(RankLeader, Critic):
     def __init__(self, model_path: str, critic_cfg, algo_cfg, precision: str = "fp32", max_new_tokens: int = 1,
                  pad_id: int = 0, num_threads: int = 0, seed: int = 0, *, rank: int, world_size: int,
                  group_name: str, timeout_s: float):
-        if world_size < 2 or not 0 <= rank < world_size:
-            raise ValueError(f"ShardedCritic: rank {rank} of world_size {world_size} (needs world_size >= 2)")
-        self.rank, self.dp_size, self.timeout_s, self.group_name = rank, world_size, timeout_s, group_name
-        self.peers: list = []
+        self._init_ranks("ShardedCritic", rank, world_size, timeout_s)
+        self.group_name = group_name
         super().__init__(model_path, critic_cfg, algo_cfg, precision, max_new_tokens, pad_id, num_threads, seed)
 
     # ---- Critic hooks -------------------------------------------------------------------------------
@@ -63,20 +61,8 @@ class ShardedCritic(RankLeader, Critic):
     def _device(self) -> torch.device:
         return self.head_device()  # NCCL reduces CUDA tensors only
 
-    def _mine(self, indices) -> list[int]:
-        return [i for i in indices if i % self.dp_size == self.rank]
-
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         return collectives.all_sum_dict(sums, self._device())
-
-    def _all_sum(self, values: list[float]) -> list[float]:
-        return collectives.all_sum(values, self._device())
-
-    def _all_max(self, values: list[float]) -> list[float]:
-        return collectives.all_max(values, self._device())
-
-    def _empty_micro_batches(self, count: int) -> int:
-        return collectives.most(count, self._device()) - count
 
     def _load_full(self, weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
         load_full_state(self.model, self.optimizer, weights, optimizer_state)

@@ -5,7 +5,7 @@ the ring (actors/model/context_parallel.py `cp_forward_logprobs`). A rank holds 
 and 1/c of its logits buffer, as the trainer's ranks do, so a sequence the trainer can train the reference can
 score (orchestrator/memory/estimate.py counts the reference per rank the same way).
 
-Rank 0 is the leader (actors/trainer/leader.py): the controller calls only its `logprobs`, which runs
+Rank 0 is the leader (actors/model/leader.py): the controller calls only its `logprobs`, which runs
 `group_logprobs` on every rank at once (the ring is collective) and returns rank 0's result (the gather leaves the
 whole [b, L-1] logprobs on every rank). The reference keeps a full copy of the weights on each rank (frozen, no
 FSDP); the prompt-sharing forward (trainer.shared_prefix) is off, as it is for the trainer under context
@@ -22,7 +22,7 @@ from actors.reference import Reference
 from actors.model.context_parallel import RING_ATTENTION, cp_forward_logprobs
 from actors.model.forward import batch_logprobs
 from actors.model.fsdp import join_group
-from actors.trainer.leader import RankLeader
+from actors.model.leader import RankLeader
 from orchestrator.algo.sampler_support import Sampling
 
 

@@ -68,14 +68,14 @@ from actors.model.context_parallel import context_parallel_group, cp_forward_log
 from actors.model.forward import batch_logprobs, collate, forward_logprobs
 from actors.model.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, join_group, load_sharded, load_unsharded,
                                save_sharded, shard_model)
-from actors.trainer.leader import RankLeader
+from actors.model.data_parallel import DataParallelRank
 from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch
 from orchestrator.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 from orchestrator.algo.sampler_support import Sampling
 
-class ShardedTrainer(RankLeader, Trainer):
+class ShardedTrainer(DataParallelRank, Trainer):
     """One rank of a D-rank FSDP2 trainer; rank 0 (the leader) fans calls out to its peers.
 
     Extra constructor arguments: `rank`, `world_size` (D >= 2), `group_name` (unique per job: the
@@ -84,14 +84,9 @@ class ShardedTrainer(RankLeader, Trainer):
 
     def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: Sampling, max_new_tokens: int,
                  pad_id: int = 0, *, rank: int, world_size: int, group_name: str, timeout_s: float):
-        if world_size < 2 or not 0 <= rank < world_size:
-            raise ValueError(f"ShardedTrainer: rank {rank} of world_size {world_size} (needs world_size >= 2)")
-        self.rank, self.dp_size, self.timeout_s = rank, world_size, timeout_s
         # context parallelism: c ranks share each sequence; samples are split over the D // c groups
-        self.cp_size = trainer_cfg.context_parallel_size
-        self.dp_groups, self.dp_rank, self.cp_group = world_size // self.cp_size, rank // self.cp_size, None
-        self._group_name = group_name
-        self.peers: list = []
+        self.cp_size, self.cp_group, self._group_name = trainer_cfg.context_parallel_size, None, group_name
+        self._init_ranks("ShardedTrainer", rank, world_size, timeout_s, self.cp_size)
         super().__init__(model_path, trainer_cfg, algo_cfg, temperature, max_new_tokens, pad_id)
 
     # ---- Trainer hooks ----------------------------------------------------------------------
@@ -103,9 +98,6 @@ class ShardedTrainer(RankLeader, Trainer):
             self.cp_group = context_parallel_group(self.dp_size, self.cp_size, next(model.parameters()).device.type)
             self.shared_prefix_on = False
         return shard_model(model, self.dp_size)
-
-    def _mine(self, indices) -> list[int]:
-        return [i for i in indices if i % self.dp_groups == self.dp_rank]
 
     def _forward(self):
         """The no-gradient logprob forward: the context-parallel one over `cp_group` with c > 1, else plain."""
@@ -131,22 +123,8 @@ class ShardedTrainer(RankLeader, Trainer):
         out["loss"] = out["loss"] / self.dp_size  # each rank's loss is D x its share (normaliser / D)
         return out
 
-    def _sum_shards(self, sums: dict[str, float]) -> dict[str, float]:
-        """Sums over all D ranks of values computed on each rank's FSDP2 shards (actor/update_ratio's squares)."""
-        return collectives.all_sum_dict(sums, self._device())
-
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device  # NCCL reduces CUDA tensors only
-
-    def _all_max(self, values: list[float]) -> list[float]:
-        """Collective: the element-wise max of `values` over the ranks (NaN wins), so that the update
-        guard (actors/trainer/finite.py) decides the same on every rank."""
-        return collectives.all_max(values, self._device())
-
-    def _empty_micro_batches(self, count: int) -> int:
-        """Collective (before any micro-batch of a mini-batch): the ranks' largest micro-batch count
-        (all-reduce max) minus this rank's `count`; packed shards pack into different row counts."""
-        return collectives.most(count, self._device()) - count
 
     def _empty_micro_batch(self) -> None:
         """One [1, 2] dummy row (pad ids) through the same forward, loss 0 * sum(logprobs), backward:

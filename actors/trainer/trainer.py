@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from actors.memory_metrics import peak_memory_metrics
 from actors.pinning import pin_from_env_count
 from actors.weight_sync.zero_copy import SharedTensors
+from actors.model.data_parallel import SingleRank
 from actors.model.forward import LOSS_MASK, collate_micro_batch, split_micro_batches
 from actors.model.policy_forward import policy_forward
 from actors.model import attention, lora, prefix_share
@@ -44,7 +45,7 @@ from orchestrator.weight_sync.registry import get as get_strategy
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-class Trainer:
+class Trainer(SingleRank):
     """Owns the policy, its optimizer and LR schedule. All methods run in one process."""
 
     def __init__(self, model_path: str, trainer_cfg, algo_cfg, temperature: Sampling, max_new_tokens: int,
@@ -179,7 +180,7 @@ class Trainer:
             self.step += 1
         else:
             self.optimizer.zero_grad(set_to_none=True)  # the skipped gradients never reach a later update
-            if getattr(self, "rank", 0) == 0:
+            if self.rank == 0:
                 print(f"trainer: update skipped at optimizer step {self.step}: non-finite {reason} (loss "
                       f"{out['actor/loss']}, grad norm {out['actor/grad_norm']}); weights and optimizer state "
                       "unchanged", flush=True)
@@ -214,9 +215,7 @@ class Trainer:
         out["actor/tokens"] = tokens
         return out
 
-    # ---- data-parallel hooks: identities for D = 1; ShardedTrainer (actors/trainer/sharded.py) overrides them --
-    dp_size = 1
-
+    # ---- data-parallel hooks beyond SingleRank's (actors/model/data_parallel.py); ShardedTrainer overrides them --
     def _prepare_model(self, model):
         return model
 
@@ -229,17 +228,6 @@ class Trainer:
 
     def _reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         return sums
-
-    def _sum_shards(self, sums: dict[str, float]) -> dict[str, float]:  # over the ranks' FSDP2 shards (one here)
-        return sums
-
-    def _all_max(self, values: list[float]) -> list[float]:
-        """Element-wise max of `values` over the data-parallel ranks (the update guard's shared decision)."""
-        return values
-
-    def _empty_micro_batches(self, count: int) -> int:
-        """How many empty micro-batches to run after this rank's `count` real ones; 0 for D = 1."""
-        return 0
 
     def _empty_micro_batch(self) -> None:
         raise NotImplementedError("only data-parallel ranks (actors/trainer/sharded.py) run empty micro-batches")

@@ -10,11 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.config.fields import number
+from orchestrator.reward.overlong import overlong_max_len
+from orchestrator.rollout.dynamic_sampling import MAX_ROUNDS, ROUND_STRIDE
 
-# Extra rounds' group ids: round r >= 1 of a step adds r * ROUND_STRIDE to the first round's step * P + i, so
-# they never meet a first-round id while steps * rollout.prompts_per_step < ROUND_STRIDE (checked).
-ROUND_STRIDE = 2**40
-MAX_ROUNDS = 1000  # ROUND_STRIDE * MAX_ROUNDS < 2**63: every id fits an int64
 
 
 @dataclass
@@ -34,11 +32,6 @@ class OverlongPenaltyConfig:
     max_len: int = number(0, ge=0, finite=True, note="(0 = rollout.max_new_tokens)")  # L_max, tokens
     cache_len: int = number(16, gt=0, finite=True)  # L_cache, tokens: the length of the linear ramp
     factor: float = number(1.0, ge=0, finite=True)  # the penalty's scale (1 = the paper's)
-
-
-def overlong_max_len(cfg) -> int:
-    """L_max of run config `cfg`: reward.overlong_penalty.max_len, 0 = rollout.max_new_tokens."""
-    return cfg.reward.overlong_penalty.max_len or cfg.rollout.max_new_tokens
 
 
 def check_sampling_config(cfg) -> None:

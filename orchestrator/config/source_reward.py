@@ -10,23 +10,14 @@ from __future__ import annotations
 
 from typing import Optional
 
+from orchestrator.data.datasets import answer_kind
+
 # gold-answer kind of each built-in source -> the built-in rewards that read it
 _READS = {"answer": {"accuracy", "boxed_format"}, "tests": {"code_tests", "boxed_format"},
           "reference": {"reasoning_gym", "boxed_format"}}
 _BUILT_IN = {"accuracy", "boxed_format", "code_tests", "reasoning_gym"}
 _FOR = {"answer": "numbers", "tests": "unit tests (assert lines)", "reference": "references to the task's entries"}
 _USE = {"answer": "accuracy", "tests": "code_tests", "reference": "reasoning_gym"}
-
-
-def answer_kind(source: Optional[str]) -> Optional[str]:
-    """The gold-answer kind of a built-in source ("answer", "tests", "reference"), None for a file or nothing."""
-    if source == "arith":
-        return "answer"
-    if source == "code_arith":
-        return "tests"
-    if isinstance(source, str) and source.startswith("reasoning_gym:"):
-        return "reference"
-    return None
 
 
 def _check(kind: Optional[str], names: list[str], source_key: str, source: str, reward_key: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from orchestrator.data.code_tasks import code_arith_examples
 from orchestrator.data.rgym import is_reasoning_gym, reasoning_gym_examples
@@ -82,3 +83,14 @@ def load_examples(data_cfg) -> list[Example]:
     if data_cfg.prompt_suffix:
         examples = [Example(e.prompt + " " + data_cfg.prompt_suffix, e.answer) for e in examples]
     return examples
+
+
+def answer_kind(source: Optional[str]) -> Optional[str]:
+    """The gold-answer kind of a built-in source ("answer", "tests", "reference"), None for a file or nothing."""
+    if source == "arith":
+        return "answer"
+    if source == "code_arith":
+        return "tests"
+    if isinstance(source, str) and source.startswith("reasoning_gym:"):
+        return "reference"
+    return None

@@ -1,4 +1,4 @@
-"""What maj@k votes on, by the eval source's kind of gold answer (orchestrator/config/source_reward.py answer_kind):
+"""What maj@k votes on, by the eval source's kind of gold answer (orchestrator/data/datasets.py answer_kind):
 
 - a plain answer (``arith``, a file source): the completion's final answer (the last ``\\boxed{}`` or number,
   orchestrator/reward/functions.py) against the gold answer;

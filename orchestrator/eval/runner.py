@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from orchestrator.config.source_reward import answer_kind
+from orchestrator.data.datasets import answer_kind
 from orchestrator.data import Example, render_row
 from orchestrator.eval.checks import pass_function
 from orchestrator.eval.majority import majority_inputs

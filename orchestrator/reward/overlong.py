@@ -22,7 +22,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.config.sampling import overlong_max_len
+
+
+def overlong_max_len(cfg) -> int:
+    """L_max of run config `cfg`: reward.overlong_penalty.max_len, 0 = rollout.max_new_tokens."""
+    return cfg.reward.overlong_penalty.max_len or cfg.rollout.max_new_tokens
 
 
 def overlong_penalty(length: int, max_len: int, cache_len: int) -> float:

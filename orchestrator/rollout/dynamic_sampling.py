@@ -30,7 +30,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from orchestrator.config.sampling import ROUND_STRIDE
+# Extra rounds' group ids: round r >= 1 of a step adds r * ROUND_STRIDE to the first round's step * P + i, so
+# they never meet a first-round id while steps * rollout.prompts_per_step < ROUND_STRIDE (checked at config load:
+# orchestrator/config/sampling.py).
+ROUND_STRIDE = 2**40
+MAX_ROUNDS = 1000  # ROUND_STRIDE * MAX_ROUNDS < 2**63: every id fits an int64
 
 
 def round_group_id(step: int, index: int, round_: int, prompts_per_step: int) -> int:

@@ -2,7 +2,7 @@
 engines generate continuously, the trainer takes a batch as soon as `rollout.prompts_per_step` groups are
 complete, and a weight sync interrupts the requests in flight, which continue on the new weights
 (partial rollouts: actors/rollout/stream.py on the workers, orchestrator/rollout/partial.py per sample).
-The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/async_source.py):
+One of the rollout pipelines of orchestrator/rollout/pipeline.py (`RolloutPipeline`), as the controller's step calls it:
 
     rollouts = StreamRollouts(workers, wait, sample, loader, cfg, start_step)
     rollouts.launch(step)                     # top the engines up to the capacity rule (k = algo.max_staleness)
@@ -11,6 +11,7 @@ The controller calls it where it calls `AsyncRollouts` (orchestrator/rollout/asy
     ... advantages, train: job.wait(train ref, pump=rollouts.pump) ...
     rollouts.finish_in_flight(row)            # nothing to wait for: the sync interrupts the engines
     ... sync_weights(step) ...; rollouts.synced(step)
+    trajs = rollouts.more(step, r, version, row, groups)   # algo.dynamic_sampling: `groups` more complete groups
 
 Prompts are drawn from the loader a batch (prompts_per_step groups) at a time while the capacity rule of
 `GroupBuffer` (orchestrator/rollout/stream_buffer.py) allows a whole batch: at most (version + k + 1) batches
@@ -39,7 +40,8 @@ checkpoint's weights: nothing lost or trained twice, but the tokens differ.
 A lost rollout worker (in any call: orchestrator/runtime/faults.py `call_engine`; the job's `recover` hook replaces it,
 synced to the current weights, or the weight sync did) loses its groups: every incomplete group assigned to it
 is issued again, whole, to the replacement (same requests and seeds; `rollout/worker_restarts`,
-`rollout/groups_reissued`). Past run.max_restarts the hook raises and the run stops.
+`rollout/groups_reissued`). Past run.max_restarts the hook raises and the run stops. The workers' side (where each
+group runs, every call, the reissue) is orchestrator/rollout/stream_workers.py.
 
 Multi-turn tasks (`env.name` set) stream the same way: a group is n episodes on the worker's agent loop
 (actors/rollout/stream_episodes.py), each policy turn a partial sample on the streaming engine; a finished group
@@ -53,9 +55,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Iterator, Optional
+from typing import Callable, Optional
 
-from orchestrator.runtime.faults import call_engine
 from orchestrator.rollout.group_scores import BatchScores, GroupScores, Issue
 from orchestrator.rollout.multi_turn_source import check_env_failures, env_failures, no_trajectory_error
 from orchestrator.rollout.partial import PartialSample
@@ -64,6 +65,7 @@ from orchestrator.rollout.resume_mode import STREAM, check_written_by
 from orchestrator.rollout.source import Recover
 from orchestrator.rollout.stream_buffer import DUE_WAIT_S, GroupBuffer
 from orchestrator.rollout.stream_state import STATE_KEYS, generation_state, restore_plan
+from orchestrator.rollout.stream_workers import StreamWorkers
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 POLL_S = 0.2  # how long one drain call waits on a worker for a finished sample
@@ -84,18 +86,16 @@ class StreamRollouts:
                  recover: Optional[Recover] = None, env_cfg: Optional[dict] = None,
                  score_group: Optional[Issue] = None, on_poll: Optional[Callable[[], None]] = None):
         self.on_poll = on_poll  # before every drain: the job's overlapped weight sync verified as it returns
-        self.workers, self.wait, self.sample, self.loader = workers, wait, sample, loader
-        self.recover, self.env_cfg = recover, env_cfg  # (env_cfg: multi-turn tasks, the `env` section of episodes)
-        self.sent_to = list(workers)  # the handle each worker's groups went to (a replacement differs)
-        self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
-        self.restarts = self.reissued = 0  # since the last batch taken
+        self.wait, self.sample, self.loader = wait, sample, loader
+        self.env_cfg = env_cfg  # multi-turn tasks: the `env` section of episodes
         self.per_step, self.n = cfg.rollout.prompts_per_step, cfg.rollout.n
+        # where each group runs, every worker call, a lost worker's groups issued again (orchestrator/rollout/stream_workers.py)
+        self.engines = StreamWorkers(workers, wait, recover, self._restart_group, env_cfg, self.n)
         self.max_tokens = cfg.rollout.max_new_tokens  # a restored group's samples not started (`restore_plan`)
         self.buffer = GroupBuffer(cfg.algo.max_staleness, self.per_step)
         self.buffer.started = start_step * self.per_step  # a resume: the groups trained before count as started
         self.version = start_step
         self.requests: dict[int, PromptRequest] = {}  # group id -> request, every group started and not trained
-        self.outstanding = [0] * len(workers)  # samples submitted to each worker and not drained
         self.batches_drawn = start_step  # the loader's batches drawn so far (the step number of the next draw)
         self.engine_s, self.stream = dict.fromkeys(ENGINE_KEYS, 0.0), {}  # drains summed; a worker's last stream/*
         # a batch was taken: until then one batch at a time (`_first_batch_alone`), at the start of a run only (a
@@ -104,9 +104,6 @@ class StreamRollouts:
         self.actor_restarts: Optional[float] = None  # env actors replaced since the last batch (env.placement=actor)
         self.group_scores = GroupScores(score_group, wait) if score_group is not None else None
         self.taken_scores: Optional[list] = None  # the last batch's groups' calls, until `scores` waits for them
-        self.pump_failed = False  # a worker call failed while the trainer trains: no more pumps until `take`
-        self.submits: dict[int, list] = {}  # worker -> its calls not waited for (`_submit_to`), read after a drain
-        self.first: dict[int, tuple] = {}  # worker -> (its handle, the groups it was told to run first)
 
     def launch(self, step: int) -> None:
         """Start whole batches while the capacity rule allows (the loader draws one batch per call)."""
@@ -120,53 +117,35 @@ class StreamRollouts:
 
     def submit(self, requests: list[PromptRequest]) -> None:
         """Hand groups to the least-loaded workers (also used by a resume for the checkpoint's groups)."""
-        for w in range(len(self.workers)):  # a replaced worker gets its own groups first (not these twice)
-            self._reissue_if_replaced(w)
-        plan: dict[int, list] = {}
+        self.engines.reissue_replaced()  # a replaced worker gets its own groups first (not these twice)
         for r in requests:
-            w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
-            self.buffer.submit(r.group_id, self._size(r))
-            self.requests[r.group_id], self.where[r.group_id] = r, w
-            self.outstanding[w] += self._size(r)
-            plan.setdefault(w, []).append(r)
-        for w, rs in plan.items():
-            self._submit_to(w, rs)
+            self.buffer.submit(r.group_id, self.engines.size(r))
+            self.requests[r.group_id] = r
+        self.engines.assign(requests)
 
-    def _submit_to(self, w: int, requests: list[PromptRequest]) -> None:
-        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key), not
-        waited for: a weight load queued on the worker must not hold the step. Its result is read after worker w's
-        next drain returns (`_from_each`: the worker ran the submit first); a lost worker is found by that drain."""
-        self._send(w, "stream_submit", *((requests, self.env_cfg, w) if self.env_cfg else (requests,)))
-
-    def _send(self, w: int, method: str, *args) -> None:
-        """Worker w's `method` (submit, prioritize, resume), not waited for: read as a submit (`_from_each`)."""
-        self.submits.setdefault(w, []).append(call_engine(self.workers, w, "stream_submit", method, *args))
-
-    def _prioritize(self, group_ids: list[int]) -> None:
-        """Tell each worker which of its groups the trainer waits for, when that changed (`stream_prioritize`: they
-        enter its engine first; not waited for). Multi-turn: not told (a turn is a request of its own)."""
-        for w, h in enumerate([] if self.env_cfg else self.workers):
-            want = frozenset(g for g in group_ids if self.where.get(g) == w)
-            if self.first.get(w, (h, frozenset())) != (h, want):  # (a replacement is told, if only "none")
-                self._send(w, "stream_prioritize", sorted(want))
-            self.first[w] = (h, want)
+    def _restart_group(self, group_id: int) -> Optional[PromptRequest]:
+        """A lost worker's group `group_id`, if still in flight: its finished samples forgotten; its request."""
+        if group_id not in self.buffer.pending:
+            return None
+        self.buffer.restart(group_id)
+        return self.requests[group_id]
 
     def take(self, step: int, version: int, row: dict, groups: Optional[int] = None) -> list[Trajectory]:
         """The trajectories of the first `groups` (default prompts_per_step) complete admissible groups (waits for
         them; dropped groups' slots are refilled meanwhile). Writes `async/*`, `rollout/*` and `stream/*` into `row`."""
         self.version, count = version, groups or self.per_step
         t0 = time.perf_counter()
-        if self.pump_failed:  # a worker call failed while the trainer trained: replaced now
+        if self.engines.failed:  # a worker call failed while the trainer trained: replaced now
             self._poll(0.0)
         self._score_ready()  # groups a checkpoint's snapshot or a resume put into the buffer
         batch = self.buffer.take(count, version)  # drained while the trainer trained: no worker call
         while batch is None:  # (a weight load queued on the workers, weight_sync.overlap, does not hold the step)
-            self._prioritize(self.buffer.awaited(count, version))  # the engines run these first
+            self.engines.prioritize(self.buffer.awaited(count, version))  # the engines run these first
             self._poll(POLL_S)
             self.launch(step)
             batch = self.buffer.take(count, version, wait_for_due=time.perf_counter() - t0 < DUE_WAIT_S)
-        self._prioritize([])
-        samples, self.taken, self.pump_failed = batch.samples, True, False
+        self.engines.prioritize([])
+        samples, self.taken, self.engines.failed = batch.samples, True, False
         if self.group_scores is not None:
             self.taken_scores = self.group_scores.pop([g.group_id for g in batch.groups])
         self._forget_dropped()  # the batch's groups and any dropped on the way
@@ -175,7 +154,6 @@ class StreamRollouts:
         self.launch(step)  # after the first batch: the k batches ahead start now, while this step trains
         row.update(self.buffer.metrics(batch))
         row.update(self._row_metrics(samples, time.perf_counter() - t0))
-        self.restarts = self.reissued = 0
         return [s.to_trajectory() for s in samples]
 
     def more(self, step: int, round_: int, version: int, row: dict, groups: int) -> list[Trajectory]:
@@ -195,7 +173,7 @@ class StreamRollouts:
     def pump(self) -> None:
         """While the trainer trains (`Job.wait`'s pump): drain every worker once without waiting, scoring the groups
         completed. A failed worker call is left to the polls after the train step (`take` or the sync replace it)."""
-        if not self.pump_failed:
+        if not self.engines.failed:
             self._poll(0.0, recover=False)
         elif self.on_poll is not None:
             self.on_poll()
@@ -214,7 +192,7 @@ class StreamRollouts:
 
     def finish_in_flight(self, row: dict) -> None:
         """Nothing waits here: the weight sync pauses the engines' requests and continues them after the load."""
-        n = max(len(self.workers), 1)
+        n = max(len(self.engines), 1)
         row.update({f"rollout/worker_{name}_s_mean": self.engine_s[k] / n for k, name in ENGINE_KEYS.items()})
         self.engine_s = dict.fromkeys(ENGINE_KEYS, 0.0)
 
@@ -258,23 +236,21 @@ class StreamRollouts:
         sends: dict[int, list] = {}
         for request, finished, to_run in plan:
             gid = request.group_id
-            self.buffer.submit(gid, self._size(request))
+            self.buffer.submit(gid, self.engines.size(request))
             self.requests[gid] = request
             for sample in finished:
                 self.buffer.add(sample)  # a complete group joins `ready` here, in the checkpoint's order
             if to_run:
-                w = min(range(len(self.workers)), key=lambda i: self.outstanding[i])
-                self.where[gid], self.outstanding[w] = w, self.outstanding[w] + len(to_run)
-                sends.setdefault(w, []).extend(to_run)
+                sends.setdefault(self.engines.place(gid, len(to_run)), []).extend(to_run)
         for w, samples in sends.items():
-            self._send(w, "stream_resume", samples)
+            self.engines.send(w, "stream_resume", samples)
 
     def _snapshot(self) -> list[PartialSample]:
         """Every worker's snapshot (actors/rollout/stream.py): its finished samples into the buffer, as a drain;
         returns copies of the unfinished ones of groups in flight. A lost worker's groups start again on its
-        replacement (`_lost`); the checkpoint holds none of their samples then (a resume generates them again)."""
+        replacement (StreamWorkers.lost); the checkpoint holds none of their samples then (a resume generates them again)."""
         in_flight: list[PartialSample] = []
-        for i, (finished, running) in self._from_each("stream_snapshot"):
+        for i, (finished, running) in self.engines.each("stream_snapshot"):
             self._received(i, finished)
             in_flight += [s for s in running if s.request.group_id in self.buffer.pending]
         return in_flight
@@ -285,19 +261,20 @@ class StreamRollouts:
         ids = sorted(self.requests)
         self.buffer = GroupBuffer(self.buffer.k, self.per_step)
         self.buffer.started = self.version * self.per_step
-        self.requests, self.outstanding, self.where = {}, [0] * len(self.workers), {}
+        self.requests = {}
+        self.engines.reset()
         if self.group_scores is not None:
             self.group_scores.retain(())
-        self.taken_scores, self.sent_to = None, list(self.workers)
+        self.taken_scores = None
         self.version = self.version if engine_version is None else engine_version
         return ids
 
     def _poll(self, wait_s: float, recover: bool = True) -> None:
         """Drain every worker once (the first waits up to `wait_s` seconds for a finished sample), then issue the
-        scoring of the groups completed (`recover`: see `_from_each`). `on_poll` first."""
+        scoring of the groups completed (`recover`: see StreamWorkers.each). `on_poll` first."""
         if self.on_poll is not None:
             self.on_poll()
-        for i, (samples, metrics) in self._from_each("stream_drain", recover, lambda i: (wait_s if i == 0 else 0.0,)):
+        for i, (samples, metrics) in self.engines.each("stream_drain", recover, lambda i: (wait_s if i == 0 else 0.0,)):
             self.engine_s = {k: v + metrics.get(k, 0.0) for k, v in self.engine_s.items()}
             if "env/actor_restarts" in metrics:
                 self.actor_restarts = (self.actor_restarts or 0.0) + metrics["env/actor_restarts"]
@@ -314,61 +291,9 @@ class StreamRollouts:
 
     def _received(self, w: int, samples: list) -> None:
         """Finished samples drained from worker w: into the buffer (those of groups still in flight)."""
+        self.engines.drained(w, len(samples))
         for s in samples:
-            self.outstanding[w] -= 1
             self._add(s)
-
-    def _from_each(self, method: str, recover: bool = True,
-                   args: Callable[[int], tuple] = lambda i: ()) -> Iterator[tuple[int, object]]:
-        """Every worker's `method(*args(i))` at once (a replaced worker gets its groups first; the fault window is the
-        method's name); yields (i, result) of each worker that answered; a lost one is replaced (`_lost`) and
-        skipped (not `recover`: any failed one is skipped, and `pump_failed` set)."""
-        for w in range(len(self.workers)):
-            self._reissue_if_replaced(w)
-        handles = list(self.workers)
-        refs = [call_engine(handles, i, method, method, *args(i)) for i in range(len(handles))]
-        for i, ref in enumerate(refs):
-            try:
-                out = self.wait(ref)
-            except Exception as e:  # noqa: BLE001 - `_lost` raises what is not a lost worker
-                if recover:
-                    self.submits.pop(i, None)  # its groups are issued again to the replacement
-                    self._lost(i, handles[i], e)
-                self.pump_failed = self.pump_failed or not recover
-                continue
-            for submitted in self.submits.pop(i, []):  # ran before this drain: returned already
-                self.wait(submitted)
-            yield i, out
-
-    def _lost(self, w: int, handle, error: BaseException) -> None:
-        """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces
-        it), the error is raised; its groups are then issued again to the replacement."""
-        if self.recover is None:
-            raise error
-        if self.workers[w] is handle:  # not replaced since the call was made
-            new = self.recover(w, error)
-            if new is None:
-                raise error
-            self.workers[w] = new
-            self.restarts += 1
-        self._reissue_if_replaced(w)
-
-    def _reissue_if_replaced(self, w: int) -> None:
-        """Worker w was replaced since its groups were sent (here or by the weight sync): each incomplete group
-        it held starts again from nothing on the replacement."""
-        if self.workers[w] is self.sent_to[w]:
-            return
-        self.sent_to[w] = self.workers[w]
-        gids = [g for g, at in self.where.items() if at == w and g in self.buffer.pending]
-        for g in gids:
-            self.buffer.restart(g)
-        self.outstanding[w] = sum(self._size(self.requests[g]) for g in gids)
-        self.reissued += len(gids)
-        if gids:
-            self._submit_to(w, [self.requests[g] for g in gids])
-
-    def _size(self, r: PromptRequest) -> int:
-        return r.sampling.n if r.sampling is not None else self.n
 
     def _add(self, sample: PartialSample) -> None:
         if sample.request.group_id in self.buffer.pending:
@@ -381,17 +306,16 @@ class StreamRollouts:
             self.requests.pop(gid)
         if self.group_scores is not None:
             self.group_scores.retain(live)
-        for gid in [g for g in self.where if g not in self.buffer.pending]:
-            self.where.pop(gid)
+        self.engines.keep(self.buffer.pending)
 
     def _row_metrics(self, samples: list, wait_s: float) -> dict[str, float]:
         """rollout/* of the batch (PartialSamples, or multi-turn EpisodeSamples: `episode_metrics`, orchestrator/rollout/partial_episode.py; rollout/tokens
         counts their observation ids too) and the workers' stream/*."""
-        tokens = sum(len(s.response_ids) for s in samples)
+        tokens, (restarts, reissued) = sum(len(s.response_ids) for s in samples), self.engines.take_counts()
         stale = max(self.version - s.first_version for s in samples)
         return {"rollout/tokens": float(tokens), "rollout/staleness": float(stale),
                 "rollout/response_len_mean": tokens / len(samples), "async/trainer_wait_s": wait_s,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
-                "rollout/worker_restarts": float(self.restarts), "rollout/groups_reissued": float(self.reissued),
+                "rollout/worker_restarts": float(restarts), "rollout/groups_reissued": float(reissued),
                 **episode_metrics(samples), **{k: v for k, v in self.stream.items() if k not in ENGINE_KEYS}}
 

@@ -14,7 +14,7 @@ import math
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.config.sampling import ROUND_STRIDE
+from orchestrator.rollout.dynamic_sampling import ROUND_STRIDE
 from orchestrator.controller import GRPOController
 from tests.integration.conftest import tiny_overrides
 from tests.integration.helpers import crashed_copy

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.config.sampling import ROUND_STRIDE
+from orchestrator.rollout.dynamic_sampling import ROUND_STRIDE
 from orchestrator.data import StatefulLoader
 from orchestrator.rollout import PromptRequest, Trajectory
 from orchestrator.rollout.dynamic_sampling import DynamicSampling, merge_round_rows, pooled_std, round_group_id

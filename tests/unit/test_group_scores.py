@@ -130,7 +130,7 @@ def test_groups_are_scored_as_they_complete_and_while_the_trainer_trains(monkeyp
     monkeypatch.setattr(job_module.ray, "get", lambda refs, timeout: {"actor/loss": 0.0})
     assert _job(30.0).wait("train-ref", pump=rollouts.pump) == {"actor/loss": 0.0}
     assert sorted(issued) == [2, 3, 4, 5, 6, 7]  # the groups completed while training: scored before taken
-    assert sum(len(f.samples) for f in fakes) == 0 and rollouts.outstanding == [0, 0]
+    assert sum(len(f.samples) for f in fakes) == 0 and rollouts.engines.outstanding == [0, 0]
     finished = {}
     rollouts.finish_in_flight(finished)  # take's drain and two pumps, 0.1 s each per worker: counted once
     assert finished["rollout/worker_generate_s_mean"] == pytest.approx(0.3)
@@ -176,14 +176,14 @@ def test_a_worker_lost_while_the_trainer_trains_is_replaced_after_the_train_step
     rollouts, fakes, engine = _stream(issued, recover=recover)
     rollouts.launch(1)
     rollouts.take(1, 0, {})
-    rollouts.workers[0] = rollouts.sent_to[0] = _DeadWorker()
+    rollouts.engines.handles[0] = rollouts.engines.sent_to[0] = _DeadWorker()
     rollouts.pump()  # no replacement now (it would sync from the busy trainer); worker 1 is still drained
     rollouts.pump()  # skipped after a failure, until the next take
-    assert replaced == [] and rollouts.pump_failed and fakes[1].samples == []
+    assert replaced == [] and rollouts.engines.failed and fakes[1].samples == []
     rollouts.synced(1)
     row = {}
     rollouts.take(2, 1, row)  # the next poll replaces it and its groups start again there
-    assert replaced == [0] and not rollouts.pump_failed and row["rollout/worker_restarts"] == 1.0
+    assert replaced == [0] and not rollouts.engines.failed and row["rollout/worker_restarts"] == 1.0
     assert row["rollout/groups_reissued"] >= 1
 
 

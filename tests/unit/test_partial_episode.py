@@ -113,7 +113,7 @@ def test_the_controller_hands_multi_turn_groups_to_the_workers_with_the_env_sect
     rollouts = StreamRollouts([worker], lambda refs: refs, more, None, cfg, env_cfg=env)
     request = PromptRequest(7, [1], "3", prompt="p", seed=11)
     rollouts.submit([request])
-    assert calls == [([request], env, 0)] and rollouts.outstanding == [2]
+    assert calls == [([request], env, 0)] and rollouts.engines.outstanding == [2]
     done = [EpisodeSample(request, _episode(7, i, ([1, 1], [2]))) for i in range(2)]
     worker.stream_drain = SimpleNamespace(remote=lambda wait_s: (done, {"stream/interruptions": 1.0}))
     row = {}

@@ -129,15 +129,15 @@ def test_a_round_trip_keeps_every_sample_once_with_its_tokens_versions_and_logpr
     assert sorted(k for k, _ in after) == sorted(before) == [f"{g}:{i}" for g in sorted(rollouts.requests) for i in range(N)]
     assert dict(after) == before  # nothing lost, nothing twice, tokens / logprobs / versions bit-exact
     assert [g.group_id for g in resumed.buffer.ready] == state["ready"]  # the trainer takes them in the same order
-    assert sum(resumed.outstanding) == sum(len(f.samples) for f in resumed_fakes)
+    assert sum(resumed.engines.outstanding) == sum(len(f.samples) for f in resumed_fakes)
 
 
 def test_a_worker_lost_during_the_snapshot_has_its_groups_generated_again_on_resume():
     replaced = []
     rollouts, fakes, engine = _setup(workers=2, recover=lambda w, e: replaced.append(w) or _StepWorker(engine))
     _steps(rollouts, engine, [1, 2])
-    lost = rollouts.where[min(rollouts.buffer.pending)]  # a worker that holds incomplete groups dies
-    held = sorted(g for g, w in rollouts.where.items() if w == lost)
+    lost = rollouts.engines.where[min(rollouts.buffer.pending)]  # a worker that holds incomplete groups dies
+    held = sorted(g for g, w in rollouts.engines.where.items() if w == lost)
     fakes[lost].stream_snapshot = _Call(lambda: RuntimeError("actor died"))
     state = _checkpoint(rollouts, fakes)
     assert replaced == [lost]

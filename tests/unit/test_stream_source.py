@@ -225,11 +225,11 @@ def test_a_lost_worker_is_replaced_and_its_groups_generated_again_once():
     trained: list = []
     _run_steps(rollouts, engine, [1], trained)
     rollouts.launch(2)
-    held = [g for g, w in rollouts.where.items() if w == 0]
+    held = [g for g, w in rollouts.engines.where.items() if w == 0]
     assert held  # worker 0 holds groups in flight when it dies
     fakes[0].samples = []  # its samples die with it
-    rollouts.workers[0] = _DeadWorker()
-    rollouts.sent_to[0] = rollouts.workers[0]  # the dead handle is the one its groups went to
+    rollouts.engines.handles[0] = _DeadWorker()
+    rollouts.engines.sent_to[0] = rollouts.engines.handles[0]  # the dead handle is the one its groups went to
     row = _run_steps(rollouts, engine, [2], trained)
     assert replaced == [0] and row["rollout/worker_restarts"] == 1.0 and row["rollout/groups_reissued"] == len(held)
     _run_steps(rollouts, engine, [3, 4], trained)
@@ -240,12 +240,12 @@ def test_a_lost_worker_is_replaced_and_its_groups_generated_again_once():
 def test_a_worker_replaced_by_the_weight_sync_gets_its_groups_again():
     rollouts, fakes, engine, _, _ = _setup(k=1)
     rollouts.launch(1)
-    held = sorted(g for g, w in rollouts.where.items() if w == 1)
+    held = sorted(g for g, w in rollouts.engines.where.items() if w == 1)
     fakes[1].samples = []  # replaced (e.g. its weight load hung): its requests are gone
-    rollouts.workers[1] = fresh = _FakeWorker(engine)
+    rollouts.engines.handles[1] = fresh = _FakeWorker(engine)
     row = {}
     trajs = rollouts.take(1, 0, row)
-    assert len(trajs) == 4 and rollouts.sent_to[1] is fresh
+    assert len(trajs) == 4 and rollouts.engines.sent_to[1] is fresh
     assert row["rollout/groups_reissued"] == len(held) and row["rollout/worker_restarts"] == 0.0
 
 
@@ -253,7 +253,7 @@ def test_a_lost_worker_without_a_recover_hook_raises():
     for recover in (None, lambda w, e: None):  # no hook, or the hook says the error is not a lost worker
         rollouts, _, _, _, _ = _setup(k=1, recover=recover)
         rollouts.launch(1)
-        rollouts.workers[0] = rollouts.sent_to[0] = _DeadWorker()
+        rollouts.engines.handles[0] = rollouts.engines.sent_to[0] = _DeadWorker()
         with pytest.raises(_Lost):
             rollouts.take(1, 0, {})
 

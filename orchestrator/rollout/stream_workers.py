@@ -1,0 +1,156 @@
+"""The rollout workers of fully asynchronous rollouts (`rollout.mode=stream`, orchestrator/rollout/stream_source.py):
+where each group runs, every call to a worker, and a lost worker's replacement.
+
+    engines = StreamWorkers(workers, wait, recover, restart, env_cfg, n)
+    engines.assign(requests)                       # each group to the worker with the fewest samples outstanding
+    for i, (samples, metrics) in engines.each("stream_drain", args=lambda i: (0.2,)): ...
+    engines.drained(i, len(samples))               # those samples are no longer outstanding on worker i
+    engines.prioritize(group_ids)                  # the groups the trainer waits for run first (single-turn)
+
+Calls go through orchestrator/runtime/faults.py `call_engine` (the fault window is the method's name). Submits,
+priorities and resumes are not waited for (a weight load queued on a worker must not hold the step): their results
+are read after that worker's next drain returns, which ran after them. A worker whose call fails is asked about:
+the job's `recover` hook (orchestrator/job.py `Job.recover_rollout`) says whether it is lost and starts its
+replacement (synced to the current weights), or the weight sync already replaced it; then every incomplete group it
+held starts again, whole, from its request, on the replacement (`restart(group id)` clears the group's finished
+samples in the stream's buffer and returns its request, or None for a group no longer in flight). Counted in
+`restarts` and `reissued` (the stream's `rollout/worker_restarts`, `rollout/groups_reissued`). Past run.max_restarts
+the hook raises and the run stops. Pure: no Ray import (handles and `wait` are passed in).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+from orchestrator.rollout.source import Recover
+from orchestrator.rollout.types import PromptRequest
+from orchestrator.runtime.faults import call_engine
+
+Restart = Callable[[int], Optional[PromptRequest]]  # a group id -> its request, its samples cleared; None: not in flight
+
+
+class StreamWorkers:
+    """The stream's workers (see the module docstring). workers: the job's handles (its list: a replacement's handle
+    is set in it); wait: the job's bounded ray.get; recover: the job's hook for a lost worker (None: its error is
+    raised); restart: see `Restart`; env_cfg: multi-turn tasks' `env` section (None single-turn); n: rollout.n."""
+
+    def __init__(self, workers: list, wait: Callable, recover: Optional[Recover], restart: Restart,
+                 env_cfg: Optional[dict], n: int):
+        self.handles, self.wait, self.recover, self.restart = workers, wait, recover, restart
+        self.env_cfg, self.n = env_cfg, n
+        self.reset()
+        self.restarts = self.reissued = 0  # since the counts were last taken (`take_counts`)
+        self.failed = False  # a call failed where it was not recovered (`each(recover=False)`): retried by the stream
+
+    def reset(self) -> None:
+        """Forget every group (the engines are being replaced)."""
+        self.sent_to = list(self.handles)  # the handle each worker's groups went to (a replacement differs)
+        self.where: dict[int, int] = {}  # group id -> the worker generating it, groups not complete
+        self.outstanding = [0] * len(self.handles)  # samples submitted to each worker and not drained
+        self.submits: dict[int, list] = {}  # worker -> its calls not waited for, read after its next drain
+        self.first: dict[int, tuple] = {}  # worker -> (its handle, the groups it was told to run first)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def size(self, r: PromptRequest) -> int:
+        """The samples of request `r`'s group."""
+        return r.sampling.n if r.sampling is not None else self.n
+
+    def take_counts(self) -> tuple[int, int]:
+        """(workers replaced, groups issued again) since the last call; the counts start again at 0."""
+        counts, self.restarts, self.reissued = (self.restarts, self.reissued), 0, 0
+        return counts
+
+    def assign(self, requests: list[PromptRequest]) -> None:
+        """Hand each group to the worker with the fewest samples outstanding (a replaced worker gets its own groups
+        first, not these twice)."""
+        self.reissue_replaced()
+        plan: dict[int, list] = {}
+        for r in requests:
+            w = self.place(r.group_id, self.size(r))
+            plan.setdefault(w, []).append(r)
+        for w, rs in plan.items():
+            self.submit_to(w, rs)
+
+    def place(self, group_id: int, samples: int) -> int:
+        """Group `group_id`'s `samples` go to the least-loaded worker; returns it (nothing is sent)."""
+        w = min(range(len(self.handles)), key=lambda i: self.outstanding[i])
+        self.where[group_id], self.outstanding[w] = w, self.outstanding[w] + samples
+        return w
+
+    def submit_to(self, w: int, requests: list[PromptRequest]) -> None:
+        """Worker w's stream_submit (multi-turn: with the env section and its index, the sticky router's key)."""
+        self.send(w, "stream_submit", *((requests, self.env_cfg, w) if self.env_cfg else (requests,)))
+
+    def send(self, w: int, method: str, *args) -> None:
+        """Worker w's `method` (submit, prioritize, resume), not waited for: read after its next drain (`each`)."""
+        self.submits.setdefault(w, []).append(call_engine(self.handles, w, "stream_submit", method, *args))
+
+    def prioritize(self, group_ids: list[int]) -> None:
+        """Tell each worker which of its groups the trainer waits for, when that changed (`stream_prioritize`: they
+        enter its engine first; not waited for). Multi-turn: not told (a turn is a request of its own)."""
+        for w, h in enumerate([] if self.env_cfg else self.handles):
+            want = frozenset(g for g in group_ids if self.where.get(g) == w)
+            if self.first.get(w, (h, frozenset())) != (h, want):  # (a replacement is told, if only "none")
+                self.send(w, "stream_prioritize", sorted(want))
+            self.first[w] = (h, want)
+
+    def drained(self, w: int, samples: int) -> None:
+        """`samples` finished samples came back from worker w."""
+        self.outstanding[w] -= samples
+
+    def keep(self, in_flight) -> None:
+        """Forget where the groups not in `in_flight` ran (complete, dropped)."""
+        for gid in [g for g in self.where if g not in in_flight]:
+            self.where.pop(gid)
+
+    def each(self, method: str, recover: bool = True,
+             args: Callable[[int], tuple] = lambda i: ()) -> Iterator[tuple[int, object]]:
+        """Every worker's `method(*args(i))` at once (a replaced worker gets its groups first; the fault window is the
+        method's name); yields (i, result) of each worker that answered; a lost one is replaced (`lost`) and skipped
+        (not `recover`: any failed one is skipped, and `failed` set)."""
+        self.reissue_replaced()
+        handles = list(self.handles)
+        refs = [call_engine(handles, i, method, method, *args(i)) for i in range(len(handles))]
+        for i, ref in enumerate(refs):
+            try:
+                out = self.wait(ref)
+            except Exception as e:  # noqa: BLE001 - `lost` raises what is not a lost worker
+                if recover:
+                    self.submits.pop(i, None)  # its groups are issued again to the replacement
+                    self.lost(i, handles[i], e)
+                self.failed = self.failed or not recover
+                continue
+            for submitted in self.submits.pop(i, []):  # ran before this call: returned already
+                self.wait(submitted)
+            yield i, out
+
+    def lost(self, w: int, handle, error: BaseException) -> None:
+        """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces it),
+        the error is raised; its groups are then issued again to the replacement."""
+        if self.recover is None:
+            raise error
+        if self.handles[w] is handle:  # not replaced since the call was made
+            new = self.recover(w, error)
+            if new is None:
+                raise error
+            self.handles[w] = new
+            self.restarts += 1
+        self.reissue_if_replaced(w)
+
+    def reissue_replaced(self) -> None:
+        for w in range(len(self.handles)):
+            self.reissue_if_replaced(w)
+
+    def reissue_if_replaced(self, w: int) -> None:
+        """Worker w was replaced since its groups were sent (here or by the weight sync): each incomplete group it
+        held starts again from nothing on the replacement."""
+        if self.handles[w] is self.sent_to[w]:
+            return
+        self.sent_to[w] = self.handles[w]
+        held = [g for g, at in self.where.items() if at == w]
+        again = [r for r in map(self.restart, held) if r is not None]
+        self.outstanding[w] = sum(self.size(r) for r in again)
+        self.reissued += len(again)
+        if again:
+            self.submit_to(w, again)
