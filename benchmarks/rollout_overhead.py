@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def start_worker(cfg, model_path: str):
-    """The rollout actor as orchestrator/job.py starts it: the rollout bundle's CPUs, the job's env vars."""
+    """The rollout actor as orchestrator/placement/start.py starts it: the rollout bundle's CPUs, the job's env vars."""
     import ray
 
     from actors.rollout.worker import RolloutWorkerActor

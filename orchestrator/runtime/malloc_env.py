@@ -33,7 +33,6 @@ import platform
 import re
 from typing import Mapping, Optional
 
-from orchestrator.placement.plan import on_gpu
 
 ENV = "GLIBC_TUNABLES"
 TRIM_THRESHOLD = 64 << 30  # bytes: never trim in practice
@@ -85,8 +84,3 @@ def tunables_env(setting: str, environ: Mapping[str, str] = os.environ,
         return {}
     return {ENV: ":".join(AUTO)}
 
-
-def run_env(cfg) -> dict[str, str]:
-    """Environment variables every actor of the run gets (orchestrator/job.py `actor_options`): glibc's malloc
-    settings for `run.glibc_tunables` ("auto": on CPU runs only, placement.resource other than "GPU")."""
-    return tunables_env(cfg.run.glibc_tunables, gpu=on_gpu(cfg))

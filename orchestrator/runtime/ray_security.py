@@ -1,4 +1,4 @@
-"""Hardening of the local Ray a run starts itself (orchestrator/job.py `connect_ray`; a cluster is the
+"""Hardening of the local Ray a run starts itself (orchestrator/runtime/ray_connect.py `connect_ray`, called by orchestrator/job.py; a cluster is the
 deployment's to secure, docs/deployment.md "Security").
 
 Ports. Ray 2.60 takes the node's external address as its node IP on Linux even when asked for 127.0.0.1

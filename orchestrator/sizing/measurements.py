@@ -122,7 +122,7 @@ def config_gpus(run_dir: Path) -> Optional[tuple[dict[str, int], dict, str]]:
 
     rollout = rollout.num_workers * rollout.tensor_parallel_size (1 when absent); trainer =
     trainer.num_workers; reference = trainer.context_parallel_size (1 when absent) when algo.kl_coef > 0 (one
-    ReferenceActor, or c context-parallel ranks: orchestrator/job.py) else 0. None when no config file is there."""
+    ReferenceActor, or c context-parallel ranks: orchestrator/placement/start.py) else 0. None when no config file is there."""
     from omegaconf import OmegaConf
 
     for name in CONFIG_NAMES:

@@ -13,7 +13,7 @@ import torch
 
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
-from orchestrator.job import actor_options
+from orchestrator.placement.start import actor_options
 from orchestrator.placement.groups import remove_groups, reserve_groups
 from orchestrator.placement.plan import plan_job
 from orchestrator.rollout import PromptRequest

@@ -18,7 +18,7 @@ from ray.util import placement_group_table
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.runtime.faults import fault_hook
-from orchestrator.job import actor_options
+from orchestrator.placement.start import actor_options
 from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups
 from orchestrator.placement.plan import plan_job
 from tests.integration.conftest import tiny_overrides

@@ -1,4 +1,4 @@
-"""A run's local Ray (orchestrator/job.py connect_ray) listens on 127.0.0.1 only, and its auth token file is
+"""A run's local Ray (orchestrator/runtime/ray_connect.py connect_ray) listens on 127.0.0.1 only, and its auth token file is
 readable by its user only; `run.ray_loopback=false` shows the measurement has teeth (Ray's default listens on
 every interface). Each case starts Ray in a fresh process with its own token file (RAY_AUTH_TOKEN_PATH), so
 neither this test session's Ray nor ~/.ray is touched."""
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, sys, time, psutil, ray
 from orchestrator.config import load_config
-from orchestrator.job import connect_ray
+from orchestrator.runtime.ray_connect import connect_ray
 connect_ray(load_config("configs/grpo_arith_cpu.yaml", ["run.num_cpus=1", f"run.ray_loopback={sys.argv[1]}"]))
 @ray.remote
 def pid():

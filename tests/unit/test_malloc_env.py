@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.runtime.malloc_env import ENV, check_tunables, glibc_version, run_env, tunables_env
+from orchestrator.placement.start import run_env
+from orchestrator.runtime.malloc_env import ENV, check_tunables, glibc_version, tunables_env
 
 CPU_YAML = Path(__file__).resolve().parents[2] / "configs" / "grpo_arith_cpu.yaml"
 
