@@ -99,6 +99,7 @@ class ScheduledFaults(GRPOController):
         self.samples: dict[int, list[tuple[int, str]]] = {}  # in the order the trainer gets them
         self.digests: dict[int, str] = {}  # sha256 of the trainer's weights after each step
         self.current, self.kill_in = 0, None  # kill_in: the fault window in which worker 0 is killed next
+        self.remove_in = None  # the fault window in which worker 0's node is removed next
 
     def _take(self, step: int, fault: str) -> bool:
         if (step, fault) not in self.pending:
@@ -117,6 +118,10 @@ class ScheduledFaults(GRPOController):
             weights = Path(self.last_checkpoint) / "policy" / "model.safetensors"
             with open(weights, "r+b") as f:
                 f.truncate(weights.stat().st_size // 2)
+        if self._take(step, "rollout_kill"):  # worker 0 dies as this step's generate call reaches it
+            self.kill_in = "generate"
+        if self._take(step, "node_removed"):  # worker 0's node is removed as this step's generate call reaches it
+            self.remove_in = "generate"
         if self._take(step, "probe_kill"):  # the sync at the end of this step: worker 0 dies as the probe reaches it
             self.kill_in = "probe"
         if self._take(step, "engine_hang"):  # the sync at the end of this step hangs on engine 0
@@ -127,10 +132,14 @@ class ScheduledFaults(GRPOController):
         return out
 
     def fault(self, window: str, k: int, handle) -> None:
-        """The fault hook (orchestrator/runtime/faults.py): SIGKILL rollout worker 0 as a call in window `kill_in` reaches it."""
+        """The fault hook (orchestrator/runtime/faults.py): SIGKILL rollout worker 0 as a call in window `kill_in`
+        reaches it, or remove its node as a call in window `remove_in` does."""
         if k == 0 and window == self.kill_in:
             self.kill_in = None
             os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+        if k == 0 and window == self.remove_in:
+            self.remove_in = None
+            self.cluster.remove_node(_node_of_rollout(self), allow_graceful=False)
 
     def _weights_digest(self) -> str:
         named, _ = ray.get(self.actors.trainer.weights_for_sync.options(num_returns=2).remote("float32"))
@@ -139,28 +148,12 @@ class ScheduledFaults(GRPOController):
             h.update(name.encode()), h.update(tensor.contiguous().numpy().tobytes())
         return h.hexdigest()[:16]
 
-    def generate(self, requests, row):
-        step = row["step"]
-        if self._take(step, "rollout_kill"):
-            pid = ray.get(self.job.actors.rollout[0].pid.remote())  # before the launch: calls queue behind it
-            launched = self.source.launch(requests)
-            os.kill(pid, signal.SIGKILL)
-            trajs = self.source.collect(launched, self.version, row)
-        elif self._take(step, "node_removed"):
-            node = _node_of_rollout(self)
-            launched = self.source.launch(requests)
-            self.cluster.remove_node(node, allow_graceful=False)
-            trajs = self.source.collect(launched, self.version, row)
-        else:
-            trajs = super().generate(requests, row)
-        self.samples[step] = list((t.group_id, hashlib.sha256(json.dumps(
-            [t.prompt_ids, t.response_ids]).encode()).hexdigest()[:16]) for t in trajs)
-        return trajs
-
-    def train(self, *args):
+    def train(self, trajs, advantages, ref):
         if self._take(self.current, "trainer_kill"):
             os.kill(ray.get(self.actors.trainer.__ray_call__.remote(lambda actor: os.getpid())), signal.SIGKILL)
-        return super().train(*args)
+        self.samples[self.current] = list((t.group_id, hashlib.sha256(json.dumps(
+            [t.prompt_ids, t.response_ids]).encode()).hexdigest()[:16]) for t in trajs)
+        return super().train(trajs, advantages, ref)
 
 
 def _node_of_rollout(controller):

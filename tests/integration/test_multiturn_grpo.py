@@ -26,10 +26,9 @@ ENV = ["env.name=tests.integration.multiturn_envs:ChattyEnv", "env.max_turns=3",
 class RecordingController(GRPOController):
     """Keeps every step's trajectories for the checks."""
 
-    def generate(self, requests, row):
-        trajs = super().generate(requests, row)
+    def train(self, trajs, advantages, ref):
         self.seen = getattr(self, "seen", []) + [trajs]
-        return trajs
+        return super().train(trajs, advantages, ref)
 
 
 def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):

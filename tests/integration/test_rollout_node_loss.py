@@ -15,6 +15,7 @@ import ray
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.placement.groups import PlacementError
+from orchestrator.runtime.faults import fault_hook
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -42,28 +43,35 @@ def _cfg(tiny_model, out, *extra):
 
 
 class RemoveNodeDuringGenerate(GRPOController):
-    """Removes the rollout worker's node right after a step's groups were launched on it: at step 2 after adding a
-    spare node, at step 4 without one."""
+    """Removes the rollout worker's node as a step's generate call reaches it (orchestrator/runtime/faults.py
+    `fault_hook`): at step 2 after adding a spare node, at step 4 without one."""
 
     SPARE_AT, NO_ROOM_AT = 2, 4
 
     def __init__(self, cfg, cluster):
         super().__init__(cfg)
-        self.cluster, self.spare_node, self.lost = cluster, None, []
+        self.cluster, self.spare_node, self.lost, self.at, self.removed_at = cluster, None, [], 0, set()
 
-    def generate(self, requests, row):
-        if row["step"] not in (self.SPARE_AT, self.NO_ROOM_AT):
-            return super().generate(requests, row)
-        if row["step"] == self.SPARE_AT:
+    def run(self):
+        with fault_hook(self._remove_node):
+            return super().run()
+
+    def step(self, step: int):
+        self.at = step
+        if step == self.SPARE_AT:
             self.spare_node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
             self.cluster.wait_for_nodes()
+        return super().step(step)
+
+    def _remove_node(self, window: str, k: int, handle) -> None:
+        if window != "generate" or self.at not in (self.SPARE_AT, self.NO_ROOM_AT) or self.at in self.removed_at:
+            return  # (once a step: the reissued groups' call reaches the replacement)
+        self.removed_at.add(self.at)
         node_id = _rollout_node(self)
         lost = next(n for n in self.cluster.list_all_nodes() if n.node_id == node_id)
         assert not lost.head
         self.lost.append(lost)
-        launched = self.source.launch(requests)
         self.cluster.remove_node(lost, allow_graceful=False)
-        return self.source.collect(launched, self.version, row)
 
 
 def _start(cluster, tiny_model, tmp_path, *extra):

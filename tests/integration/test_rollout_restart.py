@@ -42,10 +42,9 @@ class KillInWindows(GRPOController):
         self.at = step
         return super().step(step)
 
-    def generate(self, requests, row):
-        trajs = super().generate(requests, row)
-        self.samples[row["step"]] = Counter(t.group_id for t in trajs)
-        return trajs
+    def train(self, trajs, advantages, ref):
+        self.samples[self.at] = Counter(t.group_id for t in trajs)
+        return super().train(trajs, advantages, ref)
 
     def kill(self, window: str, k: int, handle) -> None:
         if k == 0 and (self.at, window) in self.schedule and (self.at, window) not in self.killed:

@@ -25,10 +25,11 @@ pytestmark = pytest.mark.integration
 
 
 class RecordingController(GRPOController):
-    def generate(self, requests, row):
-        trajs = super().generate(requests, row)
+    """Keeps every step's trained trajectories."""
+
+    def train(self, trajs, advantages, ref):
         self.seen = getattr(self, "seen", []) + [trajs]
-        return trajs
+        return super().train(trajs, advantages, ref)
 
 
 def qwen3_model(tiny_model, tmp_path):
