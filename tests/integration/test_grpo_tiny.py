@@ -2,8 +2,11 @@
 
 Checks that the weights change, that every engine holds exactly the trainer's weights after the sync
 (checksums and logprobs), that a corrupted transfer is caught, that metrics and checkpoint exist and
-load, that the reference, KL and IcePop's mismatch metrics are reported, that a resume continues where the run
-stopped, that the gloo broadcast syncs a run (one run and its resume serve all of these), and that short resources and a hung phase fail clearly.
+load, that the reference, KL and IcePop's mismatch metrics are reported, that the gloo broadcast syncs a run, that the
+run's own command run again (`checkpoint.resume: auto`, the default) skips a torn newest checkpoint with a warning
+naming the file, loads the previous one (after verifying every file against its manifest), says so in one line and
+continues (one run, checkpointing by time, and its resume serve all of these; before: test_checkpoint_resume.py ran
+its own), and that short resources and a hung phase fail clearly.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import ray
 import torch
 from safetensors.torch import load_file
 
+from orchestrator.checkpoint import CheckpointWarning, read_manifest, verify_manifest
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.placement.groups import PlacementError
@@ -89,18 +93,20 @@ def _check_checkpoint(result, tiny_model) -> None:
     assert state["step"] == 2 and state["loader"]["position"] > 0
 
 
-# One 2-step run on two engines (KL with a reference, IcePop token masking, the gloo broadcast, a checkpoint every
-# step, truncated sampling: top-k 50 then top-p 0.9) serves the checks of the run (rows, sync, logprobs, checkpoint, a
-# corrupted transfer caught), then its checkpoint serves the resume: a second controller continues it to step 3.
+# One 2-step run on two engines (KL with a reference, IcePop token masking, the gloo broadcast, a checkpoint after
+# every step by time: checkpoint.every_minutes=1e-4 (6 ms) with every_steps 0, truncated sampling: top-k 50 then top-p
+# 0.9) serves the checks of the run (rows, sync, logprobs, checkpoint, a corrupted transfer caught); then its step-2
+# checkpoint is torn and the same command resumes from step 1's: a second controller continues it to step 3.
 # (Before: five runs, one per check.) Under truncation the trainer and the reference replay the sampler's kept set, so
 # the mismatch checks of `_check_rows` (IcePop's band keeps every token, TIS weights ~1) and the 2e-3 logprob check
 # hold as without it; with the full softmax the ratios would be the kept mass (benchmarks/truncated_sampling.py).
-RUN = ("checkpoint.every_steps=1", "rollout.num_workers=2", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
+RUN = ("checkpoint.every_steps=0", "checkpoint.every_minutes=1e-4", "checkpoint.keep_last=3", "rollout.num_workers=2", "algo.kl_coef=0.05", "algo.kl_estimator=k3",
        "algo.rollout_correction.mode=token_mask", "weight_sync.strategy=nccl", "weight_sync.bucket_mb=4",
        "rollout.top_k=50", "rollout.top_p=0.9")
 
 
-def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume(ray_local, tiny_model, tmp_path):
+def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume_past_a_torn_checkpoint(
+        ray_local, tiny_model, tmp_path, capsys):
     first = GRPOController(_cfg(tiny_model, tmp_path, *RUN))
     try:
         result = first.run()
@@ -112,17 +118,36 @@ def test_two_steps_sync_exactly_checkpoint_catch_corruption_and_resume(ray_local
     finally:
         first.shutdown()
     _check_checkpoint(result, tiny_model)
+    one, two = _tear_the_newest_checkpoint(tmp_path)
 
-    second = GRPOController(_cfg(tiny_model, tmp_path, *RUN, "trainer.total_steps=3", "checkpoint.resume=latest"))
+    with pytest.warns(CheckpointWarning, match=f"skipping {two}: {two / 'policy' / 'model.safetensors'}: truncated"):
+        second = GRPOController(_cfg(tiny_model, tmp_path, *RUN, "trainer.total_steps=3"))  # the same command, auto
+    assert second.resume_from == one
     try:
         resumed = second.run()
         assert ray.get(second.actors.trainer.get_step.remote()) == 3
     finally:
         second.shutdown()
-    assert second.start_step == 2
-    assert [r["step"] for r in resumed.rows] == [1, 2, 3]
+    assert f"resume: loaded checkpoint {one} (after step 1); continuing at step 2 of 3" in capsys.readouterr().out
+    assert second.start_step == 1 and [r["step"] for r in resumed.rows] == [1, 2, 3]
     assert resumed.checkpoint.endswith("step_000003")
+    # the redone step 2 checkpointed again (by time) in place of the torn one: every checkpoint verifies now
+    assert [verify_manifest(tmp_path / "ckpt" / f"step_{s:06d}") for s in (1, 2, 3)] == [[], [], []]
+    assert read_manifest(two)["step"] == 2
+    # the loader where the uninterrupted run would be: step 3's prompts follow step 2's (2 per step)
     assert saved_loader["position"] + 2 == second.loader.state_dict()["position"] or second.loader.epoch > 0
+
+
+def _tear_the_newest_checkpoint(tmp_path):
+    """Steps 1 and 2 checkpointed (by time) and verified; step 2's weights lose their tail, as after a crash or a full
+    disk past the rename. Returns (step 1's folder, step 2's)."""
+    one, two = tmp_path / "ckpt" / "step_000001", tmp_path / "ckpt" / "step_000002"
+    assert verify_manifest(one) == [] and verify_manifest(two) == [] and read_manifest(two)["step"] == 2
+    assert "policy/tokenizer_config.json" in read_manifest(two)["files"]  # the tokenizer files are covered too
+    torn = two / "policy" / "model.safetensors"
+    with open(torn, "r+b") as f:
+        f.truncate(torn.stat().st_size // 2)
+    return one, two
 
 
 def test_missing_resources_fail_placement_naming_them(ray_local, tiny_model, tmp_path):
