@@ -69,22 +69,35 @@ def mode_names() -> tuple[str, ...]:
 
 def get(name: str) -> RolloutMode:
     """The mode `name`: a registered name, or a dotted module path `pkg.module` whose module defines `MODE` (a
-    RolloutMode, registered under the path on first use). Raises ValueError naming `rollout.mode` and the allowed
-    values."""
+    RolloutMode, registered under the path on first use, its builder imported then). Raises ValueError naming
+    `rollout.mode` and what is wrong: not a registered name, a module that cannot be imported (or raises while it
+    is), no `MODE` or one of another type, a builder that is not a callable."""
     if name not in _REGISTRY and isinstance(name, str) and "." in name:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"rollout.mode={name!r}: cannot import it ({e})") from None
-        mode = getattr(module, "MODE", None)
-        if not isinstance(mode, RolloutMode):
-            raise ValueError(f"rollout.mode={name!r}: the module defines no MODE (an orchestrator.rollout.modes."
-                             "RolloutMode; docs/extending.md, \"A rollout mode\")")
-        register(RolloutMode(name, mode.builder, mode.kind))
+        register(_from_module(name))
     if name not in _REGISTRY:
-        raise ValueError(f"rollout.mode={name!r} is not allowed; choose one of {list(_REGISTRY)}, or a dotted path "
+        raise ValueError(f"rollout.mode={name!r} is not allowed; choose one of {list(KINDS)}, or a dotted path "
                          "pkg.module to a module with MODE")
     return _REGISTRY[name]
+
+
+def _from_module(path: str) -> RolloutMode:
+    """The RolloutMode of module `path` (its `MODE`), under the name `path`, its builder checked."""
+    try:
+        module = importlib.import_module(path)
+    except Exception as e:  # noqa: BLE001 - an ImportError, or whatever the user's module raised while importing
+        raise ValueError(f"rollout.mode={path!r}: cannot import it ({type(e).__name__}: {e})") from None
+    mode = getattr(module, "MODE", None)
+    if not isinstance(mode, RolloutMode):
+        what = "defines no MODE" if mode is None else f"defines MODE = {mode!r}, not a RolloutMode"
+        raise ValueError(f"rollout.mode={path!r}: the module {what} (orchestrator.rollout.modes.RolloutMode; "
+                         "docs/extending.md, \"A rollout mode\")")
+    mode = RolloutMode(path, mode.builder, mode.kind)
+    try:
+        mode.build()
+    except Exception as e:  # noqa: BLE001 - a typo in the builder path: said now, not after the actors start
+        raise ValueError(f"rollout.mode={path!r}: its MODE.builder={mode.builder!r} is not a callable "
+                         f"({type(e).__name__}: {e})") from None
+    return mode
 
 
 def kind_of(name: str) -> str:

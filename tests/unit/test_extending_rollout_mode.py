@@ -51,3 +51,15 @@ def test_what_is_not_a_mode_is_refused_naming_rollout_mode(monkeypatch):
         load_config(YAML, ["rollout.mode=fake_pkg.no_mode"])
     with pytest.raises(ValueError, match="kind='eager' must be one of"):
         modes.RolloutMode("eager", "x:y", "eager")
+    bad = {"fake_pkg.wrong_type": "sync", "fake_pkg.no_builder": modes.RolloutMode("m", "fake_pkg.no_mode:nope", "sync")}
+    for path, value in bad.items():
+        module = types.ModuleType(path)
+        module.MODE = value
+        monkeypatch.setitem(sys.modules, path, module)
+    with pytest.raises(ConfigError, match=r"rollout.mode='fake_pkg.wrong_type': the module defines MODE = 'sync', not a"):
+        load_config(YAML, ["rollout.mode=fake_pkg.wrong_type"])
+    with pytest.raises(ConfigError, match=r"rollout.mode='fake_pkg.no_builder': its MODE.builder='fake_pkg.no_mode:nope' "
+                                          "is not a callable"):
+        load_config(YAML, ["rollout.mode=fake_pkg.no_builder"])
+    with pytest.raises(ConfigError, match=r"choose one of \['sync', 'one_step_off', 'stream'\], or"):  # built-ins only
+        load_config(YAML, ["rollout.mode=nope"])
