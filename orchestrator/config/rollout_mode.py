@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from orchestrator.rollout.modes import KINDS as MODES, ONE_STEP_OFF, STREAM, SYNC, get, kind_of  # noqa: F401 (re-exported)
+from orchestrator.rollout.modes import ONE_STEP_OFF, STREAM, SYNC, get, kind_of, mode_kind
 ASYNC_PLACEMENT = "disaggregated_async"  # deprecated placement.mode
 
 
@@ -63,7 +63,7 @@ def resolve_rollout_mode(cfg) -> Optional[str]:
     disaggregated_async) and `rollout.partial_rollout` (false: read into the mode) in place; idempotent. Returns the
     deprecation message naming the new keys when a deprecated key was used, else None.
 
-    Raises ValueError naming both keys: a rollout.mode not in MODES; rollout.mode against rollout.partial_rollout=true or against
+    Raises ValueError naming both keys: a rollout.mode that is neither a registered mode nor a dotted path to one; rollout.mode against rollout.partial_rollout=true or against
     placement.mode=disaggregated_async; an asynchronous mode with placement.mode=colocated (the engines sleep while
     the trainer trains, so nothing generates beside training); stream with algo.max_staleness < 1."""
     placement, partial = cfg.placement.mode, bool(cfg.rollout.partial_rollout)
@@ -88,8 +88,3 @@ def staleness_bound(cfg) -> int:
     algo.max_staleness."""
     return 0 if mode_kind(cfg) == SYNC else int(cfg.algo.max_staleness)
 
-
-def mode_kind(cfg) -> str:
-    """The built-in mode (SYNC, ONE_STEP_OFF, STREAM) whose contract resolved config `cfg`'s rollout.mode keeps:
-    itself for a built-in, the `kind` a registered or dotted-path mode declares (orchestrator/rollout/modes.py)."""
-    return kind_of(cfg.rollout.mode)

@@ -100,6 +100,12 @@ def _from_module(path: str) -> RolloutMode:
     return mode
 
 
+def mode_kind(cfg) -> str:
+    """The kind (SYNC, ONE_STEP_OFF, STREAM) of run config `cfg`'s rollout.mode: itself for a built-in, the `kind` a
+    registered or dotted-path mode declares."""
+    return kind_of(cfg.rollout.mode)
+
+
 def kind_of(name: str) -> str:
     """The built-in mode whose contract mode `name` keeps (SYNC, ONE_STEP_OFF or STREAM). Raises what `get` raises."""
     return get(name).kind

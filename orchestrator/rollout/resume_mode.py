@@ -47,7 +47,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from orchestrator.rollout.modes import ONE_STEP_OFF, STREAM, SYNC, kind_of
+from orchestrator.rollout.modes import ONE_STEP_OFF, STREAM, SYNC, mode_kind
 
 LEGACY_KEYS = (("requests", STREAM), ("batches", ONE_STEP_OFF))  # checkpoints without "mode"
 SETTINGS = {mode: f"rollout.mode={mode}" for mode in (STREAM, ONE_STEP_OFF, SYNC)}
@@ -61,7 +61,7 @@ class ResumeModeError(ValueError):
 def config_mode(cfg) -> str:
     """The rollout mode of loaded run config `cfg` as resume reads it: STREAM, ONE_STEP_OFF or SYNC (a mode of one's
     own: the built-in mode whose contract it keeps, orchestrator/rollout/modes.py)."""
-    return kind_of(cfg.rollout.mode)
+    return mode_kind(cfg)
 
 
 def written_mode(state: Optional[dict], where: str = "the checkpoint") -> str:
