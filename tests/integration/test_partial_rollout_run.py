@@ -26,7 +26,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.dapo_rewards:parity_reward
 
 
 def _cfg(tiny_model, out, *extra):
-    return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"rollout.max_new_tokens": 48}) + [
+    return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"rollout.max_new_tokens": 32}) + [
         REWARD, "rollout.mode=stream", "algo.max_staleness=2", "algo.dynamic_sampling.enabled=true",
         "algo.dynamic_sampling.max_rounds=2",
         "rollout.ignore_eos=true", "checkpoint.every_steps=2", *extra])
@@ -52,7 +52,7 @@ def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model
     assert [sum(r[f"async/staleness_{s}"] for s in range(3)) for r in rows] == taken
     # groups started versions back are trained (k = 2 batches ahead; dynamic sampling's rounds take them sooner)
     assert max(r["async/staleness_max"] for r in rows) >= 1
-    assert [r["rollout/tokens"] for r in rows] == [48 * t for t in taken]  # ignore_eos: each ran its whole budget
+    assert [r["rollout/tokens"] for r in rows] == [32 * t for t in taken]  # ignore_eos: each ran its whole budget
     per_step = cfg.rollout.prompts_per_step
     for r in rows:  # dynamic sampling: each round takes the groups missing; the batch keeps its size
         assert r["rollout/dyn_groups_kept"] + r["rollout/dyn_groups_padded"] == per_step

@@ -149,8 +149,12 @@ os.kill(os.getpid(), 9)   # a driver SIGKILLed with its local Ray up
 """
 
 
-def test_ray_agents_outlive_a_sigkilled_driver_but_not_the_watchdog(capfd):
-    from orchestrator.cli.watchdog import run_watched, sweep
+# The premise of the watchdog (orchestrator/cli/watchdog.py): Ray's agents outlive a SIGKILLed driver. That the
+# watchdog leaves nothing of a SIGKILLed controller's session is checked on a real run in the test above
+# (`_check_sigkilled_controller_leaves_no_process_behind`; tests/unit/test_stopping.py on a plain child): this test
+# no longer repeats it on a bare driver (one local Ray start less).
+def test_ray_agents_outlive_a_sigkilled_driver():
+    from orchestrator.cli.watchdog import sweep
 
     # the premise: without the watchdog, Ray's agents stay after their driver's SIGKILL
     bare = subprocess.Popen([sys.executable, "-c", RAY_DRIVER], start_new_session=True)
@@ -162,7 +166,3 @@ def test_ray_agents_outlive_a_sigkilled_driver_but_not_the_watchdog(capfd):
     assert "DashboardAgent" in names or "RuntimeEnvAgent" in names, (
         f"this Ray no longer leaves its agents behind a SIGKILLed driver ({names!r}): revisit the reason given in "
         "orchestrator/cli/watchdog.py and docs/fault-tolerance-supervisor.md")
-    # with it: nothing of the driver's session is left once run_watched returns
-    assert run_watched([sys.executable, "-c", RAY_DRIVER]) == 128 + 9
-    sid = int(capfd.readouterr().out.split("session")[-1].split()[0])
-    assert _session_processes(sid) == []
