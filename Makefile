@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 model: $(STAMP)
-	$(BIN)/python -m orchestrator.models default
+	$(BIN)/python -m orchestrator.utils.models default
 
 demo: model
 	$(BIN)/python -m orchestrator configs/grpo_arith_cpu.yaml $(ARGS)

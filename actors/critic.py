@@ -39,7 +39,7 @@ from actors.model.fsdp import SHARDED_DIR, load_sharded
 from actors.trainer.trainer import keep_fused
 from orchestrator.algo import loss_normalizer, lr_multiplier, position_ids_from_attention_mask, response_mask_tensor
 from orchestrator.algo.value_loss import clipped_value_loss, explained_variance_over
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state
 
 WEIGHTS_FILE, STATE_FILE = "value_model.safetensors", "critic_state.pt"

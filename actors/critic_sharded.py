@@ -34,7 +34,7 @@ from actors.critic import STATE_FILE, WEIGHTS_FILE, Critic, ValueModel, merge_va
 from actors.model import collectives
 from actors.model.fsdp import SHARDED_DIR, full_state_dict, join_group, load_full_state, save_sharded, shard_model
 from actors.model.data_parallel import DataParallelRank
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 
 
 class ShardedCritic(DataParallelRank, Critic):

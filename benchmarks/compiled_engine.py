@@ -29,7 +29,7 @@ def run_mode(mode: str, rounds: int) -> dict:
     from safetensors.torch import load_file
     from vllm import LLM, SamplingParams
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     path = str(resolve_model_path("default"))
     t0 = time.perf_counter()

@@ -70,7 +70,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     model = str(resolve_model_path(args.model))
     runs = alternating(CHILD, ("bare", "ours"), model, args.repeats)

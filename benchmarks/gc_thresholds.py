@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default="default", help="model path or 'default' (the prepared SmolLM2)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     model = str(resolve_model_path(args.model))
     runs = alternating(CHILD, ("python", "ours"), model, args.repeats)

@@ -42,7 +42,7 @@ def child(steps: int, threads: int, warm: bool) -> None:
     from actors.trainer.trainer import Trainer
     from orchestrator.algo import TrainBatch
     from orchestrator.config.load import load_config
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     cfg = load_config(ROOT / "configs" / "grpo_arith_cpu.yaml", [f"trainer.num_threads={threads}"])
     trainer = Trainer(resolve_model_path(cfg.model.path), cfg.trainer, cfg.algo, 1.0, cfg.rollout.max_new_tokens)

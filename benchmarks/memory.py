@@ -48,7 +48,7 @@ def measure(name: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from actors.model.forward import collate, forward_logprobs
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     precision, attention, mbs, seq, resp, ckpt = CONFIGS[name]
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def estimate(name: str) -> dict:
     from orchestrator.memory.estimate import RunShape, trainer_bytes
     from orchestrator.memory.params import load_hf_config
     from orchestrator.memory.shapes import model_shape
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     precision, attention, mbs, seq, resp, ckpt = CONFIGS[name]
     shape = model_shape(load_hf_config(resolve_model_path("default")), "SmolLM2-135M-Instruct")

@@ -26,7 +26,6 @@ Prints one table and the ratios; results are recorded in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import os
 import sys
@@ -146,7 +145,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from transformers import AutoTokenizer
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
     from orchestrator.rollout.router import StickyRouter
 
     model = str(resolve_model_path(args.model))

@@ -29,7 +29,7 @@ def default_model_params(threads: int, grad_scale: float) -> list:
     torch.set_num_threads(threads)
     from transformers import AutoModelForCausalLM
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model_path("default")), dtype=torch.float32)
     params = list(model.parameters())
     torch.manual_seed(0)

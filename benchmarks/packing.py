@@ -136,7 +136,7 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="bench_packing_")
     if args.model == "default":
-        from orchestrator.models import resolve_model_path
+        from orchestrator.utils.models import resolve_model_path
         model = str(resolve_model_path("default"))
     elif args.model == "tiny":
         model = tiny_model(tmp)

@@ -44,7 +44,7 @@ from orchestrator.algo import TrainBatch  # noqa: E402
 from orchestrator.config.load import load_config  # noqa: E402
 from orchestrator.data.chat import render_prompt_ids  # noqa: E402
 from orchestrator.data.datasets import load_examples  # noqa: E402
-from orchestrator.models import resolve_model_path  # noqa: E402
+from orchestrator.utils.models import resolve_model_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 def default_weights() -> list[tuple[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("default"), dtype=torch.float32)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))

@@ -96,7 +96,7 @@ def dump_prompts(cfg, steps: int, path: Path) -> list[list[str]]:
     from transformers import AutoTokenizer
 
     from orchestrator.data import StatefulLoader, load_examples, render_prompt_ids
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path, cfg.model.cache_dir))
     examples = load_examples(cfg.data)
@@ -249,7 +249,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from orchestrator.config import load_config
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)

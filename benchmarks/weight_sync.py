@@ -45,7 +45,7 @@ GB = 1e9
 def default_model_weights(dtype=torch.bfloat16) -> list[tuple[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("default"), dtype=torch.float32)
     return [(k, v.to(dtype).contiguous()) for k, v in model.state_dict().items() if k != "lm_head.weight"]
@@ -286,7 +286,7 @@ def delta_after_real_step(lr: float) -> dict:
     from orchestrator.algo import TrainBatch
     from orchestrator.config import load_config
     from orchestrator.data import load_examples, render_prompt_ids
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
     from orchestrator.weight_sync.delta import encode_delta
 
     cfg = load_config("configs/grpo_arith_cpu.yaml", [])
@@ -324,7 +324,7 @@ def end_to_end(steps: int) -> list[dict]:
     from actors.rollout.worker import RolloutWorkerActor
     from actors.trainer.trainer import TrainerActor
     from orchestrator.config import load_config
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
     from orchestrator.weight_sync.syncer import make_syncer
 
     path = str(resolve_model_path("default"))

@@ -31,7 +31,7 @@ from orchestrator.metrics import METRICS_FILE, SinkContext, plot_run, read_jsonl
 from orchestrator.metrics.phases import ROLE_PHASES, PhaseTimer, role_utilisation
 from orchestrator.metrics.registry import build_sinks
 from orchestrator.metrics.samples import ScoredBatch, log_completion_samples
-from orchestrator.models import resolve_model_path
+from orchestrator.utils.models import resolve_model_path
 from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
 from orchestrator.reward.failures import check_reward_failures

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from orchestrator.algo import AdvantageInputs, TrainBatch, compute_token_advantages, gae_from_inputs, token_rows
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 from orchestrator.checkpoint import write_manifest
 
 CRITIC_DIR = "critic"  # the critic's folder inside a checkpoint (value_model.safetensors, critic_state.pt)

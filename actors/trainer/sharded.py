@@ -71,7 +71,7 @@ from actors.model.fsdp import (FULL_CPU, SHARDED_DIR, full_state_dict, join_grou
 from actors.model.data_parallel import DataParallelRank
 from actors.trainer.trainer import Trainer, keep_fused, seal_checkpoint
 from orchestrator.algo import TrainBatch
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 from orchestrator.algo.sampler_support import Sampling
 

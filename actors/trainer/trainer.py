@@ -36,7 +36,7 @@ from actors.trainer.update_size import update_ratio
 from orchestrator.algo import LossInputs, Sampling, TrainBatch, compute_policy_loss, loss_normalizer, lr_multiplier
 from orchestrator.algo.mismatch import uses_rollout_logprobs
 from orchestrator.algo.mismatch_metrics import MismatchStats
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 from orchestrator.checkpoint import write_manifest
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 from orchestrator.weight_sync import group_checksums

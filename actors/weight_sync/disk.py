@@ -1,7 +1,7 @@
 """Disk weight sync: safetensors shards on a path the trainer and every engine share (NFS, a PVC).
 
 The sender writes version v as `<path>/v<v>/shard-*.safetensors` + `manifest.json`, into a temporary
-folder first, fsynced and renamed when complete (orchestrator/atomic.py: a reader never sees a
+folder first, fsynced and renamed when complete (orchestrator/utils/atomic.py: a reader never sees a
 half-written version); older versions are removed once every engine was verified on the new one.
 The payload sent to the engines is the folder's path; each engine streams the shards from it.
 """
@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from actors.weight_sync.base import WeightReceiver, WeightSender, WeightSyncStrategy
-from orchestrator.atomic import atomic_dir, is_temporary
+from orchestrator.utils.atomic import atomic_dir, is_temporary
 
 MANIFEST = "manifest.json"
 

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from actors.weight_sync.base import WeightReceiver, WeightSender, WeightSyncStrategy
-from orchestrator.atomic import atomic_dir
+from orchestrator.utils.atomic import atomic_dir
 from orchestrator.weight_sync.cost_model import predict_disk
 from orchestrator.weight_sync.registry import register
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrator.atomic import fsync_tree
+from orchestrator.utils.atomic import fsync_tree
 from orchestrator.checkpoint.manifest import CheckpointError, read_manifest, write_manifest
 from orchestrator.checkpoint.state import load_trainer_state
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.finite import nonnegative_problem
+from orchestrator.utils.finite import nonnegative_problem
 from orchestrator.memory.estimate import DTYPE_BYTES, GIB, RunShape
 from orchestrator.memory.params import PRESETS, ModelConfigError, resolve_model_config
 from orchestrator.memory.planner import format_plan, plan_memory
@@ -142,7 +142,7 @@ def run_from_args(args: argparse.Namespace) -> RunShape:
 def _plan_config(args: argparse.Namespace):
     from orchestrator.config import ConfigError, load_config
     from orchestrator.memory.preflight import plan_for_config
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     ignored = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
                if k not in ("config", "overrides", "device_gib", "func", "command", "plan_command")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from orchestrator.finite import check_finite_nonnegative
+from orchestrator.utils.finite import check_finite_nonnegative
 
 
 @dataclass(frozen=True)

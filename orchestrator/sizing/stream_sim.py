@@ -33,7 +33,7 @@ tolerance of the best.
 """
 from __future__ import annotations
 
-from orchestrator.finite import nonnegative_problem
+from orchestrator.utils.finite import nonnegative_problem
 from orchestrator.sizing.phases import (CYCLICITY, Phase, SimResult, StepCosts, check_scale, measure, scale_at,
                                         window_steps)
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from orchestrator.finite import check_finite_nonnegative
+from orchestrator.utils.finite import check_finite_nonnegative
 from orchestrator.sizing.scaling import Law, constant
 from orchestrator.sizing.phases import check_scale
 from orchestrator.sizing.simulator import MODES, SimResult, StepCosts, simulate

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from orchestrator.finite import nonnegative_problem
+from orchestrator.utils.finite import nonnegative_problem
 
 # GB/s (1e9 B/s), one direction, per GPU or per rank. Line rates (upper bounds) unless stated otherwise.
 FABRICS: dict[str, float] = {

@@ -72,7 +72,7 @@ def ray_local():
 def tiny_model(tmp_path_factory) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("default"))
     torch.manual_seed(0)

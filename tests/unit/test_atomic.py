@@ -1,9 +1,9 @@
-"""orchestrator.atomic.atomic_dir: a folder appears complete or not at all."""
+"""orchestrator.utils.atomic.atomic_dir: a folder appears complete or not at all."""
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.atomic import atomic_dir, is_temporary
+from orchestrator.utils.atomic import atomic_dir, is_temporary
 
 
 def test_the_folder_appears_only_when_the_block_ends(tmp_path):

@@ -69,7 +69,7 @@ def tiny_folder(tmp_path):
     controller to render prompts and for the planner; no weights (no actor ever loads them here)."""
     from transformers import AutoTokenizer
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("default"))
     cfg = dict(PRESETS["smollm2-135m"], architectures=["LlamaForCausalLM"], num_hidden_layers=2, hidden_size=64,

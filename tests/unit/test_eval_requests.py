@@ -8,7 +8,7 @@ from actors.rollout.vllm_engine import generation_inputs
 from orchestrator.config import load_config
 from orchestrator.data import load_examples
 from orchestrator.eval.runner import Evaluator
-from orchestrator.models import resolve_model_path
+from orchestrator.utils.models import resolve_model_path
 from orchestrator.rollout.seeds import eval_seed, group_seed, sample_seed
 from orchestrator.rollout.types import PromptRequest, SamplingOverride
 

@@ -1,11 +1,11 @@
-"""The shared "finite and >= 0" check (orchestrator/finite.py) and the classes that use it: the message names the
+"""The shared "finite and >= 0" check (orchestrator/utils/finite.py) and the classes that use it: the message names the
 class, the field and the bad value."""
 import math
 from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.finite import check_finite_nonnegative, nonnegative_problem
+from orchestrator.utils.finite import check_finite_nonnegative, nonnegative_problem
 from orchestrator.sizing.phases import StepCosts
 from orchestrator.sizing.scaling import constant
 from orchestrator.sizing.stream_sim import choose_k

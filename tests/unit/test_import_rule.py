@@ -5,7 +5,7 @@ import sys
 import pytest
 
 PURE = ["orchestrator.algo", "orchestrator.config", "orchestrator.weight_sync", "orchestrator.weight_sync.registry",
-        "orchestrator.atomic", "orchestrator.finite", "orchestrator.data",
+        "orchestrator.utils.atomic", "orchestrator.utils.finite", "orchestrator.data",
         "orchestrator.rollout", "orchestrator.reward", "orchestrator.checkpoint", "orchestrator.memory",
         "orchestrator.sizing.sizer", "orchestrator.sizing.measurements", "orchestrator.cli.size", "orchestrator.sizing.recommend", "orchestrator.placement.plan"]
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from orchestrator.models import resolve_model_path
+from orchestrator.utils.models import resolve_model_path
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer
 from orchestrator.envs.env import resolve_env_factory

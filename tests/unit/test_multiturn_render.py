@@ -5,7 +5,7 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
-from orchestrator.models import resolve_model_path
+from orchestrator.utils.models import resolve_model_path
 from orchestrator.rollout.chat_render import ChatRenderer, ChatTemplatePrefixError, check_template_keeps_history
 
 # ChatML like SmolLM2's, but (as Qwen3 does) assistant turns that are not the last message lose their

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
 
-from orchestrator.models import resolve_model_path
+from orchestrator.utils.models import resolve_model_path
 from orchestrator.reward.model import RewardModelScorer
 
 

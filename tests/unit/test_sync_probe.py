@@ -91,7 +91,7 @@ def test_config_keys_and_their_ranges():
 def test_probe_tokens_of_the_default_tokenizer():
     from transformers import AutoTokenizer
 
-    from orchestrator.models import resolve_model_path
+    from orchestrator.utils.models import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path("default"))
     prompt, cont = probe_tokens(lambda s: tok.encode(s, add_special_tokens=False))

