@@ -5,7 +5,12 @@ machine, measured in one run against the in-process engine the rollout worker dr
 
 1. Engine start: `vllm.LLM` with the worker's engine arguments (actors/rollout/vllm_engine.py `engine_kwargs`, the
    engine core in this process) against `AsyncLLM` with the same arguments, whose engine core runs in a process of its
-   own (vLLM refuses an in-process core under asyncio). Prints both and their ratio.
+   own (vLLM refuses an in-process core under asyncio). On CPU vLLM 0.32 starts that process with `spawn` always
+   (vllm/platforms/cpu.py sets VLLM_WORKER_MULTIPROC_METHOD=spawn; a Ray actor forces it too) and replaces the
+   "uni" executor by its multiprocess one (it cannot set OMP's environment in process), so the default `AsyncLLM`
+   is three processes, each importing vLLM: this one, the engine core, its model worker. Passing the executor class
+   (`distributed_executor_backend=UniProcExecutor`, which the replacement does not match) runs the model in the core:
+   two processes. Prints the three starts and their ratios to the in-process one.
 2. `pause_generation(mode="keep")` mid-generation: `--requests` requests stream `--max-tokens` tokens each
    (ignore_eos); once each has 8 tokens the engine is paused: the seconds the pause took, whether the requests stay
    frozen for 1 s, the seconds a `collective_rpc` to the worker takes while paused (what a weight load would use),
@@ -49,8 +54,25 @@ def start_in_process(model: str) -> float:
     return seconds
 
 
+async def async_start(model: str, in_core: bool) -> float:
+    """Seconds to start (and then shut down) an AsyncLLM; `in_core`: the model runs in the engine core's process."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    kw = _kwargs(model)
+    if in_core:
+        kw["distributed_executor_backend"] = UniProcExecutor
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    t0 = time.perf_counter()
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+    seconds = time.perf_counter() - t0
+    llm.shutdown()
+    return seconds
+
+
 async def async_engine(model: str, requests: int, max_tokens: int) -> dict:
-    """AsyncLLM's start and its pause/resume (see the module docstring)."""
+    """AsyncLLM's start (three processes) and its pause/resume (see the module docstring)."""
     from vllm import SamplingParams, TokensPrompt
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
@@ -99,8 +121,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     in_process = start_in_process(args.model)
     measured = asyncio.run(async_engine(args.model, args.requests, args.max_tokens))
-    print(f"engine start: in-process LLM {in_process:.1f} s, AsyncLLM (engine core in its own process) "
-          f"{measured['async_start_s']:.1f} s: ratio {measured['async_start_s'] / in_process:.2f}")
+    in_core = asyncio.run(async_start(args.model, in_core=True))
+    print(f"engine start: in-process LLM {in_process:.1f} s; AsyncLLM, vLLM's default on CPU (engine core and model "
+          f"worker each a spawned process) {measured['async_start_s']:.1f} s: ratio "
+          f"{measured['async_start_s'] / in_process:.2f}; AsyncLLM with the model in the core "
+          f"(UniProcExecutor) {in_core:.1f} s: ratio {in_core / in_process:.2f}")
     print(f"pause_generation(mode='keep') at {measured['tokens_at_pause']} tokens: {measured['pause_s']:.3f} s; "
           f"frozen for 1 s: {measured['frozen_while_paused']}; collective_rpc while paused: "
           f"{measured['rpc_while_paused_s']:.3f} s; resumed to {args.max_tokens} tokens with logprobs: "
