@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import typing
 import warnings
 from pathlib import Path
@@ -21,7 +20,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.algo.registry import import_plugins
 from orchestrator.config.critic import check_critic
-from orchestrator.config.data_checks import check_data_sources
 from orchestrator.config.fields import check_fields
 from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
 from orchestrator.config.paper_defaults import apply_paper_settings, declared_keys
@@ -29,10 +27,10 @@ from orchestrator.config.precision import check_precision
 from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
 from orchestrator.config.rollout_mode import STREAM, SYNC, mode_kind, resolve_rollout_mode
 from orchestrator.config.sampling import check_sampling_config
-from orchestrator.config.schema import Config, RewardFunctionConfig
+from orchestrator.config.schema import Config
+from orchestrator.config.sections import SECTION_CHECKS
 from orchestrator.config.source_reward import check_source_rewards
-from orchestrator.eval.checks import check_eval_config
-from orchestrator.guards.signals import check_guards_config
+from orchestrator.reward.config import RewardFunctionConfig
 from orchestrator.runtime.malloc_env import check_tunables
 from orchestrator.metrics.hparams import env_sourced_keys
 from orchestrator.config.context_parallel import check_context_parallel  # noqa: I001 (own line: merges)
@@ -155,7 +153,8 @@ def _import_algo_plugins(cfg) -> None:
 
 
 def validate(cfg) -> None:
-    """Check choices and ranges. Raises ConfigError naming the key path and the allowed values.
+    """Check choices and ranges, then each section's checks (orchestrator/config/sections.py `SECTION_CHECKS`,
+    in order) and those across sections below. Raises ConfigError naming the key path and the allowed values.
     Imports `algo.plugins` first, so that the names they register are allowed."""
     _import_algo_plugins(cfg)
     _run(resolve_rollout_mode, cfg)  # idempotent: a loaded config is resolved; `with_overrides` may set new keys
@@ -173,39 +172,23 @@ def validate(cfg) -> None:
     _check_packing(cfg)
     _run(check_context_parallel, cfg)
     _check_lora_targets(cfg)
-    _check_sinks(cfg)
-    _check_sync_strategy(cfg)
-    if cfg.rollout.n < 2:
-        raise ConfigError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")
+    for check in SECTION_CHECKS:
+        _run(check, cfg)
     batch = cfg.rollout.n * cfg.rollout.prompts_per_step
     if batch % cfg.trainer.mini_batches:
         raise ConfigError(f"trainer.mini_batches={cfg.trainer.mini_batches} must divide the global batch "
                           f"rollout.n * rollout.prompts_per_step = {batch}")
     _check_data_parallel(cfg, batch // cfg.trainer.mini_batches)
-    if not cfg.reward.functions:
-        raise ConfigError("reward.functions is empty; give at least one {name, weight}")
-    _check_reward_functions(cfg)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"trainer.betas={list(cfg.trainer.betas)} must have 2 values")
     for i, beta in enumerate(cfg.trainer.betas):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
             raise ConfigError(f"trainer.betas[{i}]={beta!r} must be in [0, 1) (AdamW's moment decay rates)")
-    try:  # the guards section (orchestrator/guards/signals.py)
-        check_guards_config(cfg.guards, cfg.algo.kl_coef)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     _check_env(cfg)
-    try:  # data.source and eval.data: built-in ranges, reasoning-gym tasks (orchestrator/config/data_checks.py)
-        check_data_sources(cfg)
-        check_source_rewards(cfg)  # built-in rewards against built-in sources' gold answers (config/source_reward.py)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _run(check_eval_config, cfg)  # the eval section (orchestrator/eval/checks.py)
+    _run(check_source_rewards, cfg)  # built-in rewards against built-in sources' gold answers (config/source_reward.py)
     _check_async(cfg)
     _run(check_rollout_correction, cfg)  # algo.rollout_correction against algo.old_logprobs (orchestrator/config/rollout_correction.py)
     _run(check_sampling_config, cfg)  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
-    _check_auto_placement(cfg)
-    _check_fake_gpus(cfg)
     _run(check_tunables, cfg.run.glibc_tunables)
 
 
@@ -217,21 +200,7 @@ def _run(check, cfg) -> None:
         raise ConfigError(str(e)) from None
 
 
-def _check_fake_gpus(cfg) -> None:
-    """placement.fake_gpus > 0 needs placement.resource=fake_gpu (the local Ray advertises that resource) and
-    at most this host's cores (each fake GPU is one core its actors are pinned to; orchestrator/placement/plan.py)."""
-    n = cfg.placement.fake_gpus
-    if n <= 0:
-        return
-    if cfg.placement.resource != "fake_gpu":
-        raise ConfigError(f"placement.fake_gpus={n} is set with placement.resource={cfg.placement.resource!r}: fake GPUs "
-                          "are the custom resource 'fake_gpu'; set placement.resource=fake_gpu or placement.fake_gpus=0")
-    import os
 
-    cores = len(os.sched_getaffinity(0))
-    if n > cores:
-        raise ConfigError(f"placement.fake_gpus={n} exceeds this host's {cores} cores: each fake GPU is one CPU core; "
-                          f"use at most {cores}")
 
 
 def _check_async(cfg) -> None:
@@ -253,13 +222,7 @@ def _check_async(cfg) -> None:
                           f"algo.old_logprobs=rollout{k0}")
 
 
-def _check_auto_placement(cfg) -> None:
-    """placement.auto re-places the actors after sizing.warmup_steps steps (orchestrator/placement/replace.py): that
-    step must come before the run's last one, or the measurement is never used."""
-    if cfg.placement.auto and cfg.sizing.warmup_steps >= cfg.trainer.total_steps:
-        raise ConfigError(f"sizing.warmup_steps={cfg.sizing.warmup_steps} with placement.auto=true must be below "
-                          f"trainer.total_steps={cfg.trainer.total_steps}: the re-placement after the warm-up steps "
-                          "would never run; lower sizing.warmup_steps or set placement.auto=false")
+
 
 
 def _check_env(cfg) -> None:
@@ -325,58 +288,12 @@ def _check_data_parallel(cfg, mini_batch: int) -> None:
                           f"/ trainer.mini_batches = {mini_batch}: every trainer rank takes an equal share")
 
 
-def _check_reward_functions(cfg) -> None:
-    """Resolve every reward function now (a typo fails here, not after the first rollout)."""
-    from orchestrator.reward.functions import resolve_reward_fn
-
-    names = [f.name for f in cfg.reward.functions]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"reward.functions has duplicate names: {names}")
-    for i, f in enumerate(cfg.reward.functions):
-        if not math.isfinite(f.weight):
-            raise ConfigError(f"reward.functions[{i}].weight={f.weight!r} must be finite")
-        try:
-            resolve_reward_fn(f.name)
-        except ValueError as e:
-            raise ConfigError(f"reward.functions[{i}].name: {e}") from None
 
 
-def _check_sinks(cfg) -> None:
-    """metrics.sinks: each a registered sink or an importable MetricSink class; jsonl present (the run's record)."""
-    from orchestrator.metrics.registry import resolve_sink
-
-    sinks = list(cfg.metrics.sinks)
-    repeated = sorted({str(s) for s in sinks if sinks.count(s) > 1})
-    if repeated:
-        raise ConfigError(f"metrics.sinks={sinks}: {repeated} listed more than once (every row would go there twice)")
-    for name in sinks:
-        try:
-            resolve_sink(str(name))
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-    if "jsonl" not in sinks:
-        raise ConfigError(f"metrics.sinks={sinks}: 'jsonl' is required (metrics.jsonl is the run's record: the plot, "
-                          "placement.auto and rl-orch size read it)")
-    _check_trackers(list(cfg.metrics.trackers))
 
 
-def _check_trackers(trackers: list) -> None:
-    """metrics.trackers: registered tracker names (orchestrator/metrics/registry.py TRACKERS), each at most once."""
-    from orchestrator.metrics.registry import TRACKERS
-
-    unknown = [t for t in trackers if t not in TRACKERS]
-    if unknown:
-        raise ConfigError(f"metrics.trackers={trackers}: unknown tracker(s) {unknown}; choose from {sorted(TRACKERS)}")
-    if len(set(trackers)) < len(trackers):
-        raise ConfigError(f"metrics.trackers={trackers}: a tracker is listed more than once")
 
 
-def _check_sync_strategy(cfg) -> None:
-    """weight_sync.strategy: "auto", a registered strategy, or a dotted module path defining STRATEGY."""
-    from orchestrator.weight_sync.registry import get
 
-    if cfg.weight_sync.strategy != "auto":
-        try:
-            get(cfg.weight_sync.strategy)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+
+

@@ -7,7 +7,7 @@ The reward function ``reasoning_gym`` (orchestrator/reward/rgym.py) rebuilds ``d
 reward worker and scores with the dataset's own ``score_answer(answer, entry)``, as reasoning-gym's own training code
 does (the entry's metadata, tuples included, is never round-tripped through JSON).
 
-Bad input fails at config load, before any actor starts (orchestrator/config/data_checks.py): an unknown task (the
+Bad input fails at config load, before any actor starts (orchestrator/data/checks.py): an unknown task (the
 message lists the tasks), a generation parameter the task's config class does not take (the message lists the ones
 it takes), a value its ``validate()`` refuses, ``seed``/``size`` inside ``config`` (they have their own keys), or the
 ``accuracy`` reward with a reasoning-gym source is refused by orchestrator/config/source_reward.py (its gold answers are references).

@@ -22,7 +22,7 @@ class _Probe:
         from omegaconf import OmegaConf
 
         from actors.rollout.vllm_engine import engine_kwargs
-        from orchestrator.config.schema import RolloutConfig
+        from orchestrator.rollout.config import RolloutConfig
 
         if bind is not None:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind

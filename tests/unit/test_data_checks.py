@@ -1,4 +1,4 @@
-"""orchestrator/config/data_checks.py: data.source and eval.data fail at config load, naming the key, when a
+"""orchestrator/data/checks.py: data.source and eval.data fail at config load, naming the key, when a
 built-in task's ranges or operators are bad or a reasoning-gym task cannot be built (eval.data included)."""
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The `weight_sync` section of the run config (orchestrator/config/schema.py holds the rest): the strategy, its
-verification, retries and probe, and each strategy's own options (docs/weight-sync.md, docs/configuration.md)."""
+"""The `weight_sync` section of the run config (orchestrator/config/schema.py composes the sections): the strategy,
+its verification, retries and probe, and each strategy's own options (docs/weight-sync.md, docs/configuration.md);
+`check_weight_sync_section` resolves the strategy now."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,3 +63,13 @@ class WeightSyncConfig:
     disk: DiskSyncConfig = field(default_factory=DiskSyncConfig)
     delta: DeltaSyncConfig = field(default_factory=DeltaSyncConfig)
     fabric: SyncFabricConfig = field(default_factory=SyncFabricConfig)
+
+
+def check_weight_sync_section(cfg) -> None:
+    """weight_sync.strategy: "auto", a registered strategy, or a dotted module path defining STRATEGY
+    (orchestrator/weight_sync/registry.py). Raises ValueError naming the key; orchestrator/config/load.py
+    `validate` calls it (as ConfigError)."""
+    from orchestrator.weight_sync.registry import get
+
+    if cfg.weight_sync.strategy != "auto":
+        get(cfg.weight_sync.strategy)

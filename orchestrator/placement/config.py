@@ -1,0 +1,74 @@
+"""The `placement` and `sizing` sections of the run config: where the actors run (resources per role, the
+placement-group strategy, fake GPUs on CPU hosts) and `placement.auto`'s re-placement after `sizing.warmup_steps`
+measured steps (orchestrator/placement/replace.py, orchestrator/sizing); `check_placement_section` checks what
+involves other fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.config.fields import choice, number
+
+
+@dataclass
+class PlacementConfig:
+    # The resource every role's bundle asks for: "GPU" on GPU clusters, "CPU" (or a custom resource
+    # such as "fake_gpu") for CPU runs.
+    resource: str = "CPU"
+    trainer_per_worker: float = number(0.5, ge=0, finite=True)
+    rollout_per_worker: float = number(0.5, ge=0, finite=True)
+    reference_per_worker: float = number(0.25, ge=0, finite=True)
+    reward_cpus: float = number(0.25, ge=0, finite=True)  # the reward actor always asks for CPU
+    strategy: str = choice("PACK", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    timeout_s: float = number(60.0, gt=0)  # the job fails, naming the missing resources, after this long
+    # Where the actors run. colocated: trainer, reference and rollout share the same devices, time-sliced (vLLM
+    # sleeps while the trainer runs, on GPUs); disaggregated: separate bundles per role. When batches generate is
+    # rollout.mode's. disaggregated_async (deprecated) = disaggregated with rollout.mode=one_step_off (or stream).
+    mode: str = choice("disaggregated", ("disaggregated", "colocated", "disaggregated_async"))
+    # CPU runs: the local Ray advertises this many `fake_gpu` resources (placement.resource=fake_gpu);
+    # each fake GPU is one CPU core and the actors in its bundle are pinned to that core. 0 = off.
+    fake_gpus: int = number(0, ge=0, finite=True)
+    # Apply the sizer's recommendation after sizing.warmup_steps: checkpoint, new placement groups, resume.
+    auto: bool = False
+
+
+@dataclass
+class SizingConfig:
+    # placement.auto: steps measured before the sizer re-places the actors
+    warmup_steps: int = number(3, gt=0)
+    # devices the sizer may use; 0 = as many as the current placement holds
+    total_gpus: int = number(0, ge=0, finite=True)
+
+
+def check_placement_section(cfg) -> None:
+    """Fake GPUs (`_check_fake_gpus`) and placement.auto against the run's length (`_check_auto_placement`).
+   
+    Raises ValueError naming the key; orchestrator/config/load.py `validate` calls it (as ConfigError)."""
+    _check_fake_gpus(cfg)
+    _check_auto_placement(cfg)
+
+
+def _check_fake_gpus(cfg) -> None:
+    """placement.fake_gpus > 0 needs placement.resource=fake_gpu (the local Ray advertises that resource) and
+    at most this host's cores (each fake GPU is one core its actors are pinned to; orchestrator/placement/plan.py)."""
+    n = cfg.placement.fake_gpus
+    if n <= 0:
+        return
+    if cfg.placement.resource != "fake_gpu":
+        raise ValueError(f"placement.fake_gpus={n} is set with placement.resource={cfg.placement.resource!r}: fake GPUs "
+                         "are the custom resource 'fake_gpu'; set placement.resource=fake_gpu or placement.fake_gpus=0")
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    if n > cores:
+        raise ValueError(f"placement.fake_gpus={n} exceeds this host's {cores} cores: each fake GPU is one CPU core; "
+                         f"use at most {cores}")
+
+
+def _check_auto_placement(cfg) -> None:
+    """placement.auto re-places the actors after sizing.warmup_steps steps (orchestrator/placement/replace.py): that
+    step must come before the run's last one, or the measurement is never used."""
+    if cfg.placement.auto and cfg.sizing.warmup_steps >= cfg.trainer.total_steps:
+        raise ValueError(f"sizing.warmup_steps={cfg.sizing.warmup_steps} with placement.auto=true must be below "
+                         f"trainer.total_steps={cfg.trainer.total_steps}: the re-placement after the warm-up steps "
+                         "would never run; lower sizing.warmup_steps or set placement.auto=false")

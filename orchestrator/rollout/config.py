@@ -1,0 +1,61 @@
+"""The `rollout` section of the run config: the engines, the sampling distribution and when batches generate
+(`rollout.mode`, orchestrator/rollout/modes.py), and `check_rollout_section`, its check that involves no other
+section. orchestrator/config/schema.py composes it into `Config`; the loader resolves `rollout.mode` with
+`algo.max_staleness` and the deprecated keys (orchestrator/config/rollout_mode.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from orchestrator.config.fields import choice, number
+
+
+@dataclass
+class RolloutConfig:
+    num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each)
+    n: int = number(8, gt=0)  # samples per prompt: the group size
+    prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n
+    # The sampling distribution, one value for the engine, the trainer and the reference (orchestrator/algo/
+    # sampler_support.py): training replays the truncations, so on-policy ratios stay 1 (docs/algorithms.md)
+    temperature: float = number(1.0, gt=0)
+    top_p: float = number(1.0, gt=0, le=1)
+    top_k: int = number(0, ge=0, note="(0 = off)")  # the k most probable tokens
+    min_p: float = number(0.0, ge=0, lt=1)  # tokens at least min_p x the most probable one's probability; 0 = off
+    max_new_tokens: int = number(64, gt=0)
+    # vLLM engine
+    dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16
+    # FP8 rollouts: CUDA engines only (orchestrator/config/fp8_rollout.py; planned by `rl-orch plan memory` too)
+    quantization: str = choice("none", ("none", "fp8"))  # fp8: vLLM's FP8 weights for the linear layers
+    kv_cache_dtype: str = choice("auto", ("auto", "fp8"))  # auto: the engine dtype; fp8: 1-byte keys and values
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = number(0.5, gt=0, le=1)
+    kv_cache_space_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    max_model_len: int = number(1024, gt=0)
+    # GPUs per engine (vLLM tensor parallelism); an engine's GPUs form one STRICT_PACK bundle group
+    tensor_parallel_size: int = number(1, gt=0)
+    # KV-cache block size in tokens (prefix caching reuses whole blocks); 0 = vLLM's default (16 on
+    # GPU, 128 on CPU). Multi-turn rollouts on CPU want a smaller block (e.g. 32) so short turns hit.
+    block_size: int = number(0, ge=0, note="(0 = vLLM's default)")
+    seed: int = 0
+    # vLLM's own engine metrics (vllm:*) also go through Ray's metrics agent (Prometheus ray_vllm_*)
+    ray_metrics: bool = True
+    # Benchmarks: every response runs to max_new_tokens (vLLM ignore_eos), so each step does the same work
+    ignore_eos: bool = False
+    # When batches generate (orchestrator/config/rollout_mode.py): sync (generate, then train) | one_step_off (the
+    # next step's batch generates while this one trains) | stream (the engines generate without pause; a weight
+    # update interrupts their requests, which go on with the new weights). null = from the deprecated keys
+    # (placement.mode=disaggregated_async, rollout.partial_rollout), else sync; the loaded config holds the mode.
+    # Or a mode of your own: the dotted path of a module defining MODE (orchestrator/rollout/modes.py registry).
+    mode: Optional[str] = None
+    # Deprecated: rollout.mode=stream. After loading, true exactly when rollout.mode is stream.
+    partial_rollout: bool = False
+
+
+def check_rollout_section(cfg) -> None:
+    """rollout.n >= 2: GRPO's advantages compare the samples of a group (Shao et al. 2024, DeepSeekMath, eq. 3).
+   
+    Raises ValueError naming the key; orchestrator/config/load.py `validate` calls it (as ConfigError)."""
+    if cfg.rollout.n < 2:
+        raise ValueError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")
