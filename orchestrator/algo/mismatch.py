@@ -7,7 +7,7 @@ old logprobs and the rollout logprobs (log ratio clamped to [-20, 20], as the po
 
     rho_t = exp(old_logprobs_t - rollout_logprobs_t)
 
-``algo.rollout_correction.mode`` (orchestrator/config/rollout_correction.py) chooses how the policy-gradient
+``algo.rollout_correction.mode`` (orchestrator/algo/config.py) chooses how the policy-gradient
 term of each response token is weighted (``finish_loss`` multiplies it by the weight; the KL term is not
 weighted). ``algo.tis_cap`` keeps its meaning in every mode but the sequence-level IS ones:
 

@@ -1,21 +1,10 @@
-"""PPO with a value model: the `algo` fields of GAE and the value loss (mixed into AlgoConfig), and the `critic:`
-section (the CriticActor, actors/critic.py). Read only when `algo.estimator=gae`; docs/algorithms.md."""
+"""PPO with a value model: the `critic:` section (the CriticActor, actors/critic.py; GAE's `algo` fields are
+orchestrator/algo/config.py `GaeFields`). Read only when `algo.estimator=gae`; docs/algorithms.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from orchestrator.config.fields import number
-
-
-@dataclass
-class GaeFields:
-    # GAE (algo.estimator=gae): discount gamma and lambda, each in [0, 1]. lam=1 (verl's default): the advantage
-    # is the return minus V_t, unbiased however wrong the fresh critic is; lam < 1 trades bias for variance.
-    gamma: float = number(1.0, ge=0, le=1)
-    lam: float = number(1.0, ge=0, le=1)
-    # PPO value clipping: the new value may move at most this far from the old one in the loss; null = no clip
-    value_clip: Optional[float] = number(0.2, gt=0, finite=True, optional=True)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from orchestrator.config.fields import check_fields
 from orchestrator.config.fp8_rollout import CORRECTION_KEYS, check_fp8_rollout, log_fp8_correction, set_keys
 from orchestrator.config.paper_defaults import apply_paper_settings, declared_keys
 from orchestrator.config.precision import check_precision
-from orchestrator.config.rollout_correction import check_rollout_correction, corrects_staleness
+from orchestrator.algo.config import check_rollout_correction, corrects_staleness
 from orchestrator.config.rollout_mode import STREAM, SYNC, mode_kind, resolve_rollout_mode
 from orchestrator.config.sampling import check_sampling_config
 from orchestrator.config.schema import Config
@@ -187,7 +187,7 @@ def validate(cfg) -> None:
     _check_env(cfg)
     _run(check_source_rewards, cfg)  # built-in rewards against built-in sources' gold answers (config/source_reward.py)
     _check_async(cfg)
-    _run(check_rollout_correction, cfg)  # algo.rollout_correction against algo.old_logprobs (orchestrator/config/rollout_correction.py)
+    _run(check_rollout_correction, cfg)  # algo.rollout_correction against algo.old_logprobs (orchestrator/algo/config.py)
     _run(check_sampling_config, cfg)  # algo.dynamic_sampling, reward.overlong_penalty (orchestrator/config/sampling.py)
     _run(check_tunables, cfg.run.glibc_tunables)
 

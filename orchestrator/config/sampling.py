@@ -1,4 +1,5 @@
-"""DAPO's sampling and reward sections of the run config: `algo.dynamic_sampling`, `reward.overlong_penalty`.
+"""The check across sections of DAPO's two keys, `algo.dynamic_sampling` (its fields: orchestrator/algo/config.py)
+and `reward.overlong_penalty` (orchestrator/reward/config.py).
 
 DAPO, Yu et al. 2025 ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale"): dynamic sampling
 (section 3.2, orchestrator/rollout/dynamic_sampling.py) and overlong reward shaping (section 3.4, eq. 13,
@@ -7,31 +8,8 @@ orchestrator/reward/overlong.py). Both are off by default (a run without them is
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from orchestrator.config.fields import number
 from orchestrator.reward.overlong import overlong_max_len
-from orchestrator.rollout.dynamic_sampling import MAX_ROUNDS, ROUND_STRIDE
-
-
-
-@dataclass
-class DynamicSamplingConfig:
-    # DAPO dynamic sampling: groups whose rewards are all equal are dropped and more groups generated
-    # (more prompts drawn) until the step holds rollout.prompts_per_step informative groups
-    enabled: bool = False
-    # rounds of rollout.prompts_per_step prompts per step at most; then the step trains on what it has
-    max_rounds: int = number(4, ge=1, le=MAX_ROUNDS)
-
-
-@dataclass
-class OverlongPenaltyConfig:
-    # DAPO soft overlong punishment (eq. 13), added to the reward: 0 up to max_len - cache_len response
-    # tokens, linear down to -factor at max_len, -factor beyond
-    enabled: bool = False
-    max_len: int = number(0, ge=0, finite=True, note="(0 = rollout.max_new_tokens)")  # L_max, tokens
-    cache_len: int = number(16, gt=0, finite=True)  # L_cache, tokens: the length of the linear ramp
-    factor: float = number(1.0, ge=0, finite=True)  # the penalty's scale (1 = the paper's)
+from orchestrator.rollout.dynamic_sampling import ROUND_STRIDE
 
 
 def check_sampling_config(cfg) -> None:

@@ -2,31 +2,24 @@
 structured config.
 
 Each section lives with the package that owns it, with its check that involves other fields (orchestrator/config/
-load.py `validate` calls the checks): rollout (orchestrator/rollout/config.py), reward (reward/config.py), data
-(data/config.py), placement and sizing (placement/config.py), checkpoint, weight_sync, metrics, memory, guards, eval
-(each <package>/config.py) and env (envs/env_config.py). This module keeps the sections no orchestrator package owns:
-run and model (the run as a whole), algo (with its sub-sections in config/), trainer and critic (their actors live in
-actors/, which config must not import). Every key a user can set has its unit in the name and its meaning in the
-field comment. `orchestrator.config.load_config` merges a YAML file and a CLI dotlist onto these defaults; an unknown
-key or a value of the wrong type fails at once (OmegaConf). A field with allowed values or a range states them on the
-field itself (`choice(...)`, `number(...)`, orchestrator/config/fields.py); `validate` checks them, naming the key
-path and what is allowed, then checks what involves several fields.
+load.py `validate` calls the checks, orchestrator/config/sections.py): rollout (orchestrator/rollout/config.py),
+algo (algo/config.py), reward (reward/config.py), data (data/config.py), placement and sizing (placement/config.py),
+checkpoint, weight_sync, metrics, memory, guards, eval (each <package>/config.py) and env (envs/env_config.py). This
+module keeps the sections no orchestrator package owns: run and model (the run as a whole), trainer and critic
+(their actors live in actors/, which config must not import). Every key a user can set has its unit in the name and
+its meaning in the field comment. `orchestrator.config.load_config` merges a YAML file and a CLI dotlist onto these
+defaults; an unknown key or a value of the wrong type fails at once (OmegaConf). A field with allowed values or a
+range states them on the field itself (`choice(...)`, `number(...)`, orchestrator/config/fields.py); `validate`
+checks them, naming the key path and what is allowed, then checks what involves several fields.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
-from orchestrator.algo.advantages import ADVANTAGE_ESTIMATORS
-from orchestrator.algo.kl import KL_ESTIMATORS
-from orchestrator.algo.loss import POLICY_LOSSES
-from orchestrator.algo.loss_parts import LOSS_AGG_MODES
+from orchestrator.algo.config import AlgoConfig
 from orchestrator.checkpoint.config import CheckpointConfig
-from orchestrator.config.algo_losses import PolicyLossOptions
-from orchestrator.config.critic import CriticConfig, GaeFields
+from orchestrator.config.critic import CriticConfig
 from orchestrator.config.fields import ChoicesView, choice, field_choices, number
-from orchestrator.config.rollout_correction import RolloutCorrectionConfig
-from orchestrator.config.sampling import DynamicSamplingConfig
 from orchestrator.data.config import DataConfig
 from orchestrator.envs.env_config import RENDER_MODES, TOOL_FORMATS, EnvConfig
 from orchestrator.eval.config import EvalConfig
@@ -55,32 +48,7 @@ class ModelConfig:
 
 
 
-@dataclass
-class AlgoConfig(PolicyLossOptions, GaeFields):  # + the issue-19 loss keys (config/algo_losses.py) and gamma, lam, value_clip (config/critic.py)
-    # Advantage estimator and policy loss by registered name (orchestrator/algo, docs/algorithms.md):
-    # estimator grpo | rloo | dr_grpo, policy_loss ppo_clip | gspo | gspo_token | cispo, plus any registered.
-    estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS.names)
-    policy_loss: str = choice("ppo_clip", POLICY_LOSSES.names)
-    # Modules that register estimators / losses: dotted names importable by every process, or absolute
-    # paths to .py files; imported by config validation and, when needed, by the trainer actor.
-    plugins: list = field(default_factory=list)
-    loss_agg: str = choice("token-mean", LOSS_AGG_MODES)  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-    clip_low: float = number(0.2, ge=0, finite=True)
-    clip_high: float = number(0.28, ge=0, finite=True)  # DAPO clip-higher
-    kl_coef: float = number(0.0, ge=0, finite=True)  # > 0 starts the reference model
-    kl_estimator: str = choice("k3", KL_ESTIMATORS)  # k1 | k2 | k3
-    # old logprobs for the ratio: "trainer" (recomputed by the trainer; optional TIS against the
-    # rollout logprobs) or "rollout" (the engine's sampled-token logprobs)
-    old_logprobs: str = choice("trainer", ("trainer", "rollout"))
-    tis_cap: Optional[float] = number(2.0, ge=1, optional=True)  # truncated importance sampling cap; null disables TIS
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)  # beyond TIS (mismatch)
-    adv_eps: float = number(1e-6, ge=0, finite=True)
-    # rollout.mode one_step_off / stream: the largest staleness a trained token may have (the trained policy's
-    # version minus the version that sampled it; one step off-policy = 1). Older batches or groups are dropped and
-    # counted, never trained. rollout.mode=sync trains at staleness 0.
-    max_staleness: int = number(1, ge=0, finite=True)
-    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)  # DAPO sec. 3.2
-    overlong_filter: bool = False  # DAPO: truncated samples (finish_reason "length") leave the loss (mask 0)
+
 
 
 @dataclass

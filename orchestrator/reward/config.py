@@ -1,5 +1,5 @@
 """The `reward` section of the run config: the weighted reward functions, their limits, an optional learned
-reward model and DAPO's overlong penalty (its fields: orchestrator/config/sampling.py); `check_reward_section`
+reward model and DAPO's overlong penalty (Yu et al. 2025, eq. 13; orchestrator/reward/overlong.py); `check_reward_section`
 resolves every function now, so that a typo fails before any actor starts.
 """
 from __future__ import annotations
@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from orchestrator.config.fields import number
-from orchestrator.config.sampling import OverlongPenaltyConfig
+
+
+@dataclass
+class OverlongPenaltyConfig:
+    # DAPO soft overlong punishment (eq. 13), added to the reward: 0 up to max_len - cache_len response
+    # tokens, linear down to -factor at max_len, -factor beyond
+    enabled: bool = False
+    max_len: int = number(0, ge=0, finite=True, note="(0 = rollout.max_new_tokens)")  # L_max, tokens
+    cache_len: int = number(16, gt=0, finite=True)  # L_cache, tokens: the length of the linear ramp
+    factor: float = number(1.0, ge=0, finite=True)  # the penalty's scale (1 = the paper's)
 
 
 @dataclass
