@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     from orchestrator.config.load import load_config
     from orchestrator.controller import GRPOController
 
+    if os.environ.get("BENCH_TMP"):  # a folder of one's choice for the run's files (made if missing)
+        os.makedirs(os.environ["BENCH_TMP"], exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="rollout_overhead_", dir=os.environ.get("BENCH_TMP"))
     cfg = load_config(args.config, [f"run.output_dir={tmp}", *args.overrides])
     ctl = GRPOController(cfg)  # no actors: prompts rendered and sampled exactly as a run does

@@ -86,7 +86,7 @@ class AlgoConfig(PolicyLossOptions, GaeFields):  # + the issue-19 loss keys and 
     # paths to .py files; imported by config validation and, when needed, by the trainer actor.
     plugins: list = field(default_factory=list)
     loss_agg: str = choice("token-mean", LOSS_AGG_MODES)  # token-mean | seq-mean-token-mean | seq-mean-token-sum-norm
-    clip_low: float = number(0.2, ge=0, finite=True)
+    clip_low: float = number(0.2, ge=0, lt=1)  # the ratio's lower clip 1 - clip_low stays above 0
     clip_high: float = number(0.28, ge=0, finite=True)  # DAPO clip-higher
     kl_coef: float = number(0.0, ge=0, finite=True)  # > 0 starts the reference model
     kl_estimator: str = choice("k3", KL_ESTIMATORS)  # k1 | k2 | k3

@@ -57,7 +57,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
         try:
             layers.append(OmegaConf.load(p))
         except (yaml.YAMLError, OmegaConfBaseException) as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {_yaml_problem(e)}") from None
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not of the form key.path=value")
@@ -93,6 +93,13 @@ def load_config(path: Optional[str | Path] = None, overrides: Sequence[str] = ()
 
 
 @functools.lru_cache(maxsize=1)
+def _yaml_problem(e: Exception) -> str:
+    """A YAML error in one line: what the parser was doing, what it found and where ("while constructing a mapping;
+    found duplicate key rollout; line 3, column 1")."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return "; ".join(line.split(", ", 1)[1] if line.startswith("in ") and ", " in line else line for line in lines)
+
+
 def _schema_defaults():
     """The schema's defaults as one structured config, built once per process (half the time of a load)."""
     return OmegaConf.structured(Config)

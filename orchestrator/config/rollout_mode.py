@@ -76,8 +76,10 @@ def resolve_rollout_mode(cfg) -> Optional[str]:
     if kind == STREAM and cfg.algo.max_staleness == 0:  # below 0: the field's own range check names it
         raise ValueError("rollout.mode=stream needs algo.max_staleness >= 1 (got 0): k is how many policy versions a "
                          "streamed sample may lag the trainer")
-    cfg.rollout.mode = mode
-    cfg.rollout.partial_rollout = False
+    if cfg.rollout.mode != mode:  # written only when it changes: a loaded (read-only) config is resolved already
+        cfg.rollout.mode = mode
+    if cfg.rollout.partial_rollout:
+        cfg.rollout.partial_rollout = False
     if placement == ASYNC_PLACEMENT:
         cfg.placement.mode = "disaggregated"
     return note

@@ -83,7 +83,7 @@ class TrainerConfig:
     # c: each sequence split over c of the trainer ranks (ring attention, actors/model/context_parallel.py);
     # divides num_workers
     context_parallel_size: int = number(1, ge=1, note="(ranks each sequence is split over; divides trainer.num_workers)")
-    num_threads: int = 0  # torch intra-op threads in the trainer; 0 = all cores of the host
+    num_threads: int = number(0, ge=0, note="(0 = all cores of the host)")  # torch intra-op threads in the trainer
     seed: int = 0
     # D trainer ranks in one torch.distributed group, the policy sharded with FSDP2 (fully_shard)
     # across them; NCCL on GPUs, gloo on CPU. 1 = a single unsharded trainer.

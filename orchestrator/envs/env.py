@@ -136,6 +136,8 @@ def resolve_env_factory(name: str, key: str = "env.name") -> Callable[..., Envir
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"{key}={name!r}: cannot import module {module_name!r}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
+        raise ValueError(f"{key}={name!r}: importing {module_name!r} raised {type(e).__name__}: {e}") from e
     factory = getattr(module, attr, None)
     if factory is None:
         raise ValueError(f"{key}={name!r}: module {module_name!r} has no attribute {attr!r}")

@@ -22,6 +22,9 @@ def check_eval_config(cfg) -> None:
     if e.data and e.holdout > 0:
         raise ValueError(f"eval.data={e.data!r} and eval.holdout={e.holdout} are both set: the eval prompts come from "
                          "one of them; set eval.data=null or eval.holdout=0")
+    if 1 < e.holdout and e.holdout != int(e.holdout):
+        raise ValueError(f"eval.holdout={e.holdout} is neither a fraction in (0, 1) of data.source's prompts nor a whole "
+                         "count of them (>= 1)")
     if e.every_steps > 0 and not e.data and e.holdout <= 0:
         raise ValueError(f"eval.every_steps={e.every_steps} needs eval prompts: set eval.data (arith or a .jsonl / "
                          ".parquet file) or eval.holdout (a fraction or count of data.source's prompts)")

@@ -32,13 +32,18 @@ class GuardTripped(RuntimeError):
 
 
 def check_guards_config(guards, kl_coef: float) -> None:
-    """Raise ValueError naming the key for a spike factor in (0, 1] (it would trip on every step) or a KL guard
-    without a reference model (algo.kl_coef = 0: actor/kl is always 0)."""
+    """Raise ValueError naming the key for a spike factor in (0, 1] (it would trip on every step), spike_min_steps
+    above spike_window (no spike would ever count) or a KL guard without a reference model (algo.kl_coef = 0:
+    actor/kl is always 0)."""
     for key in ("kl_spike_factor", "grad_norm_spike_factor"):
         factor = getattr(guards, key)
         if 0 < factor <= 1:
             raise ValueError(f"guards.{key}={factor!r} must be 0 (off) or > 1: a value at most its running median "
                              "is no spike")
+    if guards.spike_min_steps > guards.spike_window:
+        raise ValueError(f"guards.spike_min_steps={guards.spike_min_steps} exceeds guards.spike_window="
+                         f"{guards.spike_window}: the window never holds that many values, so no spike would ever count; "
+                         "lower guards.spike_min_steps or raise guards.spike_window")
     if guards.kl_spike_factor > 0 and kl_coef <= 0:
         raise ValueError(f"guards.kl_spike_factor={guards.kl_spike_factor!r} watches actor/kl, the policy-reference KL, "
                          "which needs algo.kl_coef > 0 (got 0): set algo.kl_coef or guards.kl_spike_factor=0")

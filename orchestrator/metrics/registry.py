@@ -42,6 +42,8 @@ def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"{key}: cannot import sink {name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
+        raise ValueError(f"{key}: sink {name!r}: importing it raised {type(e).__name__}: {e}") from e
     if not (isinstance(cls, type) and issubclass(cls, MetricSink)):
         raise ValueError(f"{key}: {name!r} is not a MetricSink subclass (orchestrator/metrics/sink.py)")
     return cls

@@ -40,7 +40,7 @@ class RewardConfig:
     # Optional learned reward: a local HF sequence-classification folder; its score is added with weight.
     model_path: Optional[str] = None
     model_weight: float = number(1.0, finite=True)
-    model_batch_size: int = 8
+    model_batch_size: int = number(8, gt=0)  # sequences per forward of the reward model
     overlong_penalty: OverlongPenaltyConfig = field(default_factory=OverlongPenaltyConfig)  # DAPO eq. 13
 
 

@@ -189,6 +189,9 @@ def resolve_reward_fn(name: str) -> RewardFn:
             obj = getattr(obj, attr)
     except (ImportError, AttributeError, ValueError) as error:
         raise ValueError(f"cannot resolve reward function {name!r} ({error}): {hint}") from error
+    except Exception as error:  # noqa: BLE001 - whatever the user's module raised while importing
+        raise ValueError(f"reward function {name!r}: importing {module_name!r} raised {type(error).__name__}: "
+                         f"{error}") from error
     if not callable(obj):
         raise ValueError(
             f"reward function {name!r} resolves to a {type(obj).__name__}, not a callable: {hint}"

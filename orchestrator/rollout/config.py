@@ -1,6 +1,7 @@
 """The `rollout` section of the run config: the engines, the sampling distribution and when batches generate
-(`rollout.mode`, orchestrator/rollout/modes.py), and `check_rollout_section`, its check that involves no other
-section. orchestrator/config/schema.py composes it into `Config`; the loader resolves `rollout.mode` with
+(`rollout.mode`, orchestrator/rollout/modes.py). Its fields state their ranges (rollout.n >= 2: GRPO's advantages
+compare the samples of a group, Shao et al. 2024, DeepSeekMath, eq. 3); orchestrator/config/schema.py composes it
+into `Config`; the loader resolves `rollout.mode` with
 `algo.max_staleness` and the deprecated keys (orchestrator/config/rollout_mode.py).
 """
 from __future__ import annotations
@@ -14,7 +15,8 @@ from orchestrator.config.fields import choice, number
 @dataclass
 class RolloutConfig:
     num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each)
-    n: int = number(8, gt=0)  # samples per prompt: the group size
+    # samples per prompt: the group size (GRPO compares the samples of a group: 2 at least)
+    n: int = number(8, ge=2, note="(GRPO compares the samples of a group)")
     prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n
     # The sampling distribution, one value for the engine, the trainer and the reference (orchestrator/algo/
     # sampler_support.py): training replays the truncations, so on-policy ratios stay 1 (docs/algorithms.md)
@@ -31,7 +33,7 @@ class RolloutConfig:
     enforce_eager: bool = True
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = number(0.5, gt=0, le=1)
-    kv_cache_space_gib: int = 2  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_space_gib: int = number(2, gt=0)  # CPU only: VLLM_CPU_KVCACHE_SPACE
     max_model_len: int = number(1024, gt=0)
     # GPUs per engine (vLLM tensor parallelism); an engine's GPUs form one STRICT_PACK bundle group
     tensor_parallel_size: int = number(1, gt=0)
@@ -51,11 +53,3 @@ class RolloutConfig:
     mode: Optional[str] = None
     # Deprecated: rollout.mode=stream. After loading, true exactly when rollout.mode is stream.
     partial_rollout: bool = False
-
-
-def check_rollout_section(cfg) -> None:
-    """rollout.n >= 2: GRPO's advantages compare the samples of a group (Shao et al. 2024, DeepSeekMath, eq. 3).
-   
-    Raises ValueError naming the key; orchestrator/config/load.py `validate` calls it (as ConfigError)."""
-    if cfg.rollout.n < 2:
-        raise ValueError(f"rollout.n={cfg.rollout.n} must be >= 2: GRPO compares samples within a group")

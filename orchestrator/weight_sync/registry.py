@@ -79,9 +79,15 @@ def get(name: str) -> StrategyEntry:
             module = importlib.import_module(name)
         except ImportError as e:
             raise ValueError(f"weight_sync.strategy={name!r}: cannot import it ({e})") from None
+        except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
+            raise ValueError(f"weight_sync.strategy={name!r}: importing it raised {type(e).__name__}: {e}") from e
         if not hasattr(module, "STRATEGY"):
             raise ValueError(f"weight_sync.strategy={name!r}: the module defines no STRATEGY "
                              "(an actors.weight_sync.base.WeightSyncStrategy; docs/extending_weight_sync.md)")
+        if not all(isinstance(getattr(module.STRATEGY, part, None), type) for part in ("sender", "receiver")):
+            raise ValueError(f"weight_sync.strategy={name!r}: STRATEGY = {module.STRATEGY!r} is not a strategy (an "
+                             "actors.weight_sync.base.WeightSyncStrategy with its sender and receiver classes; "
+                             "docs/extending_weight_sync.md)")
         register(name, name, getattr(module, "PREDICT", None))
     if name not in _REGISTRY:
         raise ValueError(f"weight_sync.strategy={name!r}: choose one of {sorted(_REGISTRY)} (or auto), or a dotted "

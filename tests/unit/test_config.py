@@ -8,7 +8,7 @@ import pytest
 import yaml
 from omegaconf.errors import ReadonlyConfigError
 
-from orchestrator.config import ConfigError, load_config
+from orchestrator.config import ConfigError, load_config, validate
 from orchestrator.config.schema import CHOICES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,7 +152,7 @@ def _get(cfg, dotted: str):
     ("trainer.lr=-1", "trainer.lr=-1.0 must be in (0, 1]"),
     ("trainer.lr=0", "trainer.lr=0.0 must be in (0, 1]"),
     ("rollout.n=1", "rollout.n=1 must be >= 2"),
-    ("rollout.n=0", "rollout.n=0 must be > 0"),
+    ("rollout.n=0", "rollout.n=0 must be >= 2"),
     ("rollout.top_p=1.5", "rollout.top_p=1.5 must be in (0, 1]"),
     ("rollout.top_p=0", "rollout.top_p=0.0 must be in (0, 1]"),
     ("rollout.temperature=0", "rollout.temperature=0.0 must be > 0"),
@@ -235,6 +235,12 @@ def test_config_error_is_a_value_error() -> None:
     ("reward.functions=[accuracy, accuracy]", "duplicate names"),
     ("data.arith_ops=[%]", "cannot parse the overrides"),
     ("=x", "not of the form key.path=value"),
+    # found by a new user's try (2026-12-06): accepted before, failing later or silently wrong
+    ("rollout.kv_cache_space_gib=-4", "rollout.kv_cache_space_gib=-4 must be > 0"),
+    ("trainer.num_threads=-4", "trainer.num_threads=-4 must be >= 0"),
+    ("reward.model_batch_size=0", "reward.model_batch_size=0 must be > 0"),
+    ("algo.clip_low=1.5", "algo.clip_low=1.5 must be in [0, 1)"),
+    ("guards.spike_min_steps=50", "guards.spike_min_steps=50 exceeds guards.spike_window=20"),
 ])
 def test_more_bad_values_fail_before_any_work(override, fragment):
     with pytest.raises(ConfigError) as info:
@@ -252,6 +258,43 @@ def test_broken_yaml_file_is_a_config_error(tmp_path):
     bad.write_text("rollout: {n: 4\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+    bad.write_text("rollout:\n  n: 4\nrollout:\n  n: 5\n")  # the parser's finding and its line, not its first words
+    with pytest.raises(ConfigError, match="found duplicate key rollout; line 3, column 1"):
+        load_config(bad)
+
+
+def test_holdout_is_a_fraction_or_a_whole_count():
+    with pytest.raises(ConfigError, match=r"eval.holdout=1.5 is neither a fraction in \(0, 1\)"):
+        load_config(CPU_YAML, ["eval.data=null", "eval.holdout=1.5"])
+    assert load_config(CPU_YAML, ["eval.data=null", "eval.holdout=2"]).eval.holdout == 2
+
+
+def test_validate_takes_a_loaded_config():
+    validate(load_config(CPU_YAML, ["rollout.mode=stream", "algo.max_staleness=2"]))  # resolved: nothing to write
+
+
+@pytest.mark.parametrize("key", ["reward.functions", "metrics.sinks", "env.name", "weight_sync.strategy"])
+def test_a_user_module_that_raises_while_importing_is_a_config_error(tmp_path, monkeypatch, key):
+    (tmp_path / "broken_user_mod.py").write_text('raise RuntimeError("boom")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    value = {"reward.functions": "[{name: 'broken_user_mod:f', weight: 1.0}]", "metrics.sinks": "[jsonl, 'broken_user_mod:S']",
+             "env.name": "broken_user_mod:Env", "weight_sync.strategy": "broken_user_mod.x"}[key]
+    if key == "weight_sync.strategy":  # a dotted module path: a package holding the module
+        (tmp_path / "broken_user_pkg").mkdir()
+        (tmp_path / "broken_user_pkg" / "__init__.py").write_text("")
+        (tmp_path / "broken_user_pkg" / "x.py").write_text('raise RuntimeError("boom")\n')
+        value = "broken_user_pkg.x"
+    with pytest.raises(ConfigError, match=r"raised RuntimeError: boom"):
+        load_config(CPU_YAML, [f"{key}={value}"])
+
+
+def test_a_strategy_module_whose_strategy_is_not_one_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "odd_strategy_pkg").mkdir()
+    (tmp_path / "odd_strategy_pkg" / "__init__.py").write_text("")
+    (tmp_path / "odd_strategy_pkg" / "s.py").write_text("STRATEGY = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="STRATEGY = 42 is not a strategy"):
+        load_config(CPU_YAML, ["weight_sync.strategy=odd_strategy_pkg.s"])
 
 
 @pytest.mark.parametrize("override, section, first", [
