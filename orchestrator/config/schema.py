@@ -42,15 +42,6 @@ class ModelConfig:
     cache_dir: str = ""
 
 
-
-
-
-
-
-
-
-
-
 @dataclass
 class LoraConfig:
     # Low-rank adapters (peft): rank 0 = off (full fine-tuning). Only adapter weights train; weight
@@ -108,12 +99,6 @@ class TrainerConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
-
-
-
-
-
-
 @dataclass
 class RunConfig:
     name: str = "grpo_arith"
@@ -142,14 +127,6 @@ class RunConfig:
     # that); "none" = glibc's defaults; or a
     # GLIBC_TUNABLES string ("glibc.malloc.mmap_max=0:...").
     glibc_tunables: str = "auto"
-
-
-
-
-
-
-
-
 
 
 @dataclass
