@@ -55,26 +55,29 @@ def test_context_parallel_ranks_give_the_same_update_as_one(ray_local, tiny_mode
             ray.kill(r)
 
 
-@pytest.mark.parametrize("micro_batch_tokens", [None, 24])  # padded micro-batches of 2; packed rows of 24 tokens
-def test_the_context_parallel_reference_equals_one_reference(ray_local, tiny_model, micro_batch_tokens):
+def test_the_context_parallel_reference_equals_one_reference(ray_local, tiny_model):
+    """Padded micro-batches of 2 and packed rows of 24 tokens: two groups of 2 ranks, started together."""
     from actors.reference import Reference
     from actors.reference_cp import ContextParallelReferenceActor
 
-    group = f"test-ref-{random.getrandbits(40):x}"
-    ranks = [ContextParallelReferenceActor.options(num_cpus=0.5).remote(
-        str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens, rank=r, world_size=2, group_name=group,
-        timeout_s=120.0) for r in range(2)]
+    groups = {}
+    for micro_batch_tokens in (None, 24):
+        name = f"test-ref-{random.getrandbits(40):x}"
+        groups[micro_batch_tokens] = [ContextParallelReferenceActor.options(num_cpus=0.5).remote(
+            str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens, rank=r, world_size=2, group_name=name,
+            timeout_s=120.0) for r in range(2)]
     try:
-        ray.get([r.ready.remote() for r in ranks])
-        ray.get(ranks[0].set_peers.remote(ranks[1:]))
+        ray.get([r.ready.remote() for ranks in groups.values() for r in ranks])
         batch = _batch()
-        want = Reference(str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens,
-                         shared_prefix=False).logprobs(batch.prompt_ids, batch.response_ids)
-        got = ray.get(ranks[0].logprobs.remote(batch.prompt_ids, batch.response_ids))
-        assert [len(x) for x in got] == [len(x) for x in want] == [len(r) for r in batch.response_ids]
-        assert max(abs(a - b) for x, y in zip(want, got) for a, b in zip(x, y)) < 1e-5
+        for micro_batch_tokens, ranks in groups.items():
+            ray.get(ranks[0].set_peers.remote(ranks[1:]))
+            want = Reference(str(tiny_model), 1.0, 2, micro_batch_tokens=micro_batch_tokens,
+                             shared_prefix=False).logprobs(batch.prompt_ids, batch.response_ids)
+            got = ray.get(ranks[0].logprobs.remote(batch.prompt_ids, batch.response_ids))
+            assert [len(x) for x in got] == [len(x) for x in want] == [len(r) for r in batch.response_ids]
+            assert max(abs(a - b) for x, y in zip(want, got) for a, b in zip(x, y)) < 1e-5, micro_batch_tokens
     finally:
-        for r in ranks:
+        for r in [r for ranks in groups.values() for r in ranks]:
             ray.kill(r)
 
 

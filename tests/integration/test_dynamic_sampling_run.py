@@ -1,5 +1,6 @@
 """DAPO on Ray (local, CPU), tiny random model, vLLM on CPU: dynamic sampling trains only informative groups and
-resumes exactly (2 steps + resume + 2 steps = 4 steps); overlong shaping and filtering run through the trainer, in
+resumes exactly (2 steps + resume + 2 steps = 4 steps: every row and the final weights; this is also the exact-resume
+test of rollout.mode=sync, tests/integration/test_exact_resume.py); overlong shaping and filtering run through the trainer, in
 the worked example of a rollout mode of one's own (docs/examples/rollout_mode_example.py).
 
 The reward makes whole groups uniform on purpose: a prompt whose gold answer is even scores 1.0 for every sample
@@ -12,6 +13,8 @@ import json
 import math
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from orchestrator.config import load_config
 from orchestrator.rollout.dynamic_sampling import ROUND_STRIDE
@@ -74,6 +77,14 @@ def test_dynamic_sampling_trains_informative_groups_and_resumes_exactly(ray_loca
               for k in sorted(set(_stable(a)) | set(_stable(b))) if not _same(a.get(k), b.get(k))]
     assert not differ, differ
     assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in split.rows]
+    # the final policies too (rollout.mode=sync's exact resume: tests/integration/test_exact_resume.py checks
+    # one_step_off): bitwise where the kernels are, else within 1e-3 of how far training moved the weights
+    a, b = load_file(f"{whole.checkpoint}/policy/model.safetensors"), load_file(f"{split.checkpoint}/policy/model.safetensors")
+    initial = load_file(str(tiny_model / "model.safetensors"))
+    assert a.keys() == b.keys()
+    moved = torch.sqrt(sum(((a[k] - initial[k]) ** 2).sum() for k in a))
+    apart = torch.sqrt(sum(((a[k] - b[k]) ** 2).sum() for k in a))
+    assert moved > 0 and apart <= 1e-3 * moved, (float(apart), float(moved))
 
 
 def test_overlong_penalty_and_filter_train_in_a_rollout_mode_of_ones_own(ray_local, tiny_model, tmp_path):

@@ -1,4 +1,5 @@
-"""Exact resume on Ray (local, CPU), tiny random model, vLLM on CPU: 3 steps + resume + 3 steps = 6 steps.
+"""Exact resume on Ray (local, CPU), tiny random model, vLLM on CPU: 3 steps + resume + 3 steps = 6 steps, in
+rollout.mode=one_step_off (rollout.mode=sync: tests/integration/test_dynamic_sampling_run.py).
 
 Run A trains 6 steps (checkpoint every 3). Run B, the same 6-step run, dies as step 4 begins (after the step-3
 checkpoint): what it leaves behind is A's step-3 checkpoint and rows 1-3 (`crashed_copy`: the first 3 steps of
@@ -32,12 +33,12 @@ VOLATILE_PREFIXES = ("timing/", "roles/", "memory/")
 VOLATILE_SUFFIXES = ("_s", "seconds", "gbps", "_frac_busy", "_frac_idle")
 
 
-# sync: algo.tis_cap=null. The TIS weight exp(old - rollout) carries vLLM CPU's logprob jitter between
-# fresh engines (~1e-7) into every gradient, and Adam's m/sqrt(v) amplifies it on near-zero gradients; without it
-# the vLLM logprobs reach only logged metrics. one_step_off must correct for staleness with the rollout
-# logprobs (config/load.py refuses it otherwise), so it keeps TIS and its training floats get 1e-4 relative: CI
-# measured step 5's grad norm 1.5e-5 apart (1.2294232 vs 1.2294052) with the samples and rewards equal.
-TIS = {"sync": ("null", 1e-5), "one_step_off": ("2.0", 1e-4)}
+# one_step_off must correct for staleness with the rollout logprobs (config/load.py refuses it otherwise), so it keeps
+# TIS: its weight exp(old - rollout) carries vLLM CPU's logprob jitter between fresh engines (~1e-7) into every
+# gradient, and Adam's m/sqrt(v) amplifies it on near-zero gradients, so its training floats get 1e-4 relative: CI
+# measured step 5's grad norm 1.5e-5 apart (1.2294232 vs 1.2294052) with the samples and rewards equal. (sync runs
+# without TIS, so its vLLM logprobs reach only logged metrics: test_dynamic_sampling_run.py, 1e-5.)
+TIS = {"one_step_off": ("2.0", 1e-4)}
 
 
 def _run(tiny_model, out, mode: str, *extra):
@@ -65,7 +66,9 @@ def _stable(row: dict) -> dict:
             if not k.startswith(VOLATILE_PREFIXES) and not k.endswith(VOLATILE_SUFFIXES)}
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+# rollout.mode=sync resumes exactly in tests/integration/test_dynamic_sampling_run.py (2 steps + resume + 2 steps, the
+# same row and weight checks, with dynamic sampling's extra rounds in the loader's state): not repeated here.
+@pytest.mark.parametrize("mode", ["one_step_off"])
 def test_three_steps_resume_three_steps_equals_six_steps(ray_local, tiny_model, tmp_path, mode, capsys):
     _, whole = _run(tiny_model, tmp_path / "a", mode)
     crashed_copy(tmp_path / "a", tmp_path / "b", 3)  # B died as step 4 began (in one_step_off: batch 4 made)

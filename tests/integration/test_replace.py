@@ -1,12 +1,13 @@
 """placement.auto's re-placement on Ray (local, CPU) with the tiny random model: after step 2 the actors are
 checkpointed, stopped (placement group removed), started again in a forced new split and restored.
 
-Checks that the trainer's weights and AdamW state (step, exp_avg, exp_avg_sq, param groups) are exactly the
-same before and after, that every engine passes the verified weight sync, that the run finishes with
-continuous step numbers, and that a placement the cluster cannot hold falls back to the old one. A one-step-off
-(rollout.mode=one_step_off) run switched into streaming (the sizer's stream split: rollout.mode=stream,
-algo.max_staleness=k) trains every step after it from the streaming pipeline, drawing the pending batch's prompts
-again (dropped from the checkpoint, whose loader is before them): none skipped, none trained twice.
+One run, switched from one engine in one-step-off mode (rollout.mode=one_step_off) to two streaming engines (the
+sizer's stream split: rollout.mode=stream, algo.max_staleness=k), checks that the trainer's weights and AdamW state
+(step, exp_avg, exp_avg_sq, param groups) are exactly the same before and after, that both engines pass the
+verified weight sync, that the run finishes with continuous step numbers, and that every step after the switch
+trains from the streaming pipeline, drawing the pending batch's prompts again (dropped from the checkpoint, whose
+loader is before them): none skipped, none trained twice. (Before, the move to two engines was a run of its own.)
+A placement the cluster cannot hold falls back to the old one.
 """
 from __future__ import annotations
 
@@ -82,29 +83,6 @@ def _assert_engines_hold_trainer_weights(controller) -> None:
         compare_checksums(meta["groups"], engine["groups"], where=f"rollout worker {i}")
 
 
-def test_replacement_keeps_training_state_exact(ray_local, tiny_model, tmp_path, monkeypatch):
-    seen = _force(monkeypatch, {"rollout.num_workers": 2}, Split("disaggregated", 2, 1, 0))
-    controller = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=4"))
-    try:
-        result = controller.run()
-        assert len(controller.actors.rollout) == 2 and controller.cfg.rollout.num_workers == 2
-        _assert_engines_hold_trainer_weights(controller)  # both engines, after steps 3 and 4 on the new split
-        assert ray.get(controller.actors.trainer.get_step.remote()) == 4
-    finally:
-        controller.shutdown()
-    _assert_same_state(seen["before"], seen["after"])
-    assert seen["fields"]["sizing/replaced"] == 1 and seen["fields"]["sizing/replace_s"] > 0
-    rows = [json.loads(line) for line in open(result.metrics)]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert rows[1]["sizing/replaced"] == 1 and rows[1]["sizing/rollout_gpus"] == 2
-    assert rows[1]["sizing/predicted_step_s"] == 1.0
-    assert all("rollout/worker1_tokens_per_s" in r for r in rows[2:])  # two engines after the re-placement
-    assert not any("rollout/worker1_tokens_per_s" in r for r in rows[:2])
-    assert (tmp_path / "config_replaced_step_2.yaml").is_file()
-    assert (tmp_path / "ckpt" / "step_000002" / "state.json").is_file()  # the re-placement's checkpoint
-    assert json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["step"] == 2
-
-
 def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local, tiny_model, tmp_path,
                                                                          monkeypatch):
     # 4 engines x 0.5 CPU + trainer 0.5 + reward 0.25 = 2.75 CPUs > the 2 of the test's Ray
@@ -124,29 +102,38 @@ def test_a_placement_the_cluster_cannot_hold_falls_back_to_the_old_one(ray_local
     assert not (tmp_path / "config_replaced_step_2.yaml").exists()
 
 
-def test_a_one_step_off_run_switches_into_streaming(ray_local, tiny_model, tmp_path, monkeypatch, capsys):
-    # the overrides decide() would give for the sizer's stream split at k = 2 (replace.to_overrides)
+def test_a_one_step_off_run_switches_into_streaming_on_two_engines(ray_local, tiny_model, tmp_path, monkeypatch,
+                                                                   capsys):
+    # the overrides decide() would give for the sizer's stream split at k = 2 with two engines (replace.to_overrides)
     cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "rollout.mode=one_step_off",
                "algo.max_staleness=2")
-    split = Split("stream", 1, 1, 0)
+    split = Split("stream", 2, 1, 0)
     overrides, why = replace.to_overrides(cfg, split, k=2)
     assert why == "" and overrides["rollout.mode"] == "stream" and overrides["algo.max_staleness"] == 2
+    assert overrides["rollout.num_workers"] == 2
     seen = _force(monkeypatch, overrides, split)
     drawn, trained = _record_groups(monkeypatch)
     controller = GRPOController(cfg)
     try:
         result = controller.run()
         assert controller.cfg.rollout.mode == "stream" and isinstance(controller.pipeline, StreamRollouts)
-        _assert_engines_hold_trainer_weights(controller)
+        assert len(controller.actors.rollout) == 2 and controller.cfg.rollout.num_workers == 2
+        _assert_engines_hold_trainer_weights(controller)  # both engines, after steps 3 and 4 on the new split
+        assert ray.get(controller.actors.trainer.get_step.remote()) == 4
     finally:
         controller.shutdown()
     _assert_same_state(seen["before"], seen["after"])
-    assert seen["fields"]["sizing/replaced"] == 1
+    assert seen["fields"]["sizing/replaced"] == 1 and seen["fields"]["sizing/replace_s"] > 0
+    assert (tmp_path / "config_replaced_step_2.yaml").is_file()
+    assert json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["step"] == 2  # re-placement's
     pending = json.loads((tmp_path / "ckpt" / "step_000002" / "state.json").read_text())["async"]
     assert pending["mode"] == "one_step_off" and pending["batches"]  # batch 3, generated: dropped deliberately
     assert "was written by a one-step-off (asynchronous) run; this streaming" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["sync/version"] for r in rows] == [1, 2, 3, 4]
+    assert rows[1]["sizing/replaced"] == 1 and rows[1]["sizing/rollout_gpus"] == 2
+    assert rows[1]["sizing/predicted_step_s"] == 1.0
+    assert all("rollout/worker0_tokens_per_s" in r and "rollout/worker1_tokens_per_s" not in r for r in rows[:2])
     assert [r["async/staleness"] for r in rows[:2]] == [0, 1]  # one step off before the switch
     assert not any("async/staleness_max" in r or "stream/running" in r for r in rows[:2])
     per_step = cfg.rollout.prompts_per_step * cfg.rollout.n

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import psutil
 import pytest
 import ray
 
+from orchestrator.cli.watchdog import sweep
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from tests.integration.conftest import tiny_overrides
@@ -100,19 +102,26 @@ def _session_processes(sid: int) -> list[psutil.Process]:
 
 
 # Two runs at once, each with its own local Ray in its own session (they start in less time than two in a row):
-# one gets SIGTERM, the other's controller SIGKILL.
+# one gets SIGTERM, the other's controller SIGKILL. Meanwhile a bare Ray driver SIGKILLs itself: the premise of the
+# watchdog (orchestrator/cli/watchdog.py), Ray's agents outlive a SIGKILLed driver (before, a test of its own that
+# waited for its Ray alone).
 def test_sigterm_exits_143_after_a_checkpoint_and_a_sigkilled_controller_leaves_no_process(tiny_model, tmp_path):
     term, term_out = _launch(tmp_path / "term", tiny_model)
     kill, _ = _launch(tmp_path / "kill", tiny_model)
+    bare = subprocess.Popen([sys.executable, "-c", RAY_DRIVER], start_new_session=True)
+    ended = {}  # when the bare driver died (a thread waits for it)
+    threading.Thread(target=lambda: (bare.wait(), ended.setdefault("at", time.monotonic())), daemon=True).start()
     try:
         _wait_for_step_1(term, term_out)
         _check_sigterm_checkpoints_after_the_step_and_exits_143(term, term_out)
         _wait_for_step_1(kill, tmp_path / "kill" / "run")
         _check_sigkilled_controller_leaves_no_process_behind(kill)
+        _check_ray_agents_outlive_a_sigkilled_driver(bare, ended)
     finally:
-        for proc in (term, kill):
+        for proc in (term, kill, bare):
             if proc.poll() is None:
                 proc.kill()
+        sweep(bare.pid)  # what the premise leaves (its Ray's agents), also when a check above failed
 
 
 def _check_sigterm_checkpoints_after_the_step_and_exits_143(proc: subprocess.Popen, out: Path) -> None:
@@ -149,20 +158,17 @@ os.kill(os.getpid(), 9)   # a driver SIGKILLed with its local Ray up
 """
 
 
-# The premise of the watchdog (orchestrator/cli/watchdog.py): Ray's agents outlive a SIGKILLed driver. That the
-# watchdog leaves nothing of a SIGKILLed controller's session is checked on a real run in the test above
-# (`_check_sigkilled_controller_leaves_no_process_behind`; tests/unit/test_stopping.py on a plain child): this test
-# no longer repeats it on a bare driver (one local Ray start less).
-def test_ray_agents_outlive_a_sigkilled_driver():
-    from orchestrator.cli.watchdog import sweep
-
-    # the premise: without the watchdog, Ray's agents stay after their driver's SIGKILL
-    bare = subprocess.Popen([sys.executable, "-c", RAY_DRIVER], start_new_session=True)
-    bare.wait(timeout=120)
-    time.sleep(5)  # the agents' own checks of their raylet have had their chance
-    left = _session_processes(bare.pid)
+def _check_ray_agents_outlive_a_sigkilled_driver(bare: subprocess.Popen, ended: dict) -> None:
+    """The premise of the watchdog: without it, Ray's agents stay after their driver's SIGKILL. That the watchdog
+    leaves nothing of a SIGKILLed controller's session is checked on the real run
+    (`_check_sigkilled_controller_leaves_no_process_behind`; tests/unit/test_stopping.py on a plain child)."""
+    assert bare.wait(timeout=120) == -signal.SIGKILL
+    deadline = time.monotonic() + 5
+    while "at" not in ended and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(max(0.0, ended.get("at", time.monotonic()) + 5 - time.monotonic()))  # the agents' own checks of
+    left = _session_processes(bare.pid)  # their raylet have had 5 s since the driver died
     names = " ".join(" ".join(p.cmdline()[:1]) for p in left)
-    sweep(bare.pid)  # clean up what the premise left
     assert "DashboardAgent" in names or "RuntimeEnvAgent" in names, (
         f"this Ray no longer leaves its agents behind a SIGKILLed driver ({names!r}): revisit the reason given in "
         "orchestrator/cli/watchdog.py and docs/fault-tolerance-supervisor.md")

@@ -115,34 +115,48 @@ def _check_delta_above_threshold_sends_full(tiny_model: Path, out: Path, trainer
     _assert_bit_exact(trainer, engines, "float32")
 
 
-# One trainer and two engines per strategy serve every check of that strategy: bit-exact across three versions,
-# then (disk, nccl) a corrupted bucket caught and retried, then (nccl) a broadcast nobody receives timing out,
-# (delta) a syncer whose threshold the changes pass sending full weights.
-@pytest.mark.parametrize("strategy", ["object_store", "disk", "nccl", "delta"])
-def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategy):
-    timeout = ["weight_sync.timeout_s=5"] if strategy == "nccl" else []  # for the broadcast nobody receives
-    cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "weight_sync.bucket_mb=1",
-               "weight_sync.delta.max_changed_fraction=1.0", *timeout)
-    trainer, engines = _start(cfg, tiny_model)
+# One trainer and two engines serve every check of object_store, disk and delta, one strategy after the other (each
+# bit-exact across three versions on engines the previous strategy synced; before, each started its own actors);
+# then (disk) a corrupted bucket caught and retried, (delta) a syncer whose threshold the changes pass sending full
+# weights. nccl (gloo on CPU) gets actors of its own: its collective group ends broken by the last check, a
+# broadcast nobody receives timing out, after a corrupted bucket caught and retried.
+@pytest.mark.parametrize("strategies", [("object_store", "disk", "delta"), ("nccl",)], ids=["shared", "nccl"])
+def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategies):
+    timeout = ["weight_sync.timeout_s=5"] if "nccl" in strategies else []  # for the broadcast nobody receives
+    trainer, engines = _start(_cfg(tiny_model, tmp_path, *timeout), tiny_model)
     try:
-        syncer = make_syncer(cfg, trainer, engines)
-        synced = _sync_versions_bit_exact(syncer, trainer, engines, (1, 2, 3))
-        assert all(m["sync/seconds"] > 0 for m in synced)
-        metrics = synced[-1]
-        if strategy == "nccl":
-            assert metrics["sync/buckets"] >= 3  # 1 MiB buckets: the broadcast really was bucketed
-        if strategy == "disk":
-            left = sorted(p.name for p in Path(cfg.weight_sync.disk.path).iterdir())
-            assert left == ["v3"], f"old versions or temporary folders left behind: {left}"
-        if strategy == "delta":
-            assert metrics["sync/delta_engines"] == 2 and 0 < metrics["sync/delta_ratio"] <= 1.2
-            _check_delta_above_threshold_sends_full(tiny_model, tmp_path, trainer, engines, 4)
-        if strategy in ("nccl", "disk"):
-            _check_a_corrupted_bucket_is_caught(syncer, engines, 4)
-        if strategy == "nccl":
-            _check_a_broadcast_without_receivers_times_out(trainer, 5)
+        first = 1
+        for strategy in strategies:
+            cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "weight_sync.bucket_mb=1",
+                       "weight_sync.delta.max_changed_fraction=1.0", *timeout)
+            first = _check_strategy(cfg, strategy, tiny_model, tmp_path, trainer, engines, first)
     finally:
         _kill(trainer, *engines)
+
+
+def _check_strategy(cfg, strategy: str, tiny_model: Path, out: Path, trainer, engines, first: int) -> int:
+    """Versions first..first+2 synced bit-exact by `strategy`, then its own checks; returns the next free version."""
+    syncer = make_syncer(cfg, trainer, engines)
+    versions = (first, first + 1, first + 2)
+    synced = _sync_versions_bit_exact(syncer, trainer, engines, versions)
+    assert all(m["sync/seconds"] > 0 for m in synced)
+    metrics, after = synced[-1], first + 3
+    if strategy == "nccl":
+        assert metrics["sync/buckets"] >= 3  # 1 MiB buckets: the broadcast really was bucketed
+    if strategy == "disk":
+        left = sorted(p.name for p in Path(cfg.weight_sync.disk.path).iterdir())
+        assert left == [f"v{versions[-1]}"], f"old versions or temporary folders left behind: {left}"
+    if strategy == "delta":
+        assert metrics["sync/delta_engines"] == 2 and 0 < metrics["sync/delta_ratio"] <= 1.2
+        _check_delta_above_threshold_sends_full(tiny_model, out, trainer, engines, after)
+        after += 2
+    if strategy in ("nccl", "disk"):
+        _check_a_corrupted_bucket_is_caught(syncer, engines, after)
+        after += 1
+    if strategy == "nccl":
+        _check_a_broadcast_without_receivers_times_out(trainer, after)
+        after += 1
+    return after
 
 
 def test_delta_missed_version_falls_back_to_full_in_bf16_with_tied_embeddings(ray_local, tiny_model, tmp_path):
