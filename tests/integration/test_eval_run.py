@@ -3,7 +3,8 @@
 - a 2-step run with eval.every_steps=2: eval rows at step 0 (before training) and step 2 (the end), with
   pass@k / avg@k / maj@k, length, truncation, per-function means and timing/eval_s; and the training rows
   (rewards, tokens, responses) exactly those of the same run without eval;
-- eval.holdout: no prompt a training step draws is an eval prompt;
+- (eval.holdout, no prompt a training step draws is an eval prompt: tests/integration/test_rollout_restart.py's
+  run, which evaluates held-out prompts)
 - `rl-orch eval` on the run's checkpoint and on the base model: a table and a JSON file.
 The 2-step run without eval is made once (`plain_run`): the training rows compare against it, and
 `rl-orch eval` reads its final checkpoint (step 2).
@@ -67,29 +68,6 @@ def test_eval_rows_and_training_unchanged(ray_local, tiny_model, tmp_path, plain
     # the sizer reads training phases only
     assert "eval" not in PHASE_KEYS
     assert "eval" not in measure_rows(train, {"rollout": 1, "trainer": 1, "reference": 0}, "m", "t", {}).phases
-
-
-def test_holdout_prompts_are_never_trained_on(ray_local, tiny_model, tmp_path):
-    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + [
-        "eval.every_steps=1", "eval.data=", "eval.holdout=0.5", "eval.num_prompts=0", "eval.max_new_tokens=4",
-        "data.arith_size=40", "trainer.total_steps=3"])
-    controller = GRPOController(cfg)
-    trained: list[str] = []
-    sample = controller.sample_prompts
-
-    def recording(step):
-        requests = sample(step)
-        trained.extend(r.prompt for r in requests)
-        return requests
-    controller.sample_prompts = recording
-    try:
-        result = controller.run()
-    finally:
-        controller.shutdown()
-    held = {r.prompt for r in controller.evaluator.requests}
-    assert len(trained) == 3 * cfg.rollout.prompts_per_step and held
-    assert not held & set(trained)
-    assert [r["step"] for r in result.rows if "eval/pass_at_1" in r] == [0, 1, 2, 3]
 
 
 def test_rl_orch_eval_checkpoint_and_base(ray_local, tiny_model, tmp_path, capsys, plain_run):

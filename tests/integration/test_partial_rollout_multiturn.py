@@ -2,9 +2,9 @@
 the real vLLM engine: a group's episodes run their agent loop on the worker, each turn a request on the streaming
 engine; a weight sync lands mid-episode, interrupts the turns in flight, and every episode comes back exactly once
 with a version per sampled token (non-decreasing, some episodes spanning both versions) while observation tokens
-carry none (-1, logprob 0, masked). Then a short fully asynchronous multi-turn run on CPU completes with async/* and
-env/*, and one with its environments in an env actor (env.placement=actor) whose first reset of every group fails
-trains the other episodes of each group and counts the failures per batch.
+carry none (-1, logprob 0, masked). Then a short fully asynchronous multi-turn run on CPU, its environments in an env
+actor (env.placement=actor) whose first reset of every group fails, completes with async/*, stream/* and env/*, trains
+the other episodes of each group and counts the failures per batch.
 
     .venv/bin/python -m pytest tests/integration/test_partial_rollout_multiturn.py -q
 """
@@ -90,21 +90,13 @@ def _async_run(tiny_model, tmp_path, extra: list) -> tuple[list, object]:
     return rows, cfg
 
 
-def test_fully_asynchronous_multi_turn_run_completes_with_async_metrics(ray_local, tiny_model, tmp_path):
-    rows, cfg = _async_run(tiny_model, tmp_path, [])
-    per_step = cfg.rollout.prompts_per_step * cfg.rollout.n
-    for r in rows:
-        assert r["async/staleness_max"] <= 1 and sum(r[f"async/staleness_{s}"] for s in (0, 1)) == per_step
-        assert "stream/interruptions" in r and "reward/mean" in r and r["async/trainer_wait_s"] >= 0
-        assert 1.0 <= r["rollout/turns_mean"] <= 2.0  # env.max_turns=2: multi-turn episodes were trained
-        assert r["env/episodes"] == per_step and r["env/errors"] == r["env/failed_frac"] == 0 and r["env/step_s"] > 0
-
-
 def test_streamed_episodes_in_env_actors_count_failed_resets_per_batch(ray_local, tiny_model, tmp_path):
-    """env.placement=actor in streaming mode: the episodes' envs live in one env actor, and the first reset of every
+    """A fully asynchronous multi-turn run (rollout.mode=stream, k = 1) completes with async/*, stream/* and env/*
+    metrics, with env.placement=actor: the episodes' envs live in one env actor, and the first reset of every
     group fails there (ChattyEnv fail_first_reset): each group completes with n - 1 trained episodes, and every
     batch's row counts its failures (env/reset_failures, env/errors, env/failed_frac = 1 / n, under the default
-    env.max_failed_frac 0.5) with no env actor replaced."""
+    env.max_failed_frac 0.5) with no env actor replaced. (Streamed episodes with env.placement=thread: the test
+    above, on the worker; before, a run of their own.)"""
     rows, cfg = _async_run(tiny_model, tmp_path, ["env.kwargs={fail_every: 0, fail_first_reset: true}",
                                                   "env.placement=actor", "env.num_actors=1", "env.actor_cpus=0.1"])
     groups, n = cfg.rollout.prompts_per_step, cfg.rollout.n
@@ -112,4 +104,5 @@ def test_streamed_episodes_in_env_actors_count_failed_resets_per_batch(ray_local
         assert r["env/episodes"] == groups * n and r["env/reset_failures"] == r["env/errors"] == groups
         assert r["env/failed_frac"] == 1 / n and r["env/actor_restarts"] == 0 and r["env/step_s"] > 0
         assert r["rollout/trajectories"] == groups * (n - 1) == sum(r[f"async/staleness_{s}"] for s in (0, 1))
-        assert 1.0 <= r["rollout/turns_mean"] <= 2.0 and "reward/mean" in r
+        assert 1.0 <= r["rollout/turns_mean"] <= 2.0 and "reward/mean" in r  # multi-turn episodes were trained
+        assert r["async/staleness_max"] <= 1 and "stream/interruptions" in r and r["async/trainer_wait_s"] >= 0

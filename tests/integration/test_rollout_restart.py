@@ -44,6 +44,7 @@ class KillInWindows(GRPOController):
 
     def train(self, trajs, advantages, ref):
         self.samples[self.at] = Counter(t.group_id for t in trajs)
+        self.prompts = getattr(self, "prompts", set()) | {t.prompt for t in trajs}
         return super().train(trajs, advantages, ref)
 
     def kill(self, window: str, k: int, handle) -> None:
@@ -57,10 +58,12 @@ class KillInWindows(GRPOController):
 # generate call is made (replaced again, its groups reissued); at step 3 the next one is killed as the logprob probe
 # reaches it (a lost engine, not a failed sync: replaced and the sync redone), and the next as the eval reaches it.
 # Then, its run.max_restarts spent, one more lost worker stops the run naming it (before: a run of its own).
+# The eval's prompts are held out of the training data (eval.holdout): no prompt a step trained on is one of them
+# (before: a run of its own in test_eval_run.py).
 def test_a_worker_lost_in_every_window_of_a_step_is_replaced_and_nothing_is_lost(ray_local, tiny_model, tmp_path):
     cfg = _cfg(tiny_model, tmp_path, "weight_sync.timeout_s=4", "run.max_restarts=4",  # a sync takes 0.1-0.3 s
-               "eval.every_steps=3", "eval.data=arith", "eval.num_prompts=2", "eval.n=2", "eval.temperature=1.0",
-               "eval.max_new_tokens=4")
+               "eval.every_steps=3", "eval.data=", "eval.holdout=0.5", "data.arith_size=40", "eval.num_prompts=2",
+               "eval.n=2", "eval.temperature=1.0", "eval.max_new_tokens=4")
     controller = KillInWindows(cfg)
     try:
         controller.job.start()
@@ -92,6 +95,8 @@ def test_a_worker_lost_in_every_window_of_a_step_is_replaced_and_nothing_is_lost
     for step, groups in controller.samples.items():
         assert sorted(groups) == [2 * step, 2 * step + 1]
         assert set(groups.values()) == {4}
+    held = {r.prompt for r in controller.evaluator.requests}  # eval.holdout: disjoint from every trained prompt
+    assert 1 <= len(held) <= 2 and controller.prompts and not held & controller.prompts
 
 
 class KillBeforeAsyncStep(GRPOController):
