@@ -19,10 +19,11 @@ Try it: ``python -c "from orchestrator.envs.env import make_env; e = make_env('g
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from typing import Any, Callable, NamedTuple, Protocol, Union, runtime_checkable
+
+from orchestrator.utils.user_code import import_user_module, split_dotted
 
 Message = dict  # {"role": str, "content": str, ...}
 Observation = Union[str, Message, list]
@@ -125,19 +126,12 @@ def resolve_env_factory(name: str, key: str = "env.name") -> Callable[..., Envir
     path = BUILTIN_ENVS.get(name, name)
     if path.startswith(MOVED_FROM):  # the built-in environments' package before 2026-12-06: still found
         path = "orchestrator.envs." + path[len(MOVED_FROM):]
-    if ":" in path:
-        module_name, attr = path.split(":", 1)
-    elif "." in path:
-        module_name, attr = path.rsplit(".", 1)
-    else:
+    parts = split_dotted(path)
+    if parts is None:
         raise ValueError(f"{key}={name!r} is neither a built-in environment {sorted(BUILTIN_ENVS)} "
                          "nor a dotted path 'pkg.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{key}={name!r}: cannot import module {module_name!r}: {e}") from e
-    except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
-        raise ValueError(f"{key}={name!r}: importing {module_name!r} raised {type(e).__name__}: {e}") from e
+    module_name, attr = parts
+    module = import_user_module(module_name, f"{key}={name!r}")
     factory = getattr(module, attr, None)
     if factory is None:
         raise ValueError(f"{key}={name!r}: module {module_name!r} has no attribute {attr!r}")

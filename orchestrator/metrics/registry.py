@@ -6,9 +6,9 @@ the module is imported only when a run names the sink).
 """
 from __future__ import annotations
 
-import importlib
 
 from orchestrator.metrics.sink import MetricSink, MetricSinks, SinkContext
+from orchestrator.utils.user_code import import_user_module, split_dotted
 
 SINKS: dict[str, str | type[MetricSink]] = {
     "console": "orchestrator.metrics.console:ConsoleProgress",  # run.progress: the table and progress bar
@@ -31,19 +31,14 @@ def resolve_sink(name: str, key: str = "metrics.sinks") -> type[MetricSink]:
     target = SINKS.get(name, name)
     if isinstance(target, type):
         return target
-    if ":" in target:
-        module, _, attr = target.partition(":")
-    elif "." in target:
-        module, _, attr = target.rpartition(".")
-    else:
+    parts = split_dotted(target)
+    if parts is None:
         raise ValueError(f"{key}: unknown sink {name!r}; registered: {sorted(SINKS)}, or a dotted path "
                          "'pkg.module:Class' to a MetricSink subclass")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{key}: cannot import sink {name!r}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
-        raise ValueError(f"{key}: sink {name!r}: importing it raised {type(e).__name__}: {e}") from e
+    module, attr = parts
+    cls = getattr(import_user_module(module, f"{key}: sink {name!r}"), attr, None)
+    if cls is None:
+        raise ValueError(f"{key}: sink {name!r}: module {module!r} has no attribute {attr!r}")
     if not (isinstance(cls, type) and issubclass(cls, MetricSink)):
         raise ValueError(f"{key}: {name!r} is not a MetricSink subclass (orchestrator/metrics/sink.py)")
     return cls

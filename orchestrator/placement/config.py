@@ -41,11 +41,26 @@ class SizingConfig:
 
 
 def check_placement_section(cfg) -> None:
-    """Fake GPUs (`_check_fake_gpus`) and placement.auto against the run's length (`_check_auto_placement`).
-   
+    """placement.resource's spelling (`_check_resource_name`), fake GPUs (`_check_fake_gpus`) and placement.auto
+    against the run's length (`_check_auto_placement`).
+
     Raises ValueError naming the key; orchestrator/config/load.py `validate` calls it (as ConfigError)."""
+    _check_resource_name(cfg)
     _check_fake_gpus(cfg)
     _check_auto_placement(cfg)
+
+
+RAY_RESOURCES = ("CPU", "GPU", "TPU", "fake_gpu")  # Ray's own names (case-sensitive) and the CPU runs' fake GPUs
+
+
+def _check_resource_name(cfg) -> None:
+    """placement.resource spelled like one of Ray's resources in another case ("gpu", "Cpu") names a custom resource
+    no node advertises: the job would wait placement.timeout_s and fail. Refused, naming the right spelling."""
+    given = cfg.placement.resource
+    for name in RAY_RESOURCES:
+        if given != name and given.lower() == name.lower():
+            raise ValueError(f"placement.resource={given!r}: Ray's resource names are case-sensitive and no node "
+                             f"advertises {given!r}; use {name!r}")
 
 
 def _check_fake_gpus(cfg) -> None:

@@ -16,7 +16,6 @@ Try it: ``python -c "from orchestrator.reward.functions import accuracy; print(a
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 from typing import Callable
@@ -24,6 +23,7 @@ from typing import Callable
 from math_verify import parse, verify
 
 from orchestrator.reward.code_tests import code_tests
+from orchestrator.utils.user_code import import_user_module, split_dotted
 
 # math-verify warns once per process that its own (signal-based) timeouts are off: we turned them
 # off on purpose, because the scorer enforces a hard timeout in worker processes instead.
@@ -177,21 +177,16 @@ def resolve_reward_fn(name: str) -> RewardFn:
         return BUILTIN_REWARDS[name]
     builtins = ", ".join(sorted(BUILTIN_REWARDS))
     hint = f"use a built-in ({builtins}) or a dotted path 'pkg.module:function'"
-    if ":" in name:
-        module_name, attr_path = name.split(":", 1)
-    elif "." in name:
-        module_name, attr_path = name.rsplit(".", 1)
-    else:
+    parts = split_dotted(name)
+    if parts is None:
         raise ValueError(f"unknown reward function {name!r}: {hint}")
+    module_name, attr_path = parts
+    obj: object = import_user_module(module_name, f"reward function {name!r}", hint)
     try:
-        obj: object = importlib.import_module(module_name)
         for attr in attr_path.split("."):
             obj = getattr(obj, attr)
-    except (ImportError, AttributeError, ValueError) as error:
+    except AttributeError as error:
         raise ValueError(f"cannot resolve reward function {name!r} ({error}): {hint}") from error
-    except Exception as error:  # noqa: BLE001 - whatever the user's module raised while importing
-        raise ValueError(f"reward function {name!r}: importing {module_name!r} raised {type(error).__name__}: "
-                         f"{error}") from error
     if not callable(obj):
         raise ValueError(
             f"reward function {name!r} resolves to a {type(obj).__name__}, not a callable: {hint}"

@@ -21,6 +21,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
+from orchestrator.utils.user_code import import_user_module
+
 SYNC, ONE_STEP_OFF, STREAM = "sync", "one_step_off", "stream"
 KINDS = (SYNC, ONE_STEP_OFF, STREAM)
 
@@ -82,10 +84,7 @@ def get(name: str) -> RolloutMode:
 
 def _from_module(path: str) -> RolloutMode:
     """The RolloutMode of module `path` (its `MODE`), under the name `path`, its builder checked."""
-    try:
-        module = importlib.import_module(path)
-    except Exception as e:  # noqa: BLE001 - an ImportError, or whatever the user's module raised while importing
-        raise ValueError(f"rollout.mode={path!r}: cannot import it ({type(e).__name__}: {e})") from None
+    module = import_user_module(path, f"rollout.mode={path!r}")
     mode = getattr(module, "MODE", None)
     if not isinstance(mode, RolloutMode):
         what = "defines no MODE" if mode is None else f"defines MODE = {mode!r}, not a RolloutMode"

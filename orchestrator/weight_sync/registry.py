@@ -19,6 +19,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from orchestrator.utils.user_code import import_user_module
 from orchestrator.weight_sync.cost_model import (SyncEstimate, SyncSetup, predict_delta, predict_disk, predict_nccl,
                                                  predict_object_store)
 
@@ -75,12 +76,7 @@ def get(name: str) -> StrategyEntry:
     under its path on first use, so a user's strategy needs no file of ours. Raises ValueError naming
     `weight_sync.strategy` and the allowed values."""
     if name not in _REGISTRY and "." in name:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as e:
-            raise ValueError(f"weight_sync.strategy={name!r}: cannot import it ({e})") from None
-        except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
-            raise ValueError(f"weight_sync.strategy={name!r}: importing it raised {type(e).__name__}: {e}") from e
+        module = import_user_module(name, f"weight_sync.strategy={name!r}")
         if not hasattr(module, "STRATEGY"):
             raise ValueError(f"weight_sync.strategy={name!r}: the module defines no STRATEGY "
                              "(an actors.weight_sync.base.WeightSyncStrategy; docs/extending_weight_sync.md)")

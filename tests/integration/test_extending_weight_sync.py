@@ -49,7 +49,7 @@ def test_the_example_by_dotted_path_needs_no_registry_line(tiny_model, tmp_path)
     assert "docs.examples.weight_sync_example" in predict_sync(setup_from_fabric(1e9, 2, 1, 1, 0))  # its PREDICT
     with pytest.raises(ConfigError, match="weight_sync.strategy='docs.examples.my_env': the module defines no STRATEGY"):
         _cfg(tiny_model, tmp_path, "weight_sync.strategy=docs.examples.my_env")
-    with pytest.raises(ConfigError, match="weight_sync.strategy='no_such_pkg.strategy': cannot import it"):
+    with pytest.raises(ConfigError, match="weight_sync.strategy='no_such_pkg.strategy': cannot import module 'no_such_pkg.strategy'"):
         _cfg(tiny_model, tmp_path, "weight_sync.strategy=no_such_pkg.strategy")
 
 

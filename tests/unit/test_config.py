@@ -241,6 +241,9 @@ def test_config_error_is_a_value_error() -> None:
     ("reward.model_batch_size=0", "reward.model_batch_size=0 must be > 0"),
     ("algo.clip_low=1.5", "algo.clip_low=1.5 must be in [0, 1)"),
     ("guards.spike_min_steps=50", "guards.spike_min_steps=50 exceeds guards.spike_window=20"),
+    # session 31: a lower-case GPU waited placement.timeout_s for a resource no node has
+    ("placement.resource=gpu", "placement.resource='gpu': Ray's resource names are case-sensitive"),
+    ("placement.resource=Fake_GPU", "use 'fake_gpu'"),
 ])
 def test_more_bad_values_fail_before_any_work(override, fragment):
     with pytest.raises(ConfigError) as info:

@@ -43,7 +43,7 @@ def test_every_step_trains_the_first_batch_and_the_loader_never_moves():
 
 
 def test_what_is_not_a_mode_is_refused_naming_rollout_mode(monkeypatch):
-    with pytest.raises(ConfigError, match="rollout.mode='tests.unit.no_such_module': cannot import it"):
+    with pytest.raises(ConfigError, match="rollout.mode='tests.unit.no_such_module': cannot import module 'tests.unit.no_such_module'"):
         load_config(YAML, ["rollout.mode=tests.unit.no_such_module"])
     monkeypatch.setitem(sys.modules, "fake_pkg", types.ModuleType("fake_pkg"))
     monkeypatch.setitem(sys.modules, "fake_pkg.no_mode", types.ModuleType("fake_pkg.no_mode"))

@@ -74,7 +74,7 @@ def test_an_error_reaches_every_sink_and_every_sink_is_closed(tmp_path):
 
 @pytest.mark.parametrize("sinks, message", [
     ("[jsonl, nope]", r"metrics.sinks: unknown sink 'nope'; registered: \['console', 'jsonl', 'prometheus'\]"),
-    ("[jsonl, 'no_such_pkg.mod:Sink']", "metrics.sinks: cannot import sink 'no_such_pkg.mod:Sink'"),
+    ("[jsonl, 'no_such_pkg.mod:Sink']", "metrics.sinks: sink 'no_such_pkg.mod:Sink': cannot import module 'no_such_pkg.mod'"),
     ("[jsonl, 'orchestrator.metrics.sink:SinkContext']", "is not a MetricSink subclass"),
     ("[console]", "'jsonl' is required"),
     ("[jsonl, console, jsonl]", r"\['jsonl'\] listed more than once"),
