@@ -94,9 +94,14 @@ class VLLMEngine:
     """A vLLM `LLM` with token-id prompts in and trajectories out."""
 
     def __init__(self, model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False):
+        """Raises VLLMAPIError (actors/rollout/vllm_compat.py) naming each vLLM API this engine uses that the installed
+        vLLM lacks, before the engine is built."""
         from vllm import LLM
 
         from actors.pinning import engine_placement_kwargs
+        from actors.rollout.vllm_compat import check_vllm_api
+
+        check_vllm_api()
 
         # sleep_mode (colocated placement): vLLM's sleep mode on GPUs; on CPU vLLM has none, sleep is a no-op.
         # rollout.tensor_parallel_size > 1: vLLM's Ray executor in this actor's placement group.

