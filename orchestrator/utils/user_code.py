@@ -35,6 +35,9 @@ def import_user_module(module_name: str, where: str, hint: str = "") -> ModuleTy
         return importlib.import_module(module_name)
     except ImportError as e:
         tail = f": {hint}" if hint else ""
-        raise ValueError(f"{where}: cannot import module {module_name!r} ({e}){tail}") from None
+        error = ValueError(f"{where}: cannot import module {module_name!r} ({e}){tail}")
+        if e.name is not None and module_name.startswith(e.name):
+            raise error from None  # the module itself (or its package) is missing: nothing more to show
+        raise error from e  # an import inside the user's module failed: keep its traceback
     except Exception as e:  # noqa: BLE001 - whatever the user's module raised while importing
         raise ValueError(f"{where}: importing {module_name!r} raised {type(e).__name__}: {e}") from e

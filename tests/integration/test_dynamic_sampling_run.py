@@ -72,7 +72,8 @@ def test_dynamic_sampling_trains_informative_groups_and_resumes_exactly(ray_loca
 
     crashed_copy(tmp_path / "a", tmp_path / "b", 2)  # a run that died as step 3 began
     resumed, split = _run(tiny_model, tmp_path / "b", "checkpoint.resume=latest")
-    assert resumed.start_step == 2
+    assert resumed.start_step == 2 and [r["step"] for r in split.rows] == [1, 2, 3, 4]
+    assert {"reward/mean", "actor/loss", "actor/grad_norm", "rollout/response_len_mean"} <= set(_stable(rows[-1]))
     differ = [(a["step"], k, a.get(k), b.get(k)) for a, b in zip(rows, split.rows)
               for k in sorted(set(_stable(a)) | set(_stable(b))) if not _same(a.get(k), b.get(k))]
     assert not differ, differ

@@ -119,6 +119,10 @@ def test_a_one_step_off_run_switches_into_streaming_on_two_engines(ray_local, ti
         assert controller.cfg.rollout.mode == "stream" and isinstance(controller.pipeline, StreamRollouts)
         assert len(controller.actors.rollout) == 2 and controller.cfg.rollout.num_workers == 2
         _assert_engines_hold_trainer_weights(controller)  # both engines, after steps 3 and 4 on the new split
+        # both engines streamed after the switch (streaming rows keep no per-engine keys: ask the engines)
+        steps = ray.get([w.__ray_call__.remote(lambda a: a.stream.gen.steps if a.stream else 0)
+                         for w in controller.actors.rollout])
+        assert all(s > 0 for s in steps), steps
         assert ray.get(controller.actors.trainer.get_step.remote()) == 4
     finally:
         controller.shutdown()

@@ -95,8 +95,12 @@ def test_a_worker_lost_in_every_window_of_a_step_is_replaced_and_nothing_is_lost
     for step, groups in controller.samples.items():
         assert sorted(groups) == [2 * step, 2 * step + 1]
         assert set(groups.values()) == {4}
-    held = {r.prompt for r in controller.evaluator.requests}  # eval.holdout: disjoint from every trained prompt
-    assert 1 <= len(held) <= 2 and controller.prompts and not held & controller.prompts
+    # eval.holdout: every held-out prompt (not only the 2 evaluated) is disjoint from every trained one
+    training = set(controller.evaluator.train_items)
+    held_all = {ex.prompt for i, ex in enumerate(controller.examples) if i not in training}
+    evaluated = {r.prompt for r in controller.evaluator.requests}
+    assert 1 <= len(evaluated) <= 2 and evaluated <= held_all and len(held_all) >= 10
+    assert len(controller.prompts) >= 5 and "" not in controller.prompts and not held_all & controller.prompts
 
 
 class KillBeforeAsyncStep(GRPOController):

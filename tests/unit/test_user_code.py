@@ -27,3 +27,15 @@ def test_a_missing_module_and_one_that_raises_name_the_key(tmp_path, monkeypatch
     with pytest.raises(ValueError, match=r"^k: importing 'user_code_boom' raised RuntimeError: boom$") as info:
         import_user_module("user_code_boom", "k")
     assert isinstance(info.value.__cause__, RuntimeError)  # the traceback is kept
+
+
+def test_a_failing_import_inside_the_users_module_keeps_its_traceback(tmp_path, monkeypatch):
+    (tmp_path / "user_code_needs_dep.py").write_text("import no_such_dependency_x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"cannot import module 'user_code_needs_dep' \(No module named "
+                                         r"'no_such_dependency_x'\)") as info:
+        import_user_module("user_code_needs_dep", "k")
+    assert isinstance(info.value.__cause__, ImportError)  # where inside the user's module it failed
+    with pytest.raises(ValueError) as missing:
+        import_user_module("no_such_pkg_y.mod", "k")
+    assert missing.value.__cause__ is None  # the module itself is missing: nothing more to show
