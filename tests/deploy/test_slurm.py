@@ -63,9 +63,18 @@ def _submit(cluster, tiny_model: Path, out: Path, steps: int, **extra_env: str) 
 
 
 def _submit_failing(cluster, tiny_model: Path, out: Path) -> tuple[int, dict[str, str], Path]:
-    """A run that fails (here: a config error, found at once)."""
+    """A run that fails (here: a config error, found at once), launched with a `ray` whose `job logs --follow`
+    prints the logs and then hangs (as a stream that outlives its job): the launcher's watcher must end it."""
     out.mkdir(parents=True)
     env = _launcher_env(tiny_model, out)
+    bin_dir = out.parent / "bin"   # RL_ORCH_PYTHON's folder is where the launcher takes `ray` from
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "ray").write_text(f'#!/bin/sh\nif [ "$1 $2" = "job logs" ]; then {RAY} "$@"; exec sleep 3600; fi\n'
+                                 f'exec {RAY} "$@"\n')
+    for f in ("python", "ray"):
+        (bin_dir / f).chmod(0o755)
+    env["RL_ORCH_PYTHON"] = str(bin_dir / "python")
     job = cluster.sbatch([f"--output={out}/slurm-%j.out", f"--cpus-per-task={cluster.cpus}", "--gpus-per-node=0",
                           str(SBATCH), "configs/grpo_arith_cpu.yaml", "rollout.nn=3"], env=env, cwd=REPO)
     return job, env, out / f"slurm-{job}.out"
@@ -107,6 +116,16 @@ def _ray_leftovers(env: dict[str, str]) -> list[str]:
     return found
 
 
+def _wait_done(cluster, job: int, env: dict[str, str], log: Path, timeout_s: float, poll_s: float = 3.0) -> dict:
+    """`cluster.wait_until_done`, failing with what a hang needs to be diagnosed: the job's output, the processes
+    of its Ray cluster still alive, and the Slurm daemons' logs."""
+    try:
+        return cluster.wait_until_done(job, timeout_s=timeout_s, poll_s=poll_s)
+    except TimeoutError as e:
+        pytest.fail(f"{e}\n--- job output ---\n{_read(log)[-6000:]}\n--- its Ray processes ---\n"
+                    + "\n".join(_ray_leftovers(env)) + f"\n{cluster.log_tail(2000)}")
+
+
 def _assert_ray_gone(env: dict[str, str], timeout_s: float = 60.0) -> None:
     deadline = time.time() + timeout_s
     while (left := _ray_leftovers(env)) and time.time() < deadline:
@@ -131,7 +150,7 @@ def test_scancel_stops_the_ray_cluster(slurm_cluster, jobs):
         assert slurm_cluster.in_queue(job), f"the Slurm job ended early: {slurm_cluster.job(job)}\n{_read(log)[-5000:]}"
         time.sleep(3)
     slurm_cluster.scancel(job)
-    info = slurm_cluster.wait_until_done(job, timeout_s=120, poll_s=1)
+    info = _wait_done(slurm_cluster, job, env, log, timeout_s=120, poll_s=1)
     assert info["JobState"] == "CANCELLED", f"{info}\n{_read(log)[-5000:]}"
     # the launcher's trap ran to its end (stopped the Ray job and Ray) before Slurm's KillWait ran out
     assert "received a stop signal" in _read(log) and "rl_orch: exit status 143" in _read(log), _read(log)[-5000:]
@@ -143,7 +162,7 @@ def test_scancel_stops_the_ray_cluster(slurm_cluster, jobs):
 def test_sbatch_run_completes_with_checkpoint(slurm_cluster, jobs):
     job, env, log = jobs["test_sbatch_run_completes_with_checkpoint"]
     out = log.parent
-    info = slurm_cluster.wait_until_done(job, timeout_s=600)
+    info = _wait_done(slurm_cluster, job, env, log, timeout_s=600)
     text = _read(log)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-5000:]}"
     assert f"rl_orch: Ray job rl-orch-{job}: SUCCEEDED" in text, text[-5000:]
@@ -184,14 +203,17 @@ def _assert_job_prometheus_config(job: int, env: dict[str, str], out: Path, text
 
 @pytest.mark.timeout(600)
 def test_failed_run_fails_the_slurm_job(slurm_cluster, jobs):
-    """A run that fails (here: a config error, found at once) makes the Slurm job FAILED with exit code 1."""
+    """A run that fails (here: a config error, found at once) makes the Slurm job FAILED with exit code 1, also
+    when its log stream hangs after the job ended."""
     job, env, log = jobs["test_failed_run_fails_the_slurm_job"]
-    info = slurm_cluster.wait_until_done(job, timeout_s=400)
+    info = _wait_done(slurm_cluster, job, env, log, timeout_s=400)
     text = _read(log)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", f"{info}\n{text[-5000:]}"
     assert "unknown config key 'rollout.nn'" in text and f"Ray job rl-orch-{job}: FAILED" in text, text[-5000:]
+    assert "its log stream did not; ending the stream" in text, text[-5000:]
     _assert_ray_gone(env)
     shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)
+
 
 def test_missing_binary_names_the_debian_package(monkeypatch):
     import tests.deploy.slurm_cluster as sc
