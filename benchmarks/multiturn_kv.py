@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/multiturn_kv.py --model /path/to/hf --groups 2 --n 2 --turns 3
 
 In one process: two vLLM engines with prefix caching and two without (each an in-process `LLM`,
-`VLLMEngine`), each driven by a `ContinuousBatcher` (actors/rollout/async_engine.py), and the agent
+`VLLMEngine`), each driven by the rollout worker's engine driver (a `StreamingGenerator`, actors/rollout/stream.py,
+with `StreamTurns` over it, actors/rollout/stream_episodes.py), and the agent
 loop (orchestrator/rollout/agent_loop.py) over G groups x n samples x T turns. Three configurations:
 
 - sticky+cache: every turn of a group on one engine (`StickyRouter`), prefix caching on;
@@ -20,6 +21,8 @@ Then the cost of a prefix-cache reset (what every weight sync does, vllm_engine.
 final histories of the sticky+cache run are prefilled on their engines (1 new token each) with the
 cache warm, and again right after `reset_prefix_cache()`; the difference is the extra prefill a
 reset costs a multi-turn step whose histories would otherwise be reused.
+Each engine steps on a thread of its own (its `StreamingGenerator`), as in a rollout worker; results before session 32
+were measured with the previous driver, which stepped every engine from the agent loop's thread.
 
 Prints one table and the ratios; results are recorded in benchmarks/RESULTS.md.
 """
@@ -61,12 +64,12 @@ class FixedEnv:
 class Engines:
     """The agent loop's engine: routes a turn to engine `worker` (sticky) or to the next one (round-robin)."""
 
-    def __init__(self, batchers: list, round_robin: bool):
-        self.batchers, self.round_robin, self._rr = batchers, round_robin, itertools.count()
+    def __init__(self, turns: list, round_robin: bool):
+        self.turns, self.round_robin, self._rr = turns, round_robin, itertools.count()
 
     async def generate(self, prompt_ids, max_tokens, worker):
-        k = next(self._rr) % len(self.batchers) if self.round_robin else worker
-        return await self.batchers[k].generate(prompt_ids, max_tokens, worker)
+        k = next(self._rr) % len(self.turns) if self.round_robin else worker
+        return await self.turns[k].generate(prompt_ids, max_tokens, worker)
 
 
 def make_engines(model: str, caching: bool, block_size: int, count: int, seed: int) -> list:
@@ -74,12 +77,13 @@ def make_engines(model: str, caching: bool, block_size: int, count: int, seed: i
 
     cfg = SimpleNamespace(dtype="float32", enforce_eager=True, enable_prefix_caching=caching, max_model_len=1024,
                           kv_cache_space_gib=1, gpu_memory_utilization=0.3, block_size=block_size,
-                          temperature=1.0, top_p=1.0)
+                          temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, ignore_eos=True, max_new_tokens=16)
     return [VLLMEngine(model, cfg, seed=seed + k) for k in range(count)]
 
 
 def run_config(name: str, engines: list, round_robin: bool, args, tokenizer) -> tuple[dict, list]:
-    from actors.rollout.async_engine import ContinuousBatcher
+    from actors.rollout.stream import StreamingGenerator
+    from actors.rollout.stream_episodes import StreamTurns
     from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
     from orchestrator.rollout.chat_render import ChatRenderer
     from orchestrator.envs.env_runner import EnvRunner
@@ -87,20 +91,22 @@ def run_config(name: str, engines: list, round_robin: bool, args, tokenizer) -> 
 
     for e in engines:
         e.llm.reset_prefix_cache()
-    batchers = [ContinuousBatcher(e, sampling={"ignore_eos": True}) for e in engines]
-    loop = AgentLoop(Engines(batchers, round_robin), EnvRunner(FixedEnv, {"turns": args.turns}, num_workers=8),
+    streams = [StreamingGenerator(e, 1, args.max_new_tokens, lambda: 0) for e in engines]  # ignore_eos: engine cfg
+    loop = AgentLoop(Engines([StreamTurns(s) for s in streams], round_robin), EnvRunner(FixedEnv, {"turns": args.turns}, num_workers=8),
                      ChatRenderer(tokenizer, "incremental"), StickyRouter(len(engines)),
                      AgentLoopConfig(max_turns=args.turns, max_tokens=1024, max_new_tokens=args.max_new_tokens))
     groups = [GroupRequest(g, {"seed": g}, args.n) for g in range(args.groups)]
     t0 = time.perf_counter()
     trajs, metrics = loop.run_sync(groups)
     wall = time.perf_counter() - t0
-    requested = sum(b.prompt_tokens for b in batchers)
-    computed = requested - sum(b.cached_tokens for b in batchers)
+    for stream in streams:
+        stream.close()
+    requested = sum(st.gen.prompt_tokens for st in streams)
+    computed = requested - sum(st.gen.cached_tokens for st in streams)
     sampled = sum(sum(t.loss_mask) for t in trajs)
     return {"config": name, "wall_s": wall, "prefill_requested": requested, "prefill_computed": computed,
             "sampled": sampled, "turns_mean": metrics["rollout/turns_mean"], "trajectories": len(trajs),
-            "engine_steps": sum(b.steps for b in batchers)}, trajs
+            "engine_steps": sum(st.steps for st in streams)}, trajs
 
 
 def reset_cost(engines: list, trajs: list, router_groups: dict) -> dict:

@@ -1,16 +1,18 @@
 """Rollout throughput through the orchestrator against bare vLLM (issue 7): what our rollout layer costs.
 
 A: a `RolloutWorkerActor` in Ray (actors/rollout/worker.py), placed and called the way the controller
-   does (`worker.generate.remote(requests)`, ray.get at the driver), the trajectories built by the
-   worker (`to_trajectories`) and shipped back: timed at the driver around the call.
+   does (`worker.generate.remote(requests)`, ray.get at the driver): its engine driver (actors/rollout/stream.py
+   `generate`: the samples queued at once, the engine stepped on the driver's thread) builds the trajectories and
+   ships them back: timed at the driver around the call.
 B: bare vLLM in this process: `vllm.LLM(**engine_kwargs(...))` with the same engine arguments
    (actors/rollout/vllm_engine.py builds both), the same token prompts and `SamplingParams` (one seeded
-   request per sample, `generation_inputs`) and the same engine seed; timed around `llm.generate`.
+   request per sample, benchmarks/bare_vllm.py `generation_inputs`) and the same engine seed; timed around
+   `llm.generate`.
 Both get the same PromptRequest list each round (the controller's `sample_prompts(round)`), one warm-up
 call each, then A B A B ... Same seed and same call sequence: each round's samples (and token counts)
 should match between A and B, which the script checks. Prints tokens/s of each and the ratio A / B
 (target >= 0.95), plus the worker-side generate seconds (so the Ray call's own share is visible) and the
-cost of B's outputs -> Trajectory conversion done the worker's way (not part of B's time).
+cost of B's outputs -> Trajectory conversion (bare_vllm.to_trajectories, not part of B's time).
 
     .venv/bin/python benchmarks/rollout_overhead.py [--rounds 3] [--json out.json] [key=value ...]
 """
@@ -55,14 +57,14 @@ def run_a(worker, requests) -> dict:
 
 
 def run_b(llm, cfg, requests) -> dict:
-    from actors.rollout.vllm_engine import generation_inputs, to_trajectories
+    from benchmarks.bare_vllm import generation_inputs, to_trajectories
 
     prompts, params, issued = generation_inputs(cfg.rollout, requests, cfg.rollout.n)  # the worker's requests
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     t1 = time.perf_counter()
-    trajs = to_trajectories(issued, outputs, 0)  # the worker's postprocessing, timed apart
+    trajs = to_trajectories(issued, outputs, 0)  # outputs -> trajectories, timed apart
     post = time.perf_counter() - t1
     return {"s": dt, "tokens": sum(len(c.token_ids) for o in outputs for c in o.outputs), "post_s": post,
             "ids": [t.response_ids for t in trajs]}

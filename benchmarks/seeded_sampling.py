@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     os.environ.update(QUIET_ENV)
     from vllm import LLM
 
-    from actors.rollout.vllm_engine import engine_kwargs, generation_inputs
+    from actors.rollout.vllm_engine import engine_kwargs
+    from benchmarks.bare_vllm import generation_inputs
     from orchestrator.config.load import load_config
     from orchestrator.controller import GRPOController
 

@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     from transformers import AutoModelForCausalLM
 
     from actors.rollout.vllm_engine import VLLMEngine
+    from benchmarks import bare_vllm
     from orchestrator.algo import SamplerSettings
     from orchestrator.config.load import load_config
     from orchestrator.controller import GRPOController
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
         if engine is None:
             engine = VLLMEngine(str(ctl.model_path), cfg.rollout, cfg.rollout.seed)
         engine.cfg = cfg.rollout  # the sampling params of this setting (one engine for all)
-        trajs = [t for s in range(1, args.steps + 1) for t in engine.generate(ctl.sample_prompts(s), cfg.rollout.n, 0)]
+        trajs = [t for s in range(1, args.steps + 1)
+                 for t in bare_vllm.generate(engine.llm, cfg.rollout, ctl.sample_prompts(s), cfg.rollout.n)]
         sampler = SamplerSettings.from_rollout(cfg.rollout)
         row = [name, f"{sum(len(t.response_ids) for t in trajs):6d}"]
         for sampling in (sampler.temperature, sampler):

@@ -37,14 +37,18 @@ class InterruptibleEngine:
         engine: a `VLLMEngine` (uses ``engine.llm.llm_engine``, ``engine.cfg`` temperature / top_p /
             ignore_eos, ``engine.tokenizer``).
     Attributes:
-        interruptions: requests aborted by `interrupt` so far; steps: engine steps run.
+        interruptions: requests aborted by `interrupt` so far; steps: engine steps run; prompt_tokens /
+        cached_tokens: prompt ids of the requests that finished, and of those the ones vLLM served from its prefix
+        cache (`RequestOutput.num_cached_tokens`; computed prefill = prompt_tokens - cached_tokens). Counted per
+        engine (several engines in one process are counted apart), cumulative ints.
     """
 
     def __init__(self, engine):
         self.llm_engine = engine.llm.llm_engine
         self.cfg, self.tokenizer = engine.cfg, engine.tokenizer
         self.active: dict[str, tuple[PartialSample, int]] = {}  # request id -> (sample, weight version)
-        self.interruptions = self.steps = 0
+        self.prompt_len: dict[str, int] = {}  # request id -> its prompt's ids (the continuation prompt's)
+        self.interruptions = self.steps = self.prompt_tokens = self.cached_tokens = 0
 
     @property
     def running(self) -> int:
@@ -71,6 +75,7 @@ class InterruptibleEngine:
             rid = f"partial-{next(_IDS)}"
             self.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=s.prompt_ids), params)
             self.active[rid] = (s, int(version))
+            self.prompt_len[rid] = len(s.prompt_ids)
             keys.add(s.key)
 
     def step(self) -> list[PartialSample]:
@@ -86,6 +91,8 @@ class InterruptibleEngine:
             sample.extend(ids, [d[t].logprob for t, d in zip(ids, c.logprobs or [])], version)
             if out.finished:
                 del self.active[out.request_id]
+                self.prompt_tokens += self.prompt_len.pop(out.request_id, 0)
+                self.cached_tokens += int(out.num_cached_tokens or 0)
                 sample.finish(c.finish_reason if c.finish_reason in ("stop", "length") else "length")
                 if sample.done:
                     finished.append(sample)
@@ -110,6 +117,8 @@ class InterruptibleEngine:
         ids = list(self.active)
         self.llm_engine.abort_request(ids)
         samples = [self.active.pop(rid)[0] for rid in ids]
+        for rid in ids:
+            self.prompt_len.pop(rid, None)
         for s in samples:
             s.interrupted()
         self.interruptions += len(samples)

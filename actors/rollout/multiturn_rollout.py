@@ -1,7 +1,8 @@
 """Multi-turn rollouts on one rollout worker: the agent loop over this worker's vLLM engine and envs.
 
 `MultiTurnRollout` is what `RolloutWorker.generate_multiturn` runs. It holds, per worker process:
-the `ContinuousBatcher` over the worker's engine (async_engine.py), an `EnvRunner` whose environment
+the turns' engine driver (`StreamTurns` over the worker's `StreamingGenerator`, actors/rollout/stream_episodes.py and
+stream.py: the one driver of every multi-turn rollout, batched or streamed), an `EnvRunner` whose environment
 calls run in threads next to the engine (so a slow environment never blocks sampling) or, with
 env.placement=actor, an `ActorEnvRunner` over this worker's env actors (actors/env_actor.py), and a
 `ChatRenderer` over the model's tokenizer. For every call it runs an `AgentLoop`
@@ -9,7 +10,7 @@ env.placement=actor, an `ActorEnvRunner` over this worker's env actors (actors/e
 samples and turns of those groups run here, on this engine, so vLLM's prefix cache serves each
 group's shared prompt and each trajectory's growing history.
 
-    rollout = MultiTurnRollout(engine, tokenizer)
+    rollout = MultiTurnRollout(engine, StreamTurns(stream), tokenizer)
     trajectories, metrics = rollout.run(groups, env_cfg, max_new_tokens=32, weight_version=3, worker_id=0)
 
 The trajectories are `Trajectory` objects (`MultiTurnTrajectory.to_trajectory`): response_ids hold
@@ -22,7 +23,6 @@ import time
 from typing import Any
 
 from actors.env_actor import make_env_runner
-from actors.rollout.async_engine import ContinuousBatcher
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
 from orchestrator.rollout.chat_render import ChatRenderer, check_template_keeps_history
 from orchestrator.envs.env import resolve_env_factory, with_tool_format
@@ -52,16 +52,16 @@ class MultiTurnRollout:
     """Runs agent loops on one engine (see the module docstring).
 
     Args:
-        engine: a `VLLMEngine` (in this process).
+        engine: a `VLLMEngine` (in this process; its prefix-cache counters are read).
+        turns: the turns' `AsyncEngine` on that engine (`StreamTurns` over the worker's `StreamingGenerator`).
         tokenizer: the policy's transformers tokenizer (with a chat template).
         end_ids: the ids that end an assistant turn (orchestrator/rollout/chat_render.py end_of_turn_ids).
         env_actors: `.options(...)` of this worker's env actors (env.placement=actor), see actors/env_actor.py.
     """
 
-    def __init__(self, engine, tokenizer, env_actors: list | None = None, end_ids: list | None = None):
-        self.engine, self.tokenizer, self.env_actors = engine, tokenizer, list(env_actors or [])
+    def __init__(self, engine, turns, tokenizer, env_actors: list | None = None, end_ids: list | None = None):
+        self.engine, self.turns, self.tokenizer, self.env_actors = engine, turns, tokenizer, list(env_actors or [])
         self.end_ids = end_ids  # the ids that end a turn (chat_render.end_of_turn_ids); None = the tokenizer's eos
-        self.batcher = ContinuousBatcher(engine)
         self._env_key: tuple | None = None
         self.runner: EnvRunner | None = None  # or an ActorEnvRunner (env.placement=actor)
         self.renderer: ChatRenderer | None = None
@@ -97,9 +97,9 @@ class MultiTurnRollout:
         requests = [as_group_request(g) for g in groups]
         loop_cfg = AgentLoopConfig(max_turns=int(env_cfg["max_turns"]), max_tokens=int(env_cfg["max_tokens"]),
                                    max_new_tokens=int(max_new_tokens))
-        loop = AgentLoop(self.batcher, self.runner, self.renderer, StickyRouter([worker_id]), loop_cfg)
-        before, steps0 = self.engine.cache_counters(), self.batcher.steps
-        self.batcher.max_running = 0
+        loop = AgentLoop(self.turns, self.runner, self.renderer, StickyRouter([worker_id]), loop_cfg)
+        before, steps0 = self.engine.cache_counters(), self.turns.stream.steps
+        self.turns.max_in_flight = 0
         t0 = time.perf_counter()
         episodes, metrics = loop.run_sync(requests)
         dt = time.perf_counter() - t0
@@ -116,6 +116,6 @@ class MultiTurnRollout:
         metrics.update({"rollout/tokens": float(sampled), "rollout/generate_s": dt,
                         "rollout/tokens_per_s": sampled / max(dt, 1e-9),
                         "rollout/prefill_tokens_requested": requested, "rollout/prefill_tokens_computed": requested - hits,
-                        "rollout/prefix_cache_hits": hits, "rollout/engine_steps": float(self.batcher.steps - steps0),
-                        "rollout/in_flight_max": float(self.batcher.max_running)})
+                        "rollout/prefix_cache_hits": hits, "rollout/engine_steps": float(self.turns.stream.steps - steps0),
+                        "rollout/in_flight_max": float(self.turns.max_in_flight)})
         return trajectories, metrics

@@ -10,12 +10,19 @@ interrupts the requests in flight and continues them on the new weights (actors/
     stream.hold(); ...; stream.release()     # the same across calls: an overlapped weight sync holds the engine
                                              # from before its load until the controller verified it
     stream.prioritize({12, 13})              # the trainer waits for these groups: theirs first (see below)
+    samples = stream.generate(requests)      # synchronous generation: submit, wait until all finished (below)
 
 Streamed multi-turn episodes (actors/rollout/stream_episodes.py) use the same engine thread: each policy turn is
 one PartialSample queued with `submit_turn(sample, on_done)`; when it finishes, `on_done(sample)` is called on
 the engine thread (instead of the sample going to `drain`), and a weight update interrupts and continues it like
 any other. A finished episode enters `drain`'s output through `put_done`; an episode-side failure through `fail`.
 None of them waits for an engine step.
+
+This thread is the rollout worker's one engine driver: single-turn groups streamed (`submit` / `drain`), a batch
+generated synchronously (`generate`: rollout.mode sync and one-step-off, held-out eval: its samples are queued
+together, so the engine's first step sees the whole batch as `LLM.generate` would, and come back to the caller, never
+to `drain`; they enter the engine even while it is held or prioritized, and a checkpoint's snapshot leaves them out),
+and multi-turn turns (`submit_turn`, batched or streamed episodes: actors/rollout/stream_episodes.py `StreamTurns`).
 
 Two locks: `cond` guards the queue and the finished samples (held for microseconds: `submit` and `drain` never
 wait for an engine step, which lasts seconds when it prefills a batch of prompts on CPU), and `engine_lock`,
@@ -66,6 +73,8 @@ class StreamingGenerator:
         self.queue: list[PartialSample] = []
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
         self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
+        self.on_error: dict[int, Callable] = {}  # id(turn sample) -> its error callback (`submit_turn`)
+        self.urgent: set[int] = set()  # id(sample) of `generate`'s samples: they pass a hold and a priority
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.first: frozenset = frozenset()  # `prioritize`: the groups whose samples enter the engine first
         self.held = False  # `hold` until `release`: the thread starts no step
@@ -81,6 +90,11 @@ class StreamingGenerator:
         self.thread = threading.Thread(target=self._loop, name="rollout-stream", daemon=True)
         self.thread.start()
 
+    @property
+    def steps(self) -> int:
+        """Engine steps run so far (int, cumulative)."""
+        return self.gen.steps
+
     def submit(self, requests: list) -> int:
         """Queue every request's group (n samples, or its sampling override's). Returns the samples queued.
         Does not wait for the engine (the thread adds them before its next step)."""
@@ -91,15 +105,52 @@ class StreamingGenerator:
             self.cond.notify_all()
         return len(samples)
 
-    def submit_turn(self, sample: PartialSample, on_done: Callable[[PartialSample], None]) -> None:
+    def submit_turn(self, sample: PartialSample, on_done: Callable[[PartialSample], None],
+                    on_error: Optional[Callable[[BaseException], None]] = None) -> None:
         """Queue one turn's sample (the engine thread adds it before its next step); `on_done(sample)` runs on the
         engine thread when it finishes (it must not block: hand the sample to another thread, e.g.
-        `loop.call_soon_threadsafe`). Raises the engine thread's error."""
+        `loop.call_soon_threadsafe`). `on_error(error)` runs instead if the engine fails or the stream is closed
+        before the turn finished (on the failing thread; same rule). Raises the engine thread's error."""
         with self.cond:
             self._raise_error()
             self.on_done[id(sample)] = on_done
+            if on_error is not None:
+                self.on_error[id(sample)] = on_error
             self.queue.append(sample)
             self.cond.notify_all()
+
+    def generate(self, requests: list) -> list[PartialSample]:
+        """Synchronous generation: every request's group (n samples, or its sampling override's) queued at once and
+        generated to the end; returns the finished samples in request order, then sample index, each with its text
+        (special tokens skipped). They join whatever the engine runs (a streaming run's samples), pass a `hold` (as
+        the held-out eval did beside an overlapped sync) and never reach `drain`. Raises the engine's error
+        (RuntimeError, its cause attached) if it fails meanwhile, or if the stream is closed."""
+        samples = [s for r in requests for s in samples_of(r, self.n, self.max_tokens)]
+        if not samples:
+            return []
+        left, finished, errors = [len(samples)], threading.Event(), []
+
+        def on_done(sample: PartialSample) -> None:  # engine thread
+            sample.text = self.gen.text(sample)
+            left[0] -= 1
+            if left[0] == 0:
+                finished.set()
+
+        def on_error(error: BaseException) -> None:
+            errors.append(error)
+            finished.set()
+
+        with self.cond:
+            self._raise_error()
+            for sample in samples:
+                self.on_done[id(sample)], self.on_error[id(sample)] = on_done, on_error
+                self.urgent.add(id(sample))
+            self.queue += samples
+            self.cond.notify_all()
+        finished.wait()
+        if errors:
+            raise RuntimeError(f"the rollout stream failed during a generate call: {errors[0]!r}") from errors[0]
+        return samples
 
     def prioritize(self, group_ids) -> None:
         """While any sample of `group_ids` (request group ids) is queued or in the engine, only those samples enter
@@ -159,7 +210,8 @@ class StreamingGenerator:
             with self.cond:
                 self._raise_error()
                 finished, self.done = self.done, []
-                in_flight = [snapshot_copy(s) for s in self.gen.samples()] + [snapshot_copy(s) for s in self.queue]
+                in_flight = [snapshot_copy(s) for s in [*self.gen.samples(), *self.queue]
+                             if id(s) not in self.on_done]  # `generate`'s and turns' samples are their callers'
         return finished, in_flight
 
     @contextmanager
@@ -217,6 +269,18 @@ class StreamingGenerator:
         with self.engine_lock:
             self.gen.interrupt()
         self.thread.join(timeout=30)
+        self._fail_turns(RuntimeError("the rollout stream was closed before the turn finished"))
+
+    def _fail_turns(self, error: BaseException) -> None:
+        """Call every unfinished turn's `on_error` (an engine failure, or `close`)."""
+        with self.cond:
+            callbacks = list({id(c): c for c in self.on_error.values()}.values())  # a generate call's: once
+            self.on_error, self.on_done, self.urgent = {}, {}, set()
+        for callback in callbacks:
+            try:
+                callback(error)
+            except RuntimeError:  # its event loop is closed: nobody waits for that turn any more
+                pass
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -232,7 +296,7 @@ class StreamingGenerator:
         torch._C.set_num_threads(self.threads)
         while True:
             with self.cond:
-                while not self.closed and (self.waiting or self.held or not (self.queue or self.gen.running)):
+                while not self.closed and not self._runnable():
                     work = (self.waiting or self.held) and (self.queue or self.gen.running)  # held with nothing: empty
                     self.idle_since = (time.perf_counter(), "blocked" if work else "empty")
                     self.cond.wait()
@@ -251,10 +315,11 @@ class StreamingGenerator:
                     added = time.perf_counter()
                     finished = self.gen.step() if self.gen.running else []  # a pause may have emptied it
                     dt = time.perf_counter() - added
-                except BaseException as e:  # noqa: BLE001 - handed to the caller by drain()
+                except BaseException as e:  # noqa: BLE001 - handed to the caller by drain() and to waiting turns
                     with self.cond:
                         self.error = e
                         self.cond.notify_all()
+                    self._fail_turns(e)
                     return
                 with self.cond:
                     self.busy_s += dt
@@ -266,16 +331,33 @@ class StreamingGenerator:
         """The queued samples the engine takes now (engine thread, under `engine_lock` and `cond`), out of the
         queue: all of them, or only the prioritized groups' while one of theirs is queued or in the engine."""
         first = self.first  # (runs every engine step: with nothing queued there is nothing to decide)
-        if first and self.queue and any(s.request.group_id in first for s in [*self.queue, *self.gen.samples()]):
-            new = [s for s in self.queue if s.request.group_id in first]
-            self.queue = [s for s in self.queue if s.request.group_id not in first]
+        if self.held:  # only `generate`'s samples run while held
+            def takes(s: PartialSample) -> bool:
+                return id(s) in self.urgent
+        elif first and self.queue and any(s.request.group_id in first for s in [*self.queue, *self.gen.samples()]):
+            def takes(s: PartialSample) -> bool:
+                return s.request.group_id in first or id(s) in self.urgent
+        else:
+            new, self.queue = self.queue, []
             return new
-        new, self.queue = self.queue, []
+        new = [s for s in self.queue if takes(s)]
+        self.queue = [s for s in self.queue if not takes(s)]
         return new
+
+    def _runnable(self) -> bool:
+        """Whether the thread may start a step now (under `cond`): no caller waits for the engine, and there is work
+        it may run (held: only `generate`'s samples; the hold interrupted everything else)."""
+        if self.waiting:
+            return False
+        if self.held:
+            return bool(self.gen.running) or any(id(s) in self.urgent for s in self.queue)
+        return bool(self.queue or self.gen.running)
 
     def _finished(self, finished: list[PartialSample]) -> None:
         """Hand finished samples on (engine thread, under `cond`): a turn's to its callback, the others to `drain`."""
         for s in finished:
+            self.on_error.pop(id(s), None)
+            self.urgent.discard(id(s))
             callback = self.on_done.pop(id(s), None)
             if callback is not None:
                 callback(s)

@@ -39,20 +39,24 @@ _TURN_IDS = itertools.count()  # a turn sample's group id in the engine's bookke
 
 
 class StreamTurns:
-    """`AsyncEngine` over a `StreamingGenerator`: one turn = one partial sample on the engine thread.
+    """`AsyncEngine` over a `StreamingGenerator`: one turn = one partial sample on the engine thread. The one engine
+    driver of multi-turn rollouts: batched episodes (actors/rollout/multiturn_rollout.py) and streamed ones
+    (`StreamingEpisodes`) both run their turns through it.
 
-    Attributes: prompt_tokens, turns: prompt ids and turns submitted (for metrics)."""
+    Attributes: prompt_tokens, turns: prompt ids and turns submitted; in_flight: turns submitted and not finished;
+    max_in_flight: the most at one time (reset by the caller; for metrics and tests of "many turns at once")."""
 
     def __init__(self, stream):
         self.stream = stream
-        self.turns = self.prompt_tokens = 0
+        self.turns = self.prompt_tokens = self.in_flight = self.max_in_flight = 0
 
     async def generate(self, prompt_ids: list, max_tokens: int, worker: Any = None,
                        seed: Optional[int] = None) -> tuple[list, list, str, list]:
         """Sample one turn after `prompt_ids` ([P] ints): ([N] ids, [N] behaviour logprobs (float, nats), "stop" |
         "length", [N] weight versions, non-decreasing), 1 <= N <= max_tokens. `worker` is ignored (one engine);
         `seed`: the turn's vLLM seed (a continued segment's is derived with seeds.resume_seed).
-        Raises ValueError for an empty prompt or max_tokens < 1."""
+        Raises ValueError for an empty prompt or max_tokens < 1; the engine's error if it fails before the turn
+        finished (RuntimeError if the stream is closed meanwhile)."""
         if not prompt_ids or max_tokens < 1:
             raise ValueError(f"generate: need a non-empty prompt and max_tokens >= 1, got {len(prompt_ids)} "
                              f"prompt ids and max_tokens={max_tokens}")
@@ -64,10 +68,18 @@ class StreamTurns:
         def done(s: PartialSample) -> None:  # on the engine thread
             loop.call_soon_threadsafe(lambda: future.done() or future.set_result(s))
 
-        self.stream.submit_turn(sample, done)
+        def failed(e: BaseException) -> None:  # the engine failed (or the stream closed): the turn raises it
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_exception(e))
+
+        self.stream.submit_turn(sample, done, failed)
         self.turns += 1
         self.prompt_tokens += len(prompt_ids)
-        s = await future
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            s = await future
+        finally:
+            self.in_flight -= 1
         return list(s.response_ids), list(s.logprobs), s.finish_reason, list(s.token_versions)
 
 

@@ -12,8 +12,6 @@ import os
 from typing import Any, Optional, Sequence
 
 from orchestrator.algo.sampler_support import SamplerSettings
-from orchestrator.rollout.seeds import sample_seed
-from orchestrator.rollout.types import PromptRequest, Trajectory
 
 EXTENSION = "actors.weight_sync.vllm_extension.WeightReceiverExtension"
 
@@ -126,13 +124,6 @@ class VLLMEngine:
         """vLLM `LLM.wake_up(tags)` when sleep mode is on (GPU, colocated); otherwise nothing."""
         if self.sleep_mode:
             self.llm.wake_up(tags=tags)
-
-    def generate(self, requests: Sequence[PromptRequest], n: int, weight_version: int) -> list[Trajectory]:
-        """Sample `n` responses per request; all samples of a request share its group id (see `generation_inputs`).
-        Trajectories come in request order, then sample index."""
-        prompts, params, issued = generation_inputs(self.cfg, requests, n)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return to_trajectories(issued, outputs, weight_version)
 
     def cache_counters(self) -> dict[str, float]:
         """vLLM's own cumulative counters of this engine, in tokens: `prefix_cache_queries` (prompt tokens
@@ -265,42 +256,3 @@ def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=No
                       ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
     distribution = SamplerSettings.from_rollout(rollout_cfg).vllm_kwargs()
     return SamplingParams(**{"n": n, **distribution, "logprobs": 0, "seed": seed, **kwargs, **extra})
-
-
-def generation_inputs(rollout_cfg, requests: Sequence[PromptRequest], n: int) -> tuple[list, Any, list]:
-    """(vLLM prompts, SamplingParams, the request of each prompt) for `n` samples per request (a request's
-    `sampling` override: its own n, temperature, max_new_tokens). Seeded requests (every `seed` set) become n
-    vLLM requests each, sample i with `SamplingParams(n=1, seed=sample_seed(seed, i))` (orchestrator/rollout/seeds.py);
-    otherwise one request of n samples each, on the engine's random state."""
-    def count(r: PromptRequest) -> int:
-        return r.sampling.n if r.sampling is not None else n
-
-    if requests and all(r.seed is not None for r in requests):
-        issued = [r for r in requests for _ in range(count(r))]
-        params = [sampling_params(rollout_cfg, 1, sample_seed(r.seed, i), r.sampling)
-                  for r in requests for i in range(count(r))]
-        return token_prompts(issued), params, issued
-    if any(r.sampling is not None for r in requests):
-        return token_prompts(requests), [sampling_params(rollout_cfg, count(r), None, r.sampling) for r in requests], list(requests)
-    return token_prompts(requests), sampling_params(rollout_cfg, n), list(requests)
-
-
-def token_prompts(requests: Sequence[PromptRequest]) -> list:
-    """vLLM token-id prompts of the requests (already rendered with the chat template)."""
-    from vllm.inputs import TokensPrompt
-
-    return [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-
-
-def to_trajectories(requests: Sequence[PromptRequest], outputs: Sequence, weight_version: int) -> list[Trajectory]:
-    """One Trajectory per sample of vLLM's RequestOutputs (in request order), with per-token logprobs."""
-    out = []
-    for req, res in zip(requests, outputs):
-        prompt_ids = list(req.prompt_ids)
-        for c in res.outputs:
-            ids = list(c.token_ids)
-            lps = [d[t].logprob for t, d in zip(ids, c.logprobs)]
-            out.append(Trajectory(group_id=req.group_id, prompt_ids=prompt_ids, response_ids=ids,
-                                  logprobs=lps, finish_reason=c.finish_reason or "length", text=c.text,
-                                  answer=req.answer, prompt=req.prompt, weight_version=weight_version))
-    return out

@@ -1,5 +1,9 @@
 """RolloutWorker: one vLLM engine per replica; groups in, trajectories out; takes weight syncs.
 
+Every generation goes through the engine's one driver, a `StreamingGenerator` (actors/rollout/stream.py) made on
+first use: `generate` (a batch generated to the end), the `stream_*` calls (rollout.mode=stream) and multi-turn
+turns (`generate_multiturn`, streamed episodes). Weight loads, checksums and probes pause it (`_idle`).
+
 `RolloutWorker` is the plain class (testable without Ray); `RolloutWorkerActor` is its Ray actor.
 """
 from __future__ import annotations
@@ -106,14 +110,17 @@ class RolloutWorker:
         return self.stream.paused() if self.stream is not None else nullcontext()
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
-        """Sample a group of `rollout.n` per request. Returns trajectories and `rollout/*` metrics."""
+        """Sample a group of `rollout.n` per request (its sampling override's n, temperature and max_new_tokens
+        where set), all queued at once on the engine's one driver and generated to the end (actors/rollout/stream.py
+        `generate`; held-out eval during a streaming run joins the stream's batch). Returns trajectories (request
+        order, then sample index) and `rollout/*` metrics (the prefill counters are the engine's over the call, the
+        stream's requests included when one runs beside)."""
         self.sleep_state.ensure_awake("generate")
-        with self._idle():  # held-out eval during a streaming run: the stream's requests wait
-            before = self.engine.cache_counters()
-            t0 = time.perf_counter()
-            trajs = self.engine.generate(requests, self.n, self.version)
-            dt = time.perf_counter() - t0
-            after = self.engine.cache_counters()
+        before = self.engine.cache_counters()
+        t0 = time.perf_counter()
+        trajs = [s.to_trajectory() for s in self._stream().generate(requests)]
+        dt = time.perf_counter() - t0
+        after = self.engine.cache_counters()
         tokens = sum(len(t.response_ids) for t in trajs)
         requested = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
@@ -136,10 +143,12 @@ class RolloutWorker:
             from transformers import AutoTokenizer
 
             from actors.rollout.multiturn_rollout import MultiTurnRollout
+            from actors.rollout.stream_episodes import StreamTurns
             from orchestrator.rollout.chat_render import end_of_turn_ids
 
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self._multiturn = MultiTurnRollout(self.engine, tokenizer, env_actors=self.env_actors,
+            self._multiturn = MultiTurnRollout(self.engine, StreamTurns(self._stream()), tokenizer,
+                                               env_actors=self.env_actors,
                                                end_ids=end_of_turn_ids(tokenizer, self.model_path))
         return self._multiturn
 

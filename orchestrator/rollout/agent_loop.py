@@ -12,8 +12,9 @@ The engine is anything with::
 
 returning the sampled ids (ending with the end-of-turn id when the model stopped), one logprob per
 id, and "stop" or "length" (and optionally a 4th item: the weight version that sampled each id, which the
-streaming engine of partial rollouts reports, actors/rollout/stream_episodes.py). The vLLM engines are wired
-to it in actors/rollout/ (async_engine.py: one batch of episodes; stream_episodes.py: streamed episodes).
+streaming engine of partial rollouts reports, actors/rollout/stream_episodes.py). The vLLM engine is wired
+to it in actors/rollout/stream_episodes.py (`StreamTurns`: one turn = one request on the worker's streaming engine,
+for a batch of episodes and for streamed episodes alike).
 
     loop = AgentLoop(engine, EnvRunner(resolve_env_factory("guessing")), ChatRenderer(tok), StickyRouter(2),
                      AgentLoopConfig(max_turns=8, max_tokens=1024, max_new_tokens=32))

@@ -37,55 +37,68 @@ def test_engine_cpu_count_reads_the_first_rank_of_the_vllm_bind_list():
             _engine_cpu_count(bad)
 
 
-class _Completion:
-    def __init__(self, seed):
-        self.token_ids, self.logprobs = [seed % 7], [{seed % 7: type("L", (), {"logprob": -1.0})()}]
-        self.finish_reason, self.text = "length", str(seed)
-
-
-class _FakeLLM:
-    """vLLM's LLM.generate: one output per prompt, n completions each (token = seed mod 7)."""
+class _LLMEngine:
+    """vLLM's LLMEngine add_request / step: every request finishes in one step with one token (its seed mod 7)."""
 
     def __init__(self):
-        self.calls = []
+        self.added, self.pending = [], []  # (request id, prompt ids, SamplingParams): all; not stepped yet
 
-    def generate(self, prompts, params, use_tqdm=False):
-        self.calls.append((prompts, params))
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        return [type("Out", (), {"outputs": [_Completion(p.seed or 0) for _ in range(p.n)]})() for p in params]
+    def add_request(self, rid, prompt, params):
+        self.added.append((rid, list(prompt["prompt_token_ids"]), params))
+        self.pending.append(self.added[-1])
+
+    def step(self):
+        from types import SimpleNamespace
+
+        out, stepped, self.pending = [], self.pending, []
+        for rid, _, params in stepped:
+            token = (params.seed or 0) % 7
+            completion = SimpleNamespace(token_ids=[token], logprobs=[{token: SimpleNamespace(logprob=-1.0)}],
+                                         finish_reason="stop")
+            out.append(SimpleNamespace(request_id=rid, outputs=[completion], finished=True, num_cached_tokens=0))
+        return out
+
+    def abort_request(self, ids):
+        pass
 
 
-def _engine():
-    from actors.rollout.vllm_engine import VLLMEngine
+def _generate(requests, n: int, version: int):
+    """The worker's synchronous generation (actors/rollout/stream.py `generate`) over a fake engine: the
+    trajectories and what the engine was asked for."""
+    from types import SimpleNamespace
 
-    engine = object.__new__(VLLMEngine)  # no vLLM: the generate logic over a fake LLM
-    engine.cfg = load_config("configs/grpo_arith_cpu.yaml", []).rollout
-    engine.llm = _FakeLLM()
-    return engine
+    from actors.rollout.stream import StreamingGenerator
+
+    llm_engine = _LLMEngine()
+    engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=llm_engine), cfg=load_config("configs/grpo_arith_cpu.yaml", []).rollout,
+                             tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"))
+    stream = StreamingGenerator(engine, n, engine.cfg.max_new_tokens, lambda: version)
+    try:
+        trajs = [s.to_trajectory() for s in stream.generate(requests)]
+    finally:
+        stream.close()
+    return trajs, llm_engine.added
 
 
 def test_a_seeded_group_is_issued_as_one_seeded_request_per_sample():
     from orchestrator.rollout import PromptRequest
     from orchestrator.rollout.seeds import sample_seed
 
-    engine = _engine()
     reqs = [PromptRequest(group_id=g, prompt_ids=[1, g + 2], answer="", seed=100 + g) for g in (4, 5)]
-    trajs = engine.generate(reqs, 3, weight_version=2)
-    (prompts, params), = engine.llm.calls
+    trajs, added = _generate(reqs, 3, version=2)
+    params = [p for _, _, p in added]
     assert [p.n for p in params] == [1] * 6
     assert [p.seed for p in params] == [sample_seed(100 + g, i) for g in (4, 5) for i in range(3)]
-    assert [p["prompt_token_ids"] for p in prompts] == [[1, 6]] * 3 + [[1, 7]] * 3
+    assert [ids for _, ids, _ in added] == [[1, 6]] * 3 + [[1, 7]] * 3
     assert [t.group_id for t in trajs] == [4, 4, 4, 5, 5, 5] and {t.weight_version for t in trajs} == {2}
-    assert [t.response_ids for t in trajs] == [[s % 7] for s in (p.seed for p in params)]
+    assert [t.response_ids for t in trajs] == [[p.seed % 7] for p in params] and {t.text for t in trajs} == {"t"}
 
 
-def test_unseeded_requests_keep_one_request_of_n_on_the_engines_random_state():
+def test_unseeded_requests_sample_on_the_engines_random_state():
     from orchestrator.rollout import PromptRequest
 
-    engine = _engine()
-    trajs = engine.generate([PromptRequest(group_id=0, prompt_ids=[1], answer="")], 4, weight_version=0)
-    (prompts, params), = engine.llm.calls
-    assert len(prompts) == 1 and params.n == 4 and params.seed is None and len(trajs) == 4
+    trajs, added = _generate([PromptRequest(group_id=0, prompt_ids=[1], answer="")], 4, version=0)
+    assert len(added) == 4 and {p.seed for _, _, p in added} == {None} and len(trajs) == 4
 
 
 def test_cpu_engines_prefill_whole_prompts_for_seeded_requests():

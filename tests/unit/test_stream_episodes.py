@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from actors.rollout.stream import StreamingGenerator
-from actors.rollout.stream_episodes import StreamingEpisodes
+from actors.rollout.stream_episodes import StreamingEpisodes, StreamTurns
+from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
+from orchestrator.rollout.router import StickyRouter
 from orchestrator.envs.env import EnvStep
 from orchestrator.envs.env_runner import EnvFailure
 from orchestrator.rollout.types import PromptRequest
@@ -26,8 +28,9 @@ ENV = {"name": "fake", "max_turns": 3, "max_tokens": 200}
 class _LLMEngine:
     """add_request / step / abort_request of vLLM's LLMEngine: one token (id 5, logprob -0.5) per request a step."""
 
-    def __init__(self):
+    def __init__(self, fail_at: int = -1):
         self.requests: dict[str, list] = {}  # request id -> [tokens left]
+        self.steps, self.fail_at = 0, fail_at
 
     def add_request(self, rid, prompt, params):
         self.requests[rid] = [params.max_tokens]
@@ -37,6 +40,9 @@ class _LLMEngine:
             self.requests.pop(rid, None)
 
     def step(self):
+        self.steps += 1
+        if self.steps == self.fail_at:
+            raise RuntimeError("engine step failed")
         time.sleep(0.002)
         out = []
         for rid, left in list(self.requests.items()):
@@ -44,7 +50,7 @@ class _LLMEngine:
             done = left[0] == 0
             completion = SimpleNamespace(token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}],
                                          finish_reason="length" if done else None)
-            out.append(SimpleNamespace(request_id=rid, outputs=[completion], finished=done))
+            out.append(SimpleNamespace(request_id=rid, outputs=[completion], finished=done, num_cached_tokens=0))
             if done:
                 del self.requests[rid]
         return out
@@ -78,15 +84,23 @@ class _Envs:
         pass
 
 
-def _episodes(envs: _Envs, n: int = 2):
-    engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine()), tokenizer=SimpleNamespace(),
+def _stream(n: int = 2, fail_at: int = -1):
+    engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine(fail_at)), tokenizer=SimpleNamespace(),
                              cfg=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_new_tokens=6,
                                                   ignore_eos=False))
     holder = {"version": 0}
-    stream = StreamingGenerator(engine, n, 6, lambda: holder["version"])
+    return StreamingGenerator(engine, n, 6, lambda: holder["version"]), holder
+
+
+def _renderer():
     session = SimpleNamespace(prompt_ids=[1, 2], action_text=lambda ids: "a", observation_ids=lambda c, i, m: [7, 7])
+    return SimpleNamespace(start=lambda messages: session)
+
+
+def _episodes(envs: _Envs, n: int = 2):
+    stream, holder = _stream(n)
     multiturn = SimpleNamespace(configure=lambda cfg: None, runner=envs,
-                                tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"), renderer=SimpleNamespace(start=lambda messages: session))
+                                tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"), renderer=_renderer())
     return stream, StreamingEpisodes(stream, multiturn, n=n, max_new_tokens=6, worker_id=1), holder
 
 
@@ -148,3 +162,49 @@ def test_metrics_report_the_env_actors_replaced_since_the_last_call():
     assert episodes.metrics() == {"env/actor_restarts": 1.0}
     episodes.close()
     stream.close()
+
+
+def _batch_loop(stream):
+    """A batch of episodes (rollout.mode=sync / one_step_off, actors/rollout/multiturn_rollout.py) on the same driver."""
+    turns = StreamTurns(stream)
+    cfg = AgentLoopConfig(max_turns=3, max_tokens=200, max_new_tokens=6)
+    return turns, AgentLoop(turns, _Envs(), _renderer(), StickyRouter([0]), cfg)
+
+
+def test_a_batch_of_episodes_runs_its_turns_on_the_stream_many_at_once():
+    stream, _ = _stream()
+    turns, loop = _batch_loop(stream)
+    episodes, metrics = loop.run_sync([GroupRequest(g, {}, 2) for g in range(3)])
+    assert sorted((ep.group_id, ep.sample_index) for ep in episodes) == [(g, i) for g in range(3) for i in range(2)]
+    assert all(ep.num_turns == 3 and sum(ep.loss_mask) == 18 for ep in episodes)
+    assert turns.turns == 18 and turns.in_flight == 0 and turns.max_in_flight >= 2  # continuous batching
+    assert stream.steps >= 18 and stream.drain()[0] == []  # turns never reach drain: they went to their episodes
+    stream.close()
+
+
+def test_an_engine_failure_fails_the_waiting_turns_instead_of_hanging_them():
+    stream, _ = _stream(fail_at=4)
+    _, loop = _batch_loop(stream)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="engine step failed"):
+        loop.run_sync([GroupRequest(g, {}, 2) for g in range(2)])
+    assert time.monotonic() - t0 < 10
+    stream.close()
+
+
+def test_closing_the_stream_fails_a_turn_still_waiting():
+    stream, _ = _stream()
+    with stream.paused():  # the engine takes no step: the turn waits in the queue
+        turns = StreamTurns(stream)
+
+        async def turn():
+            task = asyncio.ensure_future(turns.generate([1, 2], 4))
+            await asyncio.sleep(0.05)
+            return task
+
+        loop = asyncio.new_event_loop()
+        task = loop.run_until_complete(turn())
+    stream.close()
+    with pytest.raises(RuntimeError, match="closed before the turn finished"):
+        loop.run_until_complete(task)
+    loop.close()

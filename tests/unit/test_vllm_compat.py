@@ -20,7 +20,8 @@ def test_the_installed_vllm_has_every_api_we_use():
 
 
 class _Kind(enum.Enum):
-    DELTA = 1
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
 
 
 def _changed_vllm(path: str):
@@ -30,7 +31,7 @@ def _changed_vllm(path: str):
     if path == "vllm.v1.engine.llm_engine:LLMEngine.abort_request":
         return lambda self, ids: None  # request_ids renamed
     if path == "vllm.sampling_params:RequestOutputKind":
-        return _Kind  # FINAL_ONLY gone
+        return _Kind  # DELTA gone
     if path == "vllm.config.model:LogprobsMode":
         return Literal["raw_logprobs", "processed_logprobs"]
     return vllm_compat._resolve(path)
@@ -44,7 +45,7 @@ def test_a_changed_api_is_named_with_its_user_and_the_supported_range():
     assert "vllm:LLM.reset_prefix_cache is gone (AttributeError" in message and "after every weight load" in message
     assert "LLMEngine.abort_request no longer takes or holds ['request_ids']; used by actors/rollout/interruptible" \
         in message
-    assert "RequestOutputKind no longer takes or holds ['FINAL_ONLY']" in message
+    assert "RequestOutputKind no longer takes or holds ['DELTA']" in message
     assert message.count("\n  ") == 3  # one line per change, nothing else
 
 
