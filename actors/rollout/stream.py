@@ -5,8 +5,9 @@ interrupts the requests in flight and continues them on the new weights (actors/
     stream = StreamingGenerator(vllm_engine, n=8, max_tokens=256, version=lambda: worker.version)
     stream.submit(requests)                  # PromptRequests: n PartialSamples each, queued for the engine
     samples, metrics = stream.drain(0.5)     # finished PartialSamples (waits up to 0.5 s for one)
-    with stream.paused():                    # the engine is idle and holds no KV inside: load weights, probe
-        ...                                  # on exit the interrupted samples continue on version()
+    stream.call(lambda engine: ...)          # on the engine's thread, between two steps: load weights, probe
+    with stream.paused():                    # the engine idle on the caller's thread (work that runs no model)
+        ...                                  # after either, the interrupted samples continue on version()
     stream.hold(); ...; stream.release()     # the same across calls: an overlapped weight sync holds the engine
                                              # from before its load until the controller verified it
     stream.prioritize({12, 13})              # the trainer waits for these groups: theirs first (see below)
@@ -26,7 +27,8 @@ and multi-turn turns (`submit_turn`, batched or streamed episodes: actors/rollou
 
 Two locks: `cond` guards the queue and the finished samples (held for microseconds: `submit` and `drain` never
 wait for an engine step, which lasts seconds when it prefills a batch of prompts on CPU), and `engine_lock`,
-held by the engine thread for each add + step and by `paused` for the whole pause. A caller of `paused` counts
+held by the engine thread for each add + step and each batch of `call`s, and by `paused` for the whole pause
+(the thread, its calls and `paused`: actors/rollout/engine_thread.py; the thread builds the engine too). A caller of `paused` counts
 itself as waiting first, and the thread does not start another step while one is (Python's locks are not fair:
 without this a pause waited behind back-to-back steps). Measured before this split: the trainer waited a
 whole prefill step (3.5-7 s) for a batch that was already finished (benchmarks/async_rl.py). The thread runs
@@ -52,9 +54,9 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from actors.rollout.engine_thread import EngineThread
 from actors.rollout.interruptible import InterruptibleEngine
 from orchestrator.rollout.partial import PartialSample, samples_of, snapshot_copy
 
@@ -62,33 +64,40 @@ from orchestrator.rollout.partial import PartialSample, samples_of, snapshot_cop
 IDLE_KINDS = ("empty", "blocked", "add")  # `stream/<kind>_s`: see the module docstring
 
 
-class StreamingGenerator:
+class StreamingGenerator(EngineThread):
     """See the module docstring. version: returns the weight version the engine holds now."""
 
-    def __init__(self, engine, n: int, max_tokens: int, version: Callable[[], int]):
-        self.gen = InterruptibleEngine(engine)
+    def __init__(self, engine, n: int, max_tokens: int, version: Callable[[], int],
+                 build: Optional[Callable[[], Any]] = None):
+        """engine: a `VLLMEngine` built elsewhere, or None with `build`: a function that builds it, called on this
+        driver's thread, which then owns the engine (actors/rollout/engine_thread.py; the constructor waits for it
+        and raises its error). n: samples per group (rollout.n); max_tokens: a sample's budget
+        (rollout.max_new_tokens); version: returns the weight version the engine holds now."""
+        super().__init__(engine)  # `cond` also guards queue, done, held, the seconds counters
+        self.gen = None  # InterruptibleEngine, made on the thread
         self.n, self.max_tokens, self.version = n, max_tokens, version
-        self.cond = threading.Condition()  # guards queue, done, waiting, held, the seconds counters, error, closed
-        self.engine_lock = threading.Lock()  # the engine: one add + step at a time, or a pause
         self.queue: list[PartialSample] = []
         self.done: list = []  # finished PartialSamples (and EpisodeSamples, `put_done`)
         self.on_done: dict[int, Callable] = {}  # id(turn sample) -> its callback (`submit_turn`)
         self.on_error: dict[int, Callable] = {}  # id(turn sample) -> its error callback (`submit_turn`)
         self.urgent: set[int] = set()  # id(sample) of `generate`'s samples: they pass a hold and a priority
-        self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.first: frozenset = frozenset()  # `prioritize`: the groups whose samples enter the engine first
         self.held = False  # `hold` until `release`: the thread starts no step
         self.held_s, self.held_since = 0.0, 0.0  # seconds held since the last drain; when the hold began
         self.idle_s = dict.fromkeys(IDLE_KINDS, 0.0)  # the thread's seconds outside engine steps since the last drain
         self.idle_since: Optional[tuple[float, str]] = None  # (when, kind) of the wait the thread is in
         self.busy_s = 0.0
-        self.error: Optional[BaseException] = None
-        self.closed = False
-        import torch
+        self._start(build, "rollout-stream")
 
-        self.threads = torch.get_num_threads()  # the engine's OpenMP pool (vllm_engine._size_cpu_threads sized it)
-        self.thread = threading.Thread(target=self._loop, name="rollout-stream", daemon=True)
-        self.thread.start()
+    def _started(self) -> None:
+        self.gen = InterruptibleEngine(self.engine)
+
+    def _interrupt(self) -> list[PartialSample]:
+        return self.gen.interrupt()
+
+    def _requeue(self, items: list[PartialSample]) -> None:
+        with self.cond:
+            self.queue = items + self.queue
 
     @property
     def steps(self) -> int:
@@ -214,18 +223,6 @@ class StreamingGenerator:
                              if id(s) not in self.on_done]  # `generate`'s and turns' samples are their callers'
         return finished, in_flight
 
-    @contextmanager
-    def paused(self):
-        """Hold the engine idle: the requests in flight are aborted (tokens kept) and continue on `version()`
-        when the block exits (also when it raises). Waits for the step in progress to end."""
-        with self._engine():
-            interrupted = self.gen.interrupt()
-            try:
-                yield
-            finally:
-                with self.cond:
-                    self.queue = interrupted + self.queue
-
     def hold(self) -> int:
         """Like entering `paused`, across calls: the requests in flight are aborted (tokens kept) and queued first;
         the engine starts no step until `release` (submits, drains and pauses go on). Returns the requests
@@ -245,21 +242,6 @@ class StreamingGenerator:
                 self.held_s += time.perf_counter() - self.held_since
             self.held = False
             self.cond.notify_all()
-
-    @contextmanager
-    def _engine(self):
-        """The engine for a caller: the thread starts no new step while a caller waits, so it gets the engine
-        at the next step boundary (Python's locks are not fair)."""
-        with self.cond:
-            self.waiting += 1
-        try:
-            with self.engine_lock:
-                with self.cond:
-                    self.waiting -= 1
-                yield
-        finally:
-            with self.cond:
-                self.cond.notify_all()
 
     def close(self) -> None:
         """Stop the engine thread (requests in flight are aborted)."""
@@ -287,16 +269,10 @@ class StreamingGenerator:
             raise RuntimeError(f"the rollout stream failed (engine thread or streamed episodes): "
                                f"{self.error!r}") from self.error
 
-    def _loop(self) -> None:
-        import torch
-
-        # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (1 in a fractional-CPU Ray
-        # actor), and vLLM's CPU attention refuses a pool other than the one its metadata was built for. vLLM
-        # replaces torch.set_num_threads by a no-op once its CPU worker started; torch._C's is the real one.
-        torch._C.set_num_threads(self.threads)
+    def _steps(self) -> None:
         while True:
             with self.cond:
-                while not self.closed and not self._runnable():
+                while not self.closed and not self.calls and not self._runnable():
                     work = (self.waiting or self.held) and (self.queue or self.gen.running)  # held with nothing: empty
                     self.idle_since = (time.perf_counter(), "blocked" if work else "empty")
                     self.cond.wait()
@@ -307,6 +283,9 @@ class StreamingGenerator:
             t0 = time.perf_counter()
             with self.engine_lock:  # the queue is taken and the finished handed on under it: `snapshot` sees
                 locked = time.perf_counter()  # a caller's pause (a load, a probe) held the engine until now
+                if self.calls:
+                    self._run_calls()
+                    continue
                 with self.cond:     # every sample in exactly one of queue, engine, done
                     new = self._admit()
                 try:

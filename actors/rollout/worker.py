@@ -1,15 +1,16 @@
 """RolloutWorker: one vLLM engine per replica; groups in, trajectories out; takes weight syncs.
 
-Every generation goes through the engine's one driver, a `StreamingGenerator` (actors/rollout/stream.py) made on
-first use: `generate` (a batch generated to the end), the `stream_*` calls (rollout.mode=stream) and multi-turn
-turns (`generate_multiturn`, streamed episodes). Weight loads, checksums and probes pause it (`_idle`).
+The engine has one driver, a `StreamingGenerator` (actors/rollout/stream.py) whose thread builds the engine and runs
+every call into it: `generate` (a batch generated to the end), the `stream_*` calls (rollout.mode=stream) and
+multi-turn turns (`generate_multiturn`, streamed episodes) are its requests; weight loads, checksums, probes and
+sleep/wake run on its thread between two steps (`StreamingGenerator.call`: the requests in flight are aborted, their
+tokens kept, and continue after it).
 
 `RolloutWorker` is the plain class (testable without Ray); `RolloutWorkerActor` is its Ray actor.
 """
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from typing import Optional
 
 import ray
@@ -28,30 +29,33 @@ class RolloutWorker:
                  env_actors: Optional[list] = None):
         """env_actors: `.options(...)` of this worker's env actors in the job's placement group
         (env.placement=actor; orchestrator/placement/groups.py `env_actor_options`); None or [] = Ray places them."""
+        from actors.rollout.stream import StreamingGenerator
+
         pin_from_env()  # fake GPUs: this engine's cores (actors/pinning.py), before vLLM starts threads
-        self.engine = VLLMEngine(model_path, rollout_cfg, seed=seed, sleep_mode=colocated)
-        self.sleep_state = SleepState(self.engine)  # colocated time-slicing: sleep / wake_up, recorded
         self.model_path = model_path
         self.n = rollout_cfg.n
         self.max_new_tokens = rollout_cfg.max_new_tokens
         self.version = 0
+        # the engine's driver; its thread builds the engine (raises the build's error here)
+        self.stream = StreamingGenerator(None, self.n, self.max_new_tokens, lambda: self.version,
+                                         build=lambda: VLLMEngine(model_path, rollout_cfg, seed=seed, sleep_mode=colocated))
+        self.engine = self.stream.engine  # its tokenizer, config and counters; calls into it go through the driver
+        self.sleep_state = SleepState(_OnDriver(self.stream))  # colocated time-slicing: sleep / wake_up, recorded
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
         self.env_actors = list(env_actors or [])
-        self.stream = None  # StreamingGenerator (rollout.mode=stream), made on the first stream_submit
-        self.stream_held = False  # between `stream_hold` and `stream_release` (an overlapped weight sync)
         self.episodes = None  # StreamingEpisodes (rollout.mode=stream with env.name), made on the first multi-turn submit
 
     # ---- streaming generation with partial rollouts (actors/rollout/stream.py) -------------------
     def stream_submit(self, requests: list[PromptRequest], env_cfg: Optional[dict] = None, worker_id: int = 0) -> int:
-        """Queue the requests' groups on the engine's stream (started on first use). Returns samples queued.
+        """Queue the requests' groups on the engine's stream. Returns samples queued.
         env_cfg (the `env` section as a dict, multi-turn tasks): each group is n episodes whose turns stream
         (actors/rollout/stream_episodes.py); worker_id is recorded on their trajectories."""
         if not env_cfg:
-            return self._stream().submit(requests)
+            return self.stream.submit(requests)
         if self.episodes is None:
             from actors.rollout.stream_episodes import StreamingEpisodes
 
-            self.episodes = StreamingEpisodes(self._stream(), self._multiturn_rollout(), self.n, self.max_new_tokens,
+            self.episodes = StreamingEpisodes(self.stream, self._multiturn_rollout(), self.n, self.max_new_tokens,
                                               worker_id)
         return self.episodes.submit(requests, env_cfg)
 
@@ -59,8 +63,6 @@ class RolloutWorker:
         """Finished PartialSamples (multi-turn: EpisodeSamples, FailedEpisodes) since the last drain (waiting up to
         `wait_s` s for one) and `stream/*` metrics (multi-turn with env actors: + env/actor_restarts since the last
         drain)."""
-        if self.stream is None:
-            return [], {}
         samples, metrics = self.stream.drain(wait_s)
         if self.episodes is not None:
             metrics.update(self.episodes.metrics())
@@ -70,44 +72,27 @@ class RolloutWorker:
         """For a checkpoint (single-turn streams): (the finished PartialSamples not drained yet, handed over as
         `stream_drain` does; copies of the unfinished ones, in the engine or queued, tokens so far kept). Taken
         between two engine steps; generation goes on (actors/rollout/stream.py `snapshot`)."""
-        return self.stream.snapshot() if self.stream is not None else ([], [])
+        return self.stream.snapshot()
 
     def stream_resume(self, samples: list) -> int:
         """Queue a checkpoint's PartialSamples (fresh, or continuations that keep their tokens and continue on
         this engine's weights as after a weight sync). Returns how many."""
-        return self._stream().resume(samples)
+        return self.stream.resume(samples)
 
     def stream_hold(self) -> int:
         """Hold the engine's stream idle across calls (an overlapped weight sync: from before its load until the
-        controller verified it; actors/rollout/stream.py `hold`). Returns the requests interrupted (0 without a
-        stream)."""
-        self.stream_held = True  # a stream made before `stream_release` starts held
-        return self.stream.hold() if self.stream is not None else 0
+        controller verified it; actors/rollout/stream.py `hold`; `generate`'s samples still run). Returns the requests
+        interrupted."""
+        return self.stream.hold()
 
     def stream_prioritize(self, group_ids: list[int]) -> None:
         """The groups the trainer waits for: their samples enter the engine before any other's while one of them
         is unfinished (actors/rollout/stream.py `prioritize`); empty: no priority."""
-        self._stream().prioritize(group_ids)
+        self.stream.prioritize(group_ids)
 
     def stream_release(self) -> None:
         """End `stream_hold`: the held requests continue on this engine's weight version."""
-        self.stream_held = False
-        if self.stream is not None:
-            self.stream.release()
-
-    def _stream(self):
-        """The engine's StreamingGenerator, started on first use."""
-        if self.stream is None:
-            from actors.rollout.stream import StreamingGenerator
-
-            self.stream = StreamingGenerator(self.engine, self.n, self.max_new_tokens, lambda: self.version)
-            if self.stream_held:
-                self.stream.hold()
-        return self.stream
-
-    def _idle(self):
-        """The engine idle for a weight load, probe or checksum: the stream's requests paused (then continued)."""
-        return self.stream.paused() if self.stream is not None else nullcontext()
+        self.stream.release()
 
     def generate(self, requests: list[PromptRequest]) -> tuple[list[Trajectory], dict[str, float]]:
         """Sample a group of `rollout.n` per request (its sampling override's n, temperature and max_new_tokens
@@ -118,7 +103,7 @@ class RolloutWorker:
         self.sleep_state.ensure_awake("generate")
         before = self.engine.cache_counters()
         t0 = time.perf_counter()
-        trajs = [s.to_trajectory() for s in self._stream().generate(requests)]
+        trajs = [s.to_trajectory() for s in self.stream.generate(requests)]
         dt = time.perf_counter() - t0
         after = self.engine.cache_counters()
         tokens = sum(len(t.response_ids) for t in trajs)
@@ -147,15 +132,14 @@ class RolloutWorker:
             from orchestrator.rollout.chat_render import end_of_turn_ids
 
             tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-            self._multiturn = MultiTurnRollout(self.engine, StreamTurns(self._stream()), tokenizer,
+            self._multiturn = MultiTurnRollout(self.engine, StreamTurns(self.stream), tokenizer,
                                                env_actors=self.env_actors,
                                                end_ids=end_of_turn_ids(tokenizer, self.model_path))
         return self._multiturn
 
     def checksums(self) -> dict:
         """The engine's weight version and tensor-group checksums."""
-        with self._idle():
-            return self.engine.weight_checksums()
+        return self.stream.call(lambda engine: engine.weight_checksums())
 
     # ---- weight sync (orchestrator/weight_sync/syncer.py drives it) -------------------------------
     def weight_sync(self, strategy, method: str, *args) -> Optional[dict]:
@@ -166,12 +150,13 @@ class RolloutWorker:
         worker's result."""
         if method == "load":
             self.sleep_state.ensure_weights_awake(f"weight_sync:{getattr(strategy, 'name', strategy)}")
-            with self._idle():  # partial rollouts: in-flight requests continue on the new version after the load
-                checks = self.engine.update_weights("weight_sync", strategy, method, *args)
+            def load(engine) -> dict:  # on the driver: in-flight requests continue on the new version after it
+                checks = engine.update_weights("weight_sync", strategy, method, *args)
                 self.version = checks["version"]
-            return checks
-        with self._idle():
-            return self.engine.extension_call("weight_sync", strategy, method, *args)
+                return checks
+
+            return self.stream.call(load)
+        return self.stream.call(lambda engine: engine.extension_call("weight_sync", strategy, method, *args))
 
     def probe_tokens(self) -> tuple[list[int], list[int]]:
         """(prompt ids, continuation ids) of the weight-sync probe text in this engine's tokenizer."""
@@ -184,14 +169,13 @@ class RolloutWorker:
         [len(continuation_ids)] and, with `top_k` > 0, each position's top_k tokens (the weight-sync probe; the
         trainer's side is `Trainer.probe_logprobs`)."""
         self.sleep_state.ensure_awake("probe")
-        with self._idle():
-            return self.engine.prompt_scores(list(prompt_ids) + list(continuation_ids), len(prompt_ids), top_k)
+        ids = list(prompt_ids) + list(continuation_ids)
+        return self.stream.call(lambda engine: engine.prompt_scores(ids, len(prompt_ids), top_k))
 
     def extension_call(self, method: str, *args):
         """Other worker-extension methods: record_digests, loaded_digests, inject_fault_next_load,
         inject_hang_next_load, corrupt_resident_weights, inject_fault_after_next_load."""
-        with self._idle():
-            return self.engine.extension_call(method, *args)
+        return self.stream.call(lambda engine: engine.extension_call(method, *args))
 
     # ---- colocated time-slicing (orchestrator/placement/modes.py) -------------------------------
     def sleep_engine(self, level: int = 1) -> None:
@@ -211,6 +195,19 @@ class RolloutWorker:
     def sleep_events(self) -> list:
         """The sleep/wake calls so far, in order: ("sleep", level), ("wake_up", tags), ("generate", None) ..."""
         return list(self.sleep_state.events)
+
+
+class _OnDriver:
+    """The engine's sleep / wake_up (SleepState's engine), run on the driver's thread."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def sleep(self, level: int = 1) -> None:
+        self.stream.call(lambda engine: engine.sleep(level))
+
+    def wake_up(self, tags: Optional[list] = None) -> None:
+        self.stream.call(lambda engine: engine.wake_up(tags))
 
 
 @ray.remote

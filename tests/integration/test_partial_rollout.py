@@ -132,7 +132,9 @@ class _Worker:
 def test_a_weight_sync_interrupts_the_workers_stream_and_every_sample_continues_once(ray_local, tiny_model, tmp_path):
     out = ray.get(_Worker.remote().run.remote(str(tiny_model), _write_version(tiny_model, tmp_path, 1, 1.5)))
     assert out["version"] == 1 and out["probe"] > 0
-    assert out["metrics"]["stream/interruptions"] == 8 and out["metrics"]["stream/running"] == 0
+    # the load aborts the 8 requests in flight; the probe, a call of its own, aborts them again if the engine took
+    # them back in between (its driver steps between two calls into the engine)
+    assert out["metrics"]["stream/interruptions"] in (8, 16) and out["metrics"]["stream/running"] == 0
     keys = [k for k, *_ in out["samples"]]
     assert sorted(keys) == sorted(f"{g}:{i}" for g in range(2) for i in range(4))  # each sample once
     for _, versions, finish, has_text in out["samples"]:

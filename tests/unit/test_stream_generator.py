@@ -273,3 +273,42 @@ def test_the_engine_threads_time_outside_steps_is_reported_by_kind(monkeypatch):
         assert 0.0 <= gen.drain(0.0)[1]["stream/add_s"] < 0.5  # the fake engine's add is immediate
     finally:
         gen.close()
+
+
+def test_the_thread_that_built_the_engine_runs_every_call_between_two_steps(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(stream_mod, "InterruptibleEngine", lambda e: _SlowEngine(e, tokens=30))
+    built_on = {}
+
+    def build():
+        built_on["thread"] = threading.current_thread()
+        return object()
+
+    gen = stream_mod.StreamingGenerator(None, n=2, max_tokens=30, version=lambda: 0, build=build)
+    try:
+        assert built_on["thread"] is gen.thread and gen.engine is not None
+        gen.submit(_requests(0, 1))
+        while gen.gen.running == 0:
+            time.sleep(0.01)
+        seen = gen.call(lambda engine: (threading.current_thread(), engine, gen.gen.running))
+        assert seen == (gen.thread, gen.engine, 0)  # on the driver, with the requests in flight aborted
+        assert gen.gen.interruptions == 2
+        with pytest.raises(KeyError, match="boom"):
+            gen.call(lambda engine: {}["boom"])  # the call's error reaches its caller; the driver goes on
+        samples = []
+        deadline = time.monotonic() + 60
+        while len(samples) < 2 and time.monotonic() < deadline:
+            samples += gen.drain(0.5)[0]
+        assert sorted(s.key for s in samples) == ["0:0", "0:1"]  # the interrupted samples continued
+    finally:
+        gen.close()
+    assert gen.call(lambda engine: threading.current_thread()) is threading.current_thread()  # closed: on the caller
+
+
+def test_an_engine_that_fails_to_build_raises_from_the_constructor():
+    def build():
+        raise MemoryError("no room for the KV cache")
+
+    with pytest.raises(MemoryError, match="KV cache"):
+        stream_mod.StreamingGenerator(None, n=2, max_tokens=3, version=lambda: 0, build=build)
