@@ -1,12 +1,13 @@
-"""The thread that owns a rollout engine: it builds the engine, steps it, and runs every other call into it (weight
-loads, checksums, probes, sleep/wake) between two steps. `StreamingGenerator` (actors/rollout/stream.py) is the
-one subclass: it decides what each step runs.
+"""The thread that owns a rollout engine: it builds the engine, steps it, and runs every other call that runs the
+model or touches its weights (loads, checksums, probes, sleep/wake) between two steps. Callers still abort requests
+(`paused`, a hold) and read vLLM's counters on their own threads: neither runs the model. `StreamingGenerator`
+(actors/rollout/stream.py) is the one subclass: it decides what each step runs.
 
 Why one thread for everything: the engine runs its model with torch's OpenMP threads, and OpenMP keeps one team of
 threads per calling thread. A second thread calling into the engine (the actor's own thread, beside a stepping
 thread) gives the process two teams; libgomp then manages more threads than there are cores and shortens its
 spin-wait, so every parallel region of a step waits for sleeping threads to wake. Measured in a Ray actor on this
-project's 2-core machine (benchmarks/rollout_overhead.py, docs/testing.md "Session 32"): an engine built on the
+project's 2-core machine (benchmarks/RESULTS.md, "One engine driver on the rollout worker"): an engine built on the
 actor's thread and stepped on another was 5-22% slower a batch (6x the voluntary context switches) than stepped
 where it was built; built and stepped on this thread, a batch takes 0.93x the time of vLLM's `LLM.generate` on the
 actor's thread.
@@ -70,8 +71,17 @@ class EngineThread:
         torch._C.set_num_threads(self.threads)
         try:
             self._steps()
+        except BaseException as e:  # noqa: BLE001 - an engine error: recorded for the callers (`_died`)
+            self._died(e)
         finally:
             self._release_calls()
+
+    def _died(self, error: BaseException) -> None:
+        """The thread ends on `error` (an engine error): recorded, so that later `call`s run on their callers and
+        the subclass raises it to its callers."""
+        with self.cond:
+            self.error = self.error or error
+            self.cond.notify_all()
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """`fn(engine)` run on this thread with the engine idle: the requests in flight are aborted (tokens kept) and
@@ -82,7 +92,7 @@ class EngineThread:
         box: dict = {}
         done = threading.Event()
         with self.cond:
-            direct = self.error is not None or self.closed
+            direct = self.error is not None or self.closed or not self.thread.is_alive()
             if not direct:
                 self.calls.append((fn, box, done))
                 self.cond.notify_all()
@@ -101,7 +111,13 @@ class EngineThread:
             calls, self.calls = self.calls, []
         if not calls:
             return
-        interrupted = self._interrupt()
+        try:
+            interrupted = self._interrupt()
+        except BaseException as e:  # noqa: BLE001 - the engine failed: every caller gets the error, then `_died`
+            for _, box, done in calls:
+                box["error"] = e
+                done.set()
+            raise
         try:
             for fn, box, done in calls:
                 try:

@@ -125,5 +125,12 @@ class InterruptibleEngine:
         return samples
 
     def text(self, sample: PartialSample) -> str:
-        """The response text of a sample (special tokens skipped, as vLLM's detokenizer does)."""
-        return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
+        """The response text of a sample as vLLM's detokenizer gives it (`LLM.generate`'s `CompletionOutput.text`):
+        special tokens skipped, and trailing ids that end inside a UTF-8 character (a response cut by max_tokens)
+        left out instead of decoded as U+FFFD (1 of 256 demo responses, checked against vLLM's text)."""
+        ids = list(sample.response_ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        while text.endswith("\ufffd") and ids:
+            ids.pop()
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text

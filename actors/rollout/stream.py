@@ -268,6 +268,13 @@ class StreamingGenerator(EngineThread):
         if self.error is not None:
             raise RuntimeError(f"the rollout stream failed (engine thread or streamed episodes): "
                                f"{self.error!r}") from self.error
+        if self.closed:
+            raise RuntimeError("the rollout stream is closed")
+
+    def _died(self, error: BaseException) -> None:
+        """The thread ends on `error`: the next drain and every waiting turn and `generate` call get it."""
+        super()._died(error)
+        self._fail_turns(error)
 
     def _steps(self) -> None:
         while True:
@@ -288,18 +295,11 @@ class StreamingGenerator(EngineThread):
                     continue
                 with self.cond:     # every sample in exactly one of queue, engine, done
                     new = self._admit()
-                try:
-                    if new:  # added under the version of this moment (after a pause: the new one)
-                        self.gen.add(new, self.version())
-                    added = time.perf_counter()
-                    finished = self.gen.step() if self.gen.running else []  # a pause may have emptied it
-                    dt = time.perf_counter() - added
-                except BaseException as e:  # noqa: BLE001 - handed to the caller by drain() and to waiting turns
-                    with self.cond:
-                        self.error = e
-                        self.cond.notify_all()
-                    self._fail_turns(e)
-                    return
+                if new:  # added under the version of this moment (after a pause: the new one)
+                    self.gen.add(new, self.version())  # an engine error ends the thread (`_died`)
+                added = time.perf_counter()
+                finished = self.gen.step() if self.gen.running else []  # a pause may have emptied it
+                dt = time.perf_counter() - added
                 with self.cond:
                     self.busy_s += dt
                     self.idle_s["blocked"] += locked - t0
@@ -339,7 +339,10 @@ class StreamingGenerator(EngineThread):
             self.urgent.discard(id(s))
             callback = self.on_done.pop(id(s), None)
             if callback is not None:
-                callback(s)
+                try:
+                    callback(s)
+                except RuntimeError:  # its event loop is closed (a failed batch of episodes): nobody waits for it
+                    pass
             else:
                 s.text = self.gen.text(s)  # a single-turn sample's (a turn's text is its episode's business)
                 self.done.append(s)

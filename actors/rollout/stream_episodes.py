@@ -36,6 +36,9 @@ from orchestrator.rollout.router import StickyRouter
 from orchestrator.rollout.types import PromptRequest
 
 _TURN_IDS = itertools.count()  # a turn sample's group id in the engine's bookkeeping (its key must be unique)
+# turns' group ids: below every other request's (training groups are >= 0, held-out eval prompts -1, -2, ...: the
+# eval's generate and streamed turns share the engine)
+_TURN_GROUP_BASE = -(1 << 40)
 
 
 class StreamTurns:
@@ -62,7 +65,7 @@ class StreamTurns:
                              f"prompt ids and max_tokens={max_tokens}")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        request = PromptRequest(-1 - next(_TURN_IDS), [int(t) for t in prompt_ids], "")
+        request = PromptRequest(_TURN_GROUP_BASE - next(_TURN_IDS), [int(t) for t in prompt_ids], "")
         sample = PartialSample(request, 0, int(max_tokens), first_seed=seed)
 
         def done(s: PartialSample) -> None:  # on the engine thread

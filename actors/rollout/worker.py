@@ -1,7 +1,7 @@
 """RolloutWorker: one vLLM engine per replica; groups in, trajectories out; takes weight syncs.
 
 The engine has one driver, a `StreamingGenerator` (actors/rollout/stream.py) whose thread builds the engine and runs
-every call into it: `generate` (a batch generated to the end), the `stream_*` calls (rollout.mode=stream) and
+every call that runs its model: `generate` (a batch generated to the end), the `stream_*` calls (rollout.mode=stream) and
 multi-turn turns (`generate_multiturn`, streamed episodes) are its requests; weight loads, checksums, probes and
 sleep/wake run on its thread between two steps (`StreamingGenerator.call`: the requests in flight are aborted, their
 tokens kept, and continue after it).

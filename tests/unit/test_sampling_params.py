@@ -106,3 +106,21 @@ def test_cpu_engines_prefill_whole_prompts_for_seeded_requests():
 
     assert cpu_seeded_scheduling(1024) == {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096}
     assert cpu_seeded_scheduling(8192)["max_num_batched_tokens"] == 8192  # a whole prompt fits one step
+
+
+def test_a_response_cut_inside_a_character_reads_as_vllms_text():
+    """vLLM's detokenizer leaves out trailing ids that end inside a UTF-8 character; `decode` would give U+FFFD."""
+    from types import SimpleNamespace
+
+    from actors.rollout.interruptible import InterruptibleEngine
+
+    pieces = {1: b"ab", 2: b" \xe2", 3: b"\x80"}  # id 2 starts a 3-byte character, id 3 continues it
+
+    def decode(ids, skip_special_tokens=True):
+        return b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+    gen = object.__new__(InterruptibleEngine)
+    gen.tokenizer = SimpleNamespace(decode=decode)
+    assert gen.text(SimpleNamespace(response_ids=[1, 2, 3])) == "ab"
+    assert gen.text(SimpleNamespace(response_ids=[1, 2])) == "ab"
+    assert gen.text(SimpleNamespace(response_ids=[1])) == "ab"

@@ -85,7 +85,8 @@ class _Envs:
 
 
 def _stream(n: int = 2, fail_at: int = -1):
-    engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine(fail_at)), tokenizer=SimpleNamespace(),
+    engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=_LLMEngine(fail_at)),
+                             tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"),
                              cfg=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_new_tokens=6,
                                                   ignore_eos=False))
     holder = {"version": 0}
@@ -208,3 +209,40 @@ def test_closing_the_stream_fails_a_turn_still_waiting():
     with pytest.raises(RuntimeError, match="closed before the turn finished"):
         loop.run_until_complete(task)
     loop.close()
+
+
+def test_turns_never_share_a_key_with_eval_prompts_on_the_same_engine():
+    """Held-out eval prompts have group ids -1, -2, ... and run beside streamed turns (rollout.mode=stream)."""
+    stream, _ = _stream()
+    turns = StreamTurns(stream)
+    evals = [PromptRequest(-(i + 1), [1, 2], "", seed=i) for i in range(40)]
+
+    async def both():
+        return await asyncio.gather(*[turns.generate([1, 2], 3) for _ in range(40)],
+                                    asyncio.get_running_loop().run_in_executor(None, stream.generate, evals))
+
+    *turn_outs, eval_samples = asyncio.run(both())
+    assert len(turn_outs) == 40 and all(len(ids) == 3 for ids, *_ in turn_outs)
+    assert sorted(s.request.group_id for s in eval_samples) == sorted(r.group_id for r in evals for _ in range(2))
+    stream.close()
+
+
+def test_a_closed_batch_of_episodes_does_not_take_the_engine_thread_down():
+    """A batch of episodes fails (its event loop closes) while some of its turns still generate: they finish with
+    nobody waiting, and the engine keeps serving."""
+    stream, _ = _stream()
+    turns = StreamTurns(stream)
+
+    async def one_then_fail():
+        asyncio.ensure_future(turns.generate([1, 2], 6))  # left behind when this loop closes
+        await asyncio.sleep(0)
+        raise ValueError("an episode failed")
+
+    with pytest.raises(ValueError):
+        asyncio.run(one_then_fail())
+    time.sleep(0.1)  # the orphaned turn finishes on the engine thread
+    assert stream.thread.is_alive() and stream.error is None
+    assert len(stream.generate([PromptRequest(0, [1], "", seed=1)])) == 2
+    stream.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        stream.submit([PromptRequest(1, [1], "")])
