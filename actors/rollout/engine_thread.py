@@ -39,6 +39,7 @@ class EngineThread:
         self.waiting = 0  # callers of `paused` waiting for the engine: the thread starts no step meanwhile
         self.error: Optional[BaseException] = None
         self.closed = False
+        self.released = False  # the thread has ended: `call`s run on their callers
         self.threads = torch.get_num_threads()  # the engine's OpenMP pool (vllm_engine._size_cpu_threads sized it)
         self.thread: Optional[threading.Thread] = None
 
@@ -65,11 +66,11 @@ class EngineThread:
             return
         finally:
             started.set()
-        # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (1 in a fractional-CPU Ray
-        # actor), and vLLM's CPU attention refuses a pool other than the one its metadata was built for. vLLM
-        # replaces torch.set_num_threads by a no-op once its CPU worker started; torch._C's is the real one.
-        torch._C.set_num_threads(self.threads)
         try:
+            # OpenMP's thread count is per thread: a new thread starts from OMP_NUM_THREADS (1 in a fractional-CPU
+            # Ray actor), and vLLM's CPU attention refuses a pool other than the one its metadata was built for.
+            # vLLM replaces torch.set_num_threads by a no-op once its CPU worker started; torch._C's is the real one.
+            torch._C.set_num_threads(self.threads)
             self._steps()
         except BaseException as e:  # noqa: BLE001 - an engine error: recorded for the callers (`_died`)
             self._died(e)
@@ -85,14 +86,14 @@ class EngineThread:
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """`fn(engine)` run on this thread with the engine idle: the requests in flight are aborted (tokens kept) and
-        continue after it (as in `paused`). Returns its result or raises its error. After an engine error or
-        `close`, `fn` runs on the caller."""
+        continue after it (as in `paused`). Returns its result or raises its error. Once the thread has ended (an
+        engine error, `close`), `fn` runs on the caller."""
         if threading.current_thread() is self.thread:
             return fn(self.engine)
         box: dict = {}
         done = threading.Event()
         with self.cond:
-            direct = self.error is not None or self.closed or not self.thread.is_alive()
+            direct = self.released
             if not direct:
                 self.calls.append((fn, box, done))
                 self.cond.notify_all()
@@ -131,6 +132,7 @@ class EngineThread:
     def _release_calls(self) -> None:
         """The thread ends: the pending `call`s run on their callers."""
         with self.cond:
+            self.released = True
             calls, self.calls = self.calls, []
         for _, box, done in calls:
             box["direct"] = True

@@ -130,7 +130,9 @@ class InterruptibleEngine:
         left out instead of decoded as U+FFFD (1 of 256 demo responses, checked against vLLM's text)."""
         ids = list(sample.response_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        while text.endswith("\ufffd") and ids:
+        for _ in range(4):  # a UTF-8 character has at most 4 bytes: at most 3 trailing ids can be inside one
+            if not (text.endswith("\ufffd") and ids):
+                break
             ids.pop()
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return text

@@ -140,7 +140,12 @@ class StreamingGenerator(EngineThread):
         left, finished, errors = [len(samples)], threading.Event(), []
 
         def on_done(sample: PartialSample) -> None:  # engine thread
-            sample.text = self.gen.text(sample)
+            try:
+                sample.text = self.gen.text(sample)
+            except BaseException as e:  # noqa: BLE001 - the caller raises it; the engine goes on
+                errors.append(e)
+                finished.set()
+                return
             left[0] -= 1
             if left[0] == 0:
                 finished.set()
@@ -185,7 +190,7 @@ class StreamingGenerator(EngineThread):
         the `stream/*` metrics. Does not wait for an engine step. Raises the engine thread's error, if it failed."""
         with self.cond:
             deadline = time.monotonic() + wait_s
-            while not self.done and self.error is None and time.monotonic() < deadline:
+            while not self.done and self.error is None and not self.closed and time.monotonic() < deadline:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
             self._raise_error()
             out, self.done = self.done, []
@@ -248,10 +253,12 @@ class StreamingGenerator(EngineThread):
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-        with self.engine_lock:
-            self.gen.interrupt()
-        self.thread.join(timeout=30)
-        self._fail_turns(RuntimeError("the rollout stream was closed before the turn finished"))
+        try:
+            with self.engine_lock:
+                self.gen.interrupt()
+            self.thread.join(timeout=30)
+        finally:
+            self._fail_turns(RuntimeError("the rollout stream was closed before the turn finished"))
 
     def _fail_turns(self, error: BaseException) -> None:
         """Call every unfinished turn's `on_error` (an engine failure, or `close`)."""

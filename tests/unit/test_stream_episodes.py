@@ -246,3 +246,18 @@ def test_a_closed_batch_of_episodes_does_not_take_the_engine_thread_down():
     stream.close()
     with pytest.raises(RuntimeError, match="closed"):
         stream.submit([PromptRequest(1, [1], "")])
+
+
+def test_a_generate_call_whose_text_fails_raises_and_the_engine_goes_on():
+    stream, _ = _stream()
+
+    def broken(ids, **k):
+        raise RuntimeError("tokenizer broke")
+
+    good = stream.gen.tokenizer.decode
+    stream.gen.tokenizer.decode = broken
+    with pytest.raises(RuntimeError, match="tokenizer broke"):
+        stream.generate([PromptRequest(0, [1], "", seed=1)])
+    stream.gen.tokenizer.decode = good
+    assert stream.thread.is_alive() and len(stream.generate([PromptRequest(1, [1], "", seed=2)])) == 2
+    stream.close()
