@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from actors.rollout.vllm_engine import sampling_params
+from actors.rollout.sampling import sampling_params
 from orchestrator.rollout.seeds import sample_seed
 from orchestrator.rollout.types import PromptRequest, Trajectory
 

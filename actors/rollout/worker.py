@@ -22,6 +22,17 @@ from actors.rollout.vllm_engine import VLLMEngine
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 
+def make_engine(model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False) -> VLLMEngine:
+    """The engine of `rollout.engine`: "in_process" a `VLLMEngine` (vLLM's `LLM`, its core in this process),
+    "async_llm" an `AsyncLLMEngine` (vLLM's `AsyncLLM`, its core in a process of its own;
+    actors/rollout/async_llm_engine.py)."""
+    if getattr(rollout_cfg, "engine", "in_process") == "async_llm":
+        from actors.rollout.async_llm_engine import AsyncLLMEngine
+
+        return AsyncLLMEngine(model_path, rollout_cfg, seed, sleep_mode)
+    return VLLMEngine(model_path, rollout_cfg, seed, sleep_mode)
+
+
 class RolloutWorker:
     """Owns one engine and the weight version it holds."""
 
@@ -38,7 +49,7 @@ class RolloutWorker:
         self.version = 0
         # the engine's driver; its thread builds the engine (raises the build's error here)
         self.stream = StreamingGenerator(None, self.n, self.max_new_tokens, lambda: self.version,
-                                         build=lambda: VLLMEngine(model_path, rollout_cfg, seed=seed, sleep_mode=colocated))
+                                         build=lambda: make_engine(model_path, rollout_cfg, seed, colocated))
         self.engine = self.stream.engine  # its tokenizer, config and counters; calls into it go through the driver
         self.sleep_state = SleepState(_OnDriver(self.stream))  # colocated time-slicing: sleep / wake_up, recorded
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call

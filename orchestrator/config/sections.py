@@ -13,11 +13,13 @@ from orchestrator.guards.config import check_guards_section
 from orchestrator.metrics.config import check_metrics_section
 from orchestrator.placement.config import check_placement_section
 from orchestrator.reward.config import check_reward_section
+from orchestrator.rollout.config import check_rollout_section
 from orchestrator.weight_sync.config import check_weight_sync_section
 
 SECTION_CHECKS = (
     check_metrics_section,  # metrics.sinks and metrics.trackers resolve
     check_weight_sync_section,  # weight_sync.strategy resolves
+    check_rollout_section,  # rollout.engine=async_llm against the strategy and tensor parallelism
     check_reward_section,  # reward.functions: one at least, each resolves
     check_guards_section,  # spike factors, the KL guard against algo.kl_coef
     check_data_sources,  # data.source and eval.data: built-in ranges, reasoning-gym tasks

@@ -26,6 +26,11 @@ class RolloutConfig:
     min_p: float = number(0.0, ge=0, lt=1)  # tokens at least min_p x the most probable one's probability; 0 = off
     max_new_tokens: int = number(64, gt=0)
     # vLLM engine
+    # in_process: vLLM's LLM, its engine core in the rollout worker's process (the default; starts fastest, 6-7 s
+    # less on CPU) | async_llm: vLLM's AsyncLLM, its engine core and model in a process of their own, so the worker's
+    # Ray calls never wait on the model under one GIL (actors/rollout/async_llm_engine.py). async_llm takes the
+    # weight_sync strategies whose receiver needs no Ray (disk, object_store) and tensor_parallel_size 1.
+    engine: str = choice("in_process", ("in_process", "async_llm"))
     dtype: str = choice("bfloat16", ("bfloat16", "float32", "float16"))  # engine weights dtype: bfloat16 | float32 | float16
     # FP8 rollouts: CUDA engines only (orchestrator/config/fp8_rollout.py; planned by `rl-orch plan memory` too)
     quantization: str = choice("none", ("none", "fp8"))  # fp8: vLLM's FP8 weights for the linear layers
@@ -53,3 +58,23 @@ class RolloutConfig:
     mode: Optional[str] = None
     # Deprecated: rollout.mode=stream. After loading, true exactly when rollout.mode is stream.
     partial_rollout: bool = False
+
+
+def check_rollout_section(cfg) -> None:
+    """rollout.engine=async_llm against what its engine core (a process of vLLM's, no Ray worker) can do: a
+    weight_sync.strategy whose receiver runs outside Ray (orchestrator/weight_sync/registry.py `outside_ray`; "auto"
+    chooses among those) and rollout.tensor_parallel_size 1 (vLLM's Ray executor from that process is untested
+    here). Raises ValueError naming the keys."""
+    from orchestrator.weight_sync.registry import get, outside_ray_names
+
+    r = cfg.rollout
+    if r.engine != "async_llm":
+        return
+    if r.tensor_parallel_size > 1:
+        raise ValueError(f"rollout.engine=async_llm: rollout.tensor_parallel_size={r.tensor_parallel_size} is not "
+                         "supported yet (1, or rollout.engine=in_process)")
+    strategy = cfg.weight_sync.strategy
+    if strategy != "auto" and not get(strategy).outside_ray:
+        raise ValueError(f"rollout.engine=async_llm: weight_sync.strategy={strategy} loads through Ray inside the "
+                         "engine (a collective group or object refs), and AsyncLLM's engine core is no Ray worker; "
+                         f"use one of {list(outside_ray_names())} (or auto), or rollout.engine=in_process")

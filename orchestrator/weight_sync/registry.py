@@ -34,6 +34,7 @@ class StrategyEntry:
     name: str
     module: str
     predict: Optional[Predictor] = None
+    outside_ray: bool = False  # its receiver needs no Ray in the engine's process (rollout.engine=async_llm)
 
     def load(self) -> Any:
         """The strategy object `<module>.STRATEGY`; raises ImportError / AttributeError naming the module."""
@@ -46,23 +47,29 @@ class StrategyEntry:
 _REGISTRY: dict[str, StrategyEntry] = {}
 
 
-def register(name: str, module: str, predict: Optional[Predictor] = None) -> StrategyEntry:
-    """Add (or replace) strategy `name`; returns its entry. Raises ValueError for "auto" or an empty name."""
+def register(name: str, module: str, predict: Optional[Predictor] = None, outside_ray: bool = False) -> StrategyEntry:
+    """Add (or replace) strategy `name`; returns its entry. `outside_ray`: its receiver runs in a process that is
+    no Ray worker (vLLM's AsyncLLM engine core). Raises ValueError for "auto" or an empty name."""
     if not name or name == "auto":
         raise ValueError(f"weight-sync strategy name {name!r}: must be non-empty and not 'auto'")
-    _REGISTRY[name] = StrategyEntry(name, module, predict)
+    _REGISTRY[name] = StrategyEntry(name, module, predict, outside_ray)
     return _REGISTRY[name]
 
 
 register("nccl", "actors.weight_sync.collective", predict_nccl)
-register("disk", "actors.weight_sync.disk", predict_disk)
+register("disk", "actors.weight_sync.disk", predict_disk, outside_ray=True)
 register("delta", "actors.weight_sync.delta", predict_delta)
-register("object_store", "actors.weight_sync.object_store", predict_object_store)
+register("object_store", "actors.weight_sync.object_store", predict_object_store, outside_ray=True)
 
 
 def unregister(name: str) -> None:
     """Remove strategy `name` (tests restore the registry this way); an unknown name is a no-op."""
     _REGISTRY.pop(name, None)
+
+
+def outside_ray_names() -> tuple[str, ...]:
+    """The registered strategies whose receiver runs outside Ray (rollout.engine=async_llm takes only these)."""
+    return tuple(n for n, e in _REGISTRY.items() if e.outside_ray)
 
 
 def strategy_names() -> tuple[str, ...]:
@@ -84,7 +91,7 @@ def get(name: str) -> StrategyEntry:
             raise ValueError(f"weight_sync.strategy={name!r}: STRATEGY = {module.STRATEGY!r} is not a strategy (an "
                              "actors.weight_sync.base.WeightSyncStrategy with its sender and receiver classes; "
                              "docs/extending_weight_sync.md)")
-        register(name, name, getattr(module, "PREDICT", None))
+        register(name, name, getattr(module, "PREDICT", None), bool(getattr(module, "OUTSIDE_RAY", False)))
     if name not in _REGISTRY:
         raise ValueError(f"weight_sync.strategy={name!r}: choose one of {sorted(_REGISTRY)} (or auto), or a dotted "
                          "path pkg.module to a module with STRATEGY")

@@ -46,7 +46,7 @@ from orchestrator.weight_sync.probe import (
     PolicyDivergedError, ProbeMismatchError, check_probe, divergence_note, kl_tolerance_for, probe_due, probe_nll,
     tolerance_for,
 )
-from orchestrator.weight_sync.registry import choose_strategy, get, predict_sync
+from orchestrator.weight_sync.registry import choose_strategy, get, outside_ray_names, predict_sync
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +385,9 @@ def choose_for_config(cfg, num_params: int, nbytes: int) -> tuple[str, str]:
                               max_changed_fraction=ws.delta.max_changed_fraction)
     estimates = predict_sync(setup)
     table = "\n".join(f"  {k:<13} {e.seconds:9.3f} s predicted" for k, e in estimates.items())
-    return choose_strategy(setup), table
+    # rollout.engine=async_llm: only strategies whose receiver runs outside Ray (orchestrator/rollout/config.py)
+    candidates = [n for n in outside_ray_names() if n in estimates] if cfg.rollout.engine == "async_llm" else None
+    return choose_strategy(setup, candidates), table
 
 
 def make_syncer(cfg, trainer, engines: list, strategy: Optional[str] = None) -> WeightSyncer:

@@ -19,6 +19,9 @@ import ray
 pytestmark = pytest.mark.integration
 
 TOKENS, FIRST_STEPS = 20, 6
+# AsyncLLM's core generates on while the driver is not stepping, and its front end hands over every token that arrived
+# since: one step (the first output) is the interruption point, with room left in a longer budget
+ASYNC_TOKENS, ASYNC_FIRST_STEPS = 64, 1
 
 
 def _write_version(src: Path, dest: Path, version: int, scale: float, noise_seed: int = 1) -> str:
@@ -42,21 +45,20 @@ def _write_version(src: Path, dest: Path, version: int, scale: float, noise_seed
 
 @ray.remote(num_cpus=1)
 class _Scenario:
-    def run(self, model: str, folders: dict) -> dict:
-        from actors.rollout.interruptible import InterruptibleEngine
-        from actors.rollout.vllm_engine import VLLMEngine
+    def run(self, model: str, folders: dict, engine_kind: str, tokens: int, first_steps: int) -> dict:
+        from actors.rollout.worker import make_engine
         from orchestrator.config import load_config
         from orchestrator.rollout.partial import samples_of
         from orchestrator.rollout.types import PromptRequest
 
         cfg = load_config(None, ["rollout.temperature=1.0", "rollout.top_p=1.0", "rollout.kv_cache_space_gib=1",
-                                 "rollout.ignore_eos=true"]).rollout
-        engine = VLLMEngine(model, cfg, seed=0)
-        gen = InterruptibleEngine(engine)
+                                 "rollout.ignore_eos=true", f"rollout.engine={engine_kind}"]).rollout
+        engine = make_engine(model, cfg, seed=0)
+        gen = engine.interruptible()
         prompts = [engine.tokenizer.encode(t) for t in ("What is 2+3?", "Name a colour.")]
-        samples = [s for g, ids in enumerate(prompts) for s in samples_of(PromptRequest(g, ids, "", seed=7 + g), 2, TOKENS)]
+        samples = [s for g, ids in enumerate(prompts) for s in samples_of(PromptRequest(g, ids, "", seed=7 + g), 2, tokens)]
         gen.add(samples, version=0)
-        early = gen.run(max_steps=FIRST_STEPS)
+        early = gen.run(max_steps=first_steps)
         paused = gen.interrupt()
         engine.update_weights("weight_sync", "disk", "load", folders["v1"], 1)
         gen.add(paused, version=1)
@@ -71,7 +73,7 @@ class _Scenario:
         engine.update_weights("weight_sync", "disk", "load", folders["v3"], 3)  # version 1's weights again
         for entry, s in zip(out["samples"], samples):
             entry["v1"] = engine.prompt_logprobs(s.prompt_ids, len(s.request.prompt_ids))
-        gen.add(samples_of(PromptRequest(9, prompts[0], "", seed=1), 1, TOKENS), version=3)
+        gen.add(samples_of(PromptRequest(9, prompts[0], "", seed=1), 1, tokens), version=3)
         gen.step()
         try:
             engine.update_weights("weight_sync", "disk", "load", folders["v4"], 4)
@@ -79,19 +81,24 @@ class _Scenario:
         except RuntimeError as e:
             out["refused"] = str(e)
         out["done"] = len(done)
+        engine.close()
         return out
 
 
-def test_interrupted_generation_continues_on_new_weights_with_per_token_versions(ray_local, tiny_model, tmp_path):
+@pytest.mark.parametrize("engine", ["in_process", "async_llm"])
+def test_interrupted_generation_continues_on_new_weights_with_per_token_versions(ray_local, tiny_model, tmp_path,
+                                                                                  engine):
+    """Both engines (rollout.engine): vLLM's LLM stepped here, and AsyncLLM whose core steps in its own process."""
     folders = {"v1": _write_version(tiny_model, tmp_path, 1, 1.5), "v2": _write_version(tiny_model, tmp_path, 2, 1.0),
                "v3": _write_version(tiny_model, tmp_path, 3, 1.5), "v4": _write_version(tiny_model, tmp_path, 4, 1.0)}
-    out = ray.get(_Scenario.remote().run.remote(str(tiny_model), folders))
+    tokens, first_steps = (TOKENS, FIRST_STEPS) if engine == "in_process" else (ASYNC_TOKENS, ASYNC_FIRST_STEPS)
+    out = ray.get(_Scenario.remote().run.remote(str(tiny_model), folders, engine, tokens, first_steps))
     assert out["early"] == 0 and out["paused"] == out["interruptions"] == 4 and out["done"] == 4
     for s in out["samples"]:
         v = s["versions"]
         old = v.count(0)
-        assert s["done"] == "length" and len(v) == TOKENS and s["interruptions"] == 1
-        assert 1 <= old < TOKENS and v == [0] * old + [1] * (TOKENS - old)  # tokens kept, then the new version
+        assert s["done"] == "length" and len(v) == tokens and s["interruptions"] == 1
+        assert 1 <= old < tokens and v == [0] * old + [1] * (tokens - old)  # tokens kept, then the new version
         lp = s["logprobs"]
         # each token's behaviour logprob is its own version's: the old weights' before the update, the new after
         assert max(abs(a - b) for a, b in zip(lp[:old], s["v0"][:old])) < 1e-3
@@ -103,7 +110,7 @@ def test_interrupted_generation_continues_on_new_weights_with_per_token_versions
 
 @ray.remote(num_cpus=1)
 class _Worker:
-    def run(self, model: str, folder: str) -> dict:
+    def run(self, model: str, folder: str, engine: str) -> dict:
         import time
 
         from actors.rollout.worker import RolloutWorker
@@ -111,7 +118,7 @@ class _Worker:
         from orchestrator.rollout.types import PromptRequest
 
         cfg = load_config(None, ["rollout.kv_cache_space_gib=1", "rollout.ignore_eos=true", "rollout.n=4",
-                                 f"rollout.max_new_tokens={TOKENS * 8}"]).rollout
+                                 f"rollout.max_new_tokens={TOKENS * 8}", f"rollout.engine={engine}"]).rollout
         worker = RolloutWorker(model, cfg)
         ids = worker.engine.tokenizer.encode("What is 2+3?")
         worker.stream_submit([PromptRequest(g, ids, "", seed=g) for g in range(2)])
@@ -129,8 +136,10 @@ class _Worker:
                 "samples": [(s.key, s.token_versions, s.finish_reason, bool(s.text)) for s in samples]}
 
 
-def test_a_weight_sync_interrupts_the_workers_stream_and_every_sample_continues_once(ray_local, tiny_model, tmp_path):
-    out = ray.get(_Worker.remote().run.remote(str(tiny_model), _write_version(tiny_model, tmp_path, 1, 1.5)))
+@pytest.mark.parametrize("engine", ["in_process", "async_llm"])
+def test_a_weight_sync_interrupts_the_workers_stream_and_every_sample_continues_once(ray_local, tiny_model, tmp_path,
+                                                                                   engine):
+    out = ray.get(_Worker.remote().run.remote(str(tiny_model), _write_version(tiny_model, tmp_path, 1, 1.5), engine))
     assert out["version"] == 1 and out["probe"] > 0
     # the load aborts the 8 requests in flight; the probe, a call of its own, aborts them again if the engine took
     # them back in between (its driver steps between two calls into the engine)

@@ -119,16 +119,19 @@ def _check_delta_above_threshold_sends_full(tiny_model: Path, out: Path, trainer
 # bit-exact across three versions on engines the previous strategy synced; before, each started its own actors);
 # then (disk) a corrupted bucket caught and retried, (delta) a syncer whose threshold the changes pass sending full
 # weights. nccl (gloo on CPU) gets actors of its own: its collective group ends broken by the last check, a
-# broadcast nobody receives timing out, after a corrupted bucket caught and retried.
-@pytest.mark.parametrize("strategies", [("object_store", "disk", "delta"), ("nccl",)], ids=["shared", "nccl"])
-def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategies):
+# broadcast nobody receives timing out, after a corrupted bucket caught and retried. rollout.engine=async_llm (vLLM's
+# AsyncLLM, its engine core in a process of its own: the payloads cross into it) takes object_store and disk.
+@pytest.mark.parametrize("strategies,engine", [(("object_store", "disk", "delta"), "in_process"), (("nccl",), "in_process"),
+                                               (("object_store", "disk"), "async_llm")], ids=["shared", "nccl", "async_llm"])
+def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategies, engine):
     timeout = ["weight_sync.timeout_s=5"] if "nccl" in strategies else []  # for the broadcast nobody receives
-    trainer, engines = _start(_cfg(tiny_model, tmp_path, *timeout), tiny_model)
+    over = [*timeout, f"rollout.engine={engine}", f"weight_sync.strategy={strategies[0]}"]
+    trainer, engines = _start(_cfg(tiny_model, tmp_path, *over), tiny_model)
     try:
         first = 1
         for strategy in strategies:
             cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "weight_sync.bucket_mb=1",
-                       "weight_sync.delta.max_changed_fraction=1.0", *timeout)
+                       "weight_sync.delta.max_changed_fraction=1.0", *over[:-1])
             first = _check_strategy(cfg, strategy, tiny_model, tmp_path, trainer, engines, first)
     finally:
         _kill(trainer, *engines)

@@ -321,3 +321,17 @@ def test_a_built_in_environment_is_built_at_load_so_bad_kwargs_fail_there(kwargs
     with pytest.raises(ConfigError, match=message):
         load_config(CPU_YAML, ["env.name=python", f"env.kwargs={kwargs}", "env.kwargs.reward_fn=accuracy"]
                     if "reward_fn" not in kwargs else ["env.name=python", f"env.kwargs={kwargs}"])
+
+
+def test_an_async_llm_engine_refuses_what_its_engine_core_cannot_run():
+    """rollout.engine=async_llm: its engine core is a process of vLLM's, no Ray worker (actors/rollout/async_llm_engine.py)."""
+    for strategy in ("disk", "object_store", "auto"):
+        assert load_config(None, ["rollout.engine=async_llm", f"weight_sync.strategy={strategy}"]).rollout.engine == "async_llm"
+    for strategy in ("nccl", "delta"):
+        with pytest.raises(ConfigError, match=rf"rollout.engine=async_llm: weight_sync.strategy={strategy} .*'disk', 'object_store'"):
+            load_config(None, ["rollout.engine=async_llm", f"weight_sync.strategy={strategy}"])
+    with pytest.raises(ConfigError, match="rollout.engine=async_llm: rollout.tensor_parallel_size=2"):
+        load_config(None, ["rollout.engine=async_llm", "weight_sync.strategy=disk", "rollout.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="rollout.engine"):
+        load_config(None, ["rollout.engine=async"])
+    assert load_config(None, ["weight_sync.strategy=nccl"]).rollout.engine == "in_process"  # the default takes every one

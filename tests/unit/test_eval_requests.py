@@ -1,11 +1,11 @@
 """Eval requests: their own sampling (SamplingOverride -> vLLM SamplingParams), their own seeds and group ids that
 never meet training's (orchestrator/eval/runner.py; the engine driver's requests: orchestrator/rollout/partial.py
-`samples_of`, actors/rollout/vllm_engine.sampling_params as actors/rollout/interruptible.py calls it)."""
+`samples_of`, actors/rollout/sampling.sampling_params as actors/rollout/interruptible.py calls it)."""
 from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from actors.rollout.vllm_engine import sampling_params
+from actors.rollout.sampling import sampling_params
 from orchestrator.config import load_config
 from orchestrator.data import load_examples
 from orchestrator.eval.runner import Evaluator

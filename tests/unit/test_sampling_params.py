@@ -1,11 +1,11 @@
-"""actors/rollout/vllm_engine.sampling_params: the rollout config's sampling settings as vLLM SamplingParams."""
+"""actors/rollout/sampling.sampling_params: the rollout config's sampling settings as vLLM SamplingParams."""
 from __future__ import annotations
 
 import pytest
 
 from orchestrator.config import load_config
 
-from actors.rollout.vllm_engine import sampling_params
+from actors.rollout.sampling import sampling_params
 
 
 def test_sampling_params_follow_the_rollout_config():
@@ -67,11 +67,13 @@ def _generate(requests, n: int, version: int):
     trajectories and what the engine was asked for."""
     from types import SimpleNamespace
 
+    from actors.rollout.interruptible import InterruptibleEngine
     from actors.rollout.stream import StreamingGenerator
 
     llm_engine = _LLMEngine()
     engine = SimpleNamespace(llm=SimpleNamespace(llm_engine=llm_engine), cfg=load_config("configs/grpo_arith_cpu.yaml", []).rollout,
                              tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"))
+    engine.interruptible = lambda: InterruptibleEngine(engine)
     stream = StreamingGenerator(engine, n, engine.cfg.max_new_tokens, lambda: version)
     try:
         trajs = [s.to_trajectory() for s in stream.generate(requests)]

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from actors.rollout.interruptible import InterruptibleEngine
 from actors.rollout.stream import StreamingGenerator
 from actors.rollout.stream_episodes import StreamingEpisodes, StreamTurns
 from orchestrator.rollout.agent_loop import AgentLoop, AgentLoopConfig, GroupRequest
@@ -89,6 +90,7 @@ def _stream(n: int = 2, fail_at: int = -1):
                              tokenizer=SimpleNamespace(decode=lambda ids, **k: "t"),
                              cfg=SimpleNamespace(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, max_new_tokens=6,
                                                   ignore_eos=False))
+    engine.interruptible = lambda: InterruptibleEngine(engine)
     holder = {"version": 0}
     return StreamingGenerator(engine, n, 6, lambda: holder["version"]), holder
 

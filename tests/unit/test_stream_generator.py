@@ -9,6 +9,7 @@ continues with its tokens, and an engine error reaches the next drain.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,9 +66,9 @@ class _SlowEngine:
 
 
 def _stream(monkeypatch, **engine_kw):
-    monkeypatch.setattr(stream_mod, "InterruptibleEngine", lambda e: _SlowEngine(e, **engine_kw))
     box = {"version": 0}
-    gen = stream_mod.StreamingGenerator(object(), n=2, max_tokens=3, version=lambda: box["version"])
+    engine = SimpleNamespace(interruptible=lambda: _SlowEngine(None, **engine_kw))
+    gen = stream_mod.StreamingGenerator(engine, n=2, max_tokens=3, version=lambda: box["version"])
     return gen, box
 
 
@@ -278,12 +279,11 @@ def test_the_engine_threads_time_outside_steps_is_reported_by_kind(monkeypatch):
 def test_the_thread_that_built_the_engine_runs_every_call_between_two_steps(monkeypatch):
     import threading
 
-    monkeypatch.setattr(stream_mod, "InterruptibleEngine", lambda e: _SlowEngine(e, tokens=30))
     built_on = {}
 
     def build():
         built_on["thread"] = threading.current_thread()
-        return object()
+        return SimpleNamespace(interruptible=lambda: _SlowEngine(None, tokens=30))
 
     gen = stream_mod.StreamingGenerator(None, n=2, max_tokens=30, version=lambda: 0, build=build)
     try:

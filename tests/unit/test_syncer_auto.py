@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from orchestrator.config import load_config
 from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric
+from orchestrator.weight_sync.registry import outside_ray_names
 from orchestrator.weight_sync.syncer import choose_for_config
 
 
@@ -29,3 +30,12 @@ def test_auto_prefers_delta_for_bf16_across_slow_ethernet():
                               fs_read_gbps=2.0, bucket_mb=256, changed_fraction=0.25, max_changed_fraction=0.5)
     assert strategy == choose_strategy(setup)
     assert predict_sync(setup)["delta"].seconds < predict_sync(setup)["object_store"].seconds
+
+
+def test_auto_chooses_among_the_strategies_an_async_llm_engine_core_can_load():
+    """rollout.engine=async_llm: vLLM's engine core is no Ray worker, so `auto` picks among the strategies whose
+    receiver runs outside Ray (nccl would win this setup otherwise, as above)."""
+    over = ("rollout.num_workers=2", "weight_sync.fabric.intra_node=nvlink")
+    assert choose_for_config(_cfg(*over), 135_000_000, 540_000_000)[0] == "nccl"
+    strategy, table = choose_for_config(_cfg(*over, "rollout.engine=async_llm"), 135_000_000, 540_000_000)
+    assert strategy in outside_ray_names() == ("disk", "object_store") and "nccl" in table
