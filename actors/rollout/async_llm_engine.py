@@ -25,6 +25,8 @@ What changes against the in-process engine (actors/rollout/vllm_engine.py):
 - On CPU, vLLM would run the model in a third process (its CPU platform swaps the uni executor for its
   multiprocess one); `UniProcExecutor` passed as a class keeps it in the core. Each start imports vLLM once more
   (6-7 s here, benchmarks/async_llm_driver.py): the in-process engine stays the default on CPU.
+- The front end and the core talk over zmq IPC sockets, files vLLM makes in /tmp and leaves there when the actor is
+  killed: they are made in a folder of their own, removed once the core is connected (the open connections stay).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ import asyncio
 import functools
 import itertools
 import os
+import shutil
+import tempfile
 from typing import Any
 
 from actors.rollout.interruptible import InterruptibleEngine
@@ -79,7 +83,12 @@ class AsyncLLMEngine(VLLMEngine):
             kwargs["distributed_executor_backend"] = UniProcExecutor  # the model in the core: two processes, not three
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)  # this thread's: the client's asyncio sockets bind to it
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        ipc = tempfile.mkdtemp(prefix="rl_orch_vllm_ipc_")  # the core's zmq sockets, not loose in /tmp
+        os.environ["VLLM_RPC_BASE_PATH"] = ipc
+        try:
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        finally:  # connected (or failed): the socket files are no longer needed, nor left behind by a killed actor
+            shutil.rmtree(ipc, ignore_errors=True)
         self.cfg = rollout_cfg
         self.tokenizer = self.llm.get_tokenizer()
         if not on_gpu and rollout_cfg.enforce_eager:
