@@ -35,6 +35,7 @@ import functools
 import itertools
 import os
 import shutil
+import signal
 import tempfile
 from typing import Any
 
@@ -42,12 +43,51 @@ from actors.rollout.interruptible import InterruptibleEngine
 from actors.rollout.vllm_engine import VLLMEngine, engine_kwargs
 
 _IDS = itertools.count()
+WATCH_S = 1.0  # how often a call checks that the core is alive, and the core that its parent is
 
 
 def _extension_call(method: str, args: tuple, worker) -> Any:
     """In the engine core: `worker.<method>(*args)` (the worker-extension methods of
     actors/weight_sync/vllm_extension.py; `collective_rpc` passes the worker last, after the partial's arguments)."""
     return getattr(worker, method)(*args)
+
+
+def _start_core(async_llm, engine_args):
+    """`AsyncLLM.from_engine_args` with the environment the core needs: pickled calls allowed (the module docstring;
+    read at every call, so it stays), and, restored after the start (other engines in this process keep theirs),
+    multiprocessing on (vllm_engine.engine_kwargs defaults it off) and the zmq IPC sockets in a folder of their own,
+    removed once the core is connected."""
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    ipc = tempfile.mkdtemp(prefix="rl_orch_vllm_ipc_")
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_RPC_BASE_PATH": ipc}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return async_llm.from_engine_args(engine_args)
+    finally:
+        shutil.rmtree(ipc, ignore_errors=True)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _exit_with_parent(worker) -> None:
+    """In the engine's worker (the core's process on CPU and with one GPU): end the process when its parent is gone
+    (the rollout worker's process, SIGKILLed or crashed: vLLM's core does not watch it, and an orphaned core would
+    keep its GPU memory and cores)."""
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        os.kill(os.getpid(), signal.SIGKILL)  # at once: nothing of the core's is worth a clean exit now
+
+    threading.Thread(target=watch, name="rl-orch-parent-watch", daemon=True).start()
 
 
 def _force_eager(worker) -> None:
@@ -69,28 +109,22 @@ class AsyncLLMEngine(VLLMEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from actors.pinning import engine_placement_kwargs
-        from actors.rollout.vllm_compat import check_vllm_api
+        from actors.rollout.vllm_compat import ASYNC, check_vllm_api
 
-        check_vllm_api()
+        check_vllm_api(also=ASYNC)
         on_gpu = torch.cuda.is_available()
         kwargs = {**engine_kwargs(model_path, rollout_cfg, seed), **engine_placement_kwargs(rollout_cfg, sleep_mode)}
         self.sleep_mode = kwargs.get("enable_sleep_mode", False)
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # engine_kwargs defaults it to 0 (in-process engines)
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # pickled calls (the module docstring)
         if not on_gpu:
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
             kwargs["distributed_executor_backend"] = UniProcExecutor  # the model in the core: two processes, not three
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)  # this thread's: the client's asyncio sockets bind to it
-        ipc = tempfile.mkdtemp(prefix="rl_orch_vllm_ipc_")  # the core's zmq sockets, not loose in /tmp
-        os.environ["VLLM_RPC_BASE_PATH"] = ipc
-        try:
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
-        finally:  # connected (or failed): the socket files are no longer needed, nor left behind by a killed actor
-            shutil.rmtree(ipc, ignore_errors=True)
+        self.llm = _start_core(AsyncLLM, AsyncEngineArgs(**kwargs))
         self.cfg = rollout_cfg
         self.tokenizer = self.llm.get_tokenizer()
+        self.run(self.llm.collective_rpc(_exit_with_parent))
         if not on_gpu and rollout_cfg.enforce_eager:
             self.run(self.llm.collective_rpc(_force_eager))
         if getattr(rollout_cfg, "ray_metrics", False):
@@ -100,15 +134,33 @@ class AsyncLLMEngine(VLLMEngine):
 
     def run(self, coro) -> Any:
         """Run `coro` on this engine's loop to its end (the loop runs only here: between two calls the core goes on
-        generating and its outputs wait in the socket)."""
-        return self.loop.run_until_complete(coro)
+        generating and its outputs wait in the socket). Raises RuntimeError when the engine core dies meanwhile
+        (vLLM fails a call in flight only through its output stream, so a call into a dead core would wait forever)."""
+        return self.loop.run_until_complete(self._watched(coro))
+
+    async def _watched(self, coro) -> Any:
+        task = asyncio.ensure_future(coro)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=WATCH_S)
+            if done:
+                return task.result()
+            if self.llm.errored:
+                task.cancel()
+                raise RuntimeError("vLLM's engine core process died (rollout.engine=async_llm)") from self.llm.dead_error
 
     def interruptible(self) -> "AsyncRequests":
         return AsyncRequests(self)
 
     def close(self) -> None:
-        """Stop the engine core's process (idempotent)."""
+        """Stop the engine core's process and close the loop (idempotent; after the driver's thread ended)."""
         self.llm.shutdown()
+        if self.loop.is_closed() or self.loop.is_running():  # running: a driver thread still stuck in a call
+            return
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))  # and vLLM's closing callbacks
+        self.loop.close()
 
     # ---- VLLMEngine's primitives over AsyncLLM ----------------------------------------------------------------
     def _rpc(self, method: str, args: tuple) -> list:

