@@ -236,5 +236,7 @@ class Job:
         if strategy == "auto":
             numel, nbytes = self.wait(self.actors.trainer.sync_size.remote(self.cfg.rollout.dtype))
             strategy, table = choose_for_config(self.cfg, numel, nbytes)
-            print(f"weight_sync.strategy=auto -> {strategy}\n{table}", flush=True)
+            among = " (rollout.engine=async_llm: among the strategies that load outside Ray)" \
+                if self.cfg.rollout.engine == "async_llm" else ""
+            print(f"weight_sync.strategy=auto -> {strategy}{among}\n{table}", flush=True)
         return make_syncer(self.cfg, self.actors.trainer, self.actors.rollout, strategy)

@@ -22,6 +22,9 @@ What changes against the in-process engine (actors/rollout/vllm_engine.py):
   started). A payload of tensors is therefore copied into the core once (object_store); disk payloads are paths.
   The core is no Ray worker: the strategies whose receiver needs Ray (nccl/gloo collectives, delta's object refs)
   are refused at load (orchestrator/rollout/config.py), until vLLM's native weight transfer carries them (issue 39).
+- The engine core can die on its own (out of memory, a crash) while the worker's process lives: the rollout worker's
+  actor then ends its own process, so that the job replaces it as any lost worker (docs/faults.md); the core ends
+  when the worker's process is gone.
 - On CPU, vLLM would run the model in a third process (its CPU platform swaps the uni executor for its
   multiprocess one); `UniProcExecutor` passed as a class keeps it in the core. Each start imports vLLM once more
   (6-7 s here, benchmarks/async_llm_driver.py): the in-process engine stays the default on CPU.
@@ -36,7 +39,10 @@ import itertools
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import threading
+import time
 from typing import Any
 
 from actors.rollout.interruptible import InterruptibleEngine
@@ -77,9 +83,6 @@ def _exit_with_parent(worker) -> None:
     """In the engine's worker (the core's process on CPU and with one GPU): end the process when its parent is gone
     (the rollout worker's process, SIGKILLed or crashed: vLLM's core does not watch it, and an orphaned core would
     keep its GPU memory and cores)."""
-    import threading
-    import time
-
     parent = os.getppid()
 
     def watch() -> None:
@@ -101,9 +104,12 @@ class AsyncLLMEngine(VLLMEngine):
     """`VLLMEngine`'s calls over a vLLM `AsyncLLM` (see the module docstring). Build it, and call it, on one thread:
     the driver's (actors/rollout/engine_thread.py); the asyncio loop it makes runs only inside its calls."""
 
-    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False):
-        """Raises VLLMAPIError (actors/rollout/vllm_compat.py) naming each vLLM API it uses that the installed vLLM
-        lacks, before the engine starts; vLLM's own errors if the core fails to start."""
+    def __init__(self, model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False,
+                 exit_with_core: bool = False):
+        """exit_with_core: end this process (SIGKILL) within a second of the engine core's death, so that Ray reports
+        the rollout worker's actor as died and the job replaces it as any lost worker (docs/faults.md); otherwise
+        the calls raise (`run`). Raises VLLMAPIError (actors/rollout/vllm_compat.py) naming each vLLM API it uses
+        that the installed vLLM lacks, before the engine starts; vLLM's own errors if the core fails to start."""
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -123,8 +129,11 @@ class AsyncLLMEngine(VLLMEngine):
         asyncio.set_event_loop(self.loop)  # this thread's: the client's asyncio sockets bind to it
         self.llm = _start_core(AsyncLLM, AsyncEngineArgs(**kwargs))
         self.cfg = rollout_cfg
+        self.closed = False
         self.tokenizer = self.llm.get_tokenizer()
         self.run(self.llm.collective_rpc(_exit_with_parent))
+        if exit_with_core:
+            threading.Thread(target=self._exit_with_core, name="rl-orch-core-watch", daemon=True).start()
         if not on_gpu and rollout_cfg.enforce_eager:
             self.run(self.llm.collective_rpc(_force_eager))
         if getattr(rollout_cfg, "ray_metrics", False):
@@ -148,11 +157,21 @@ class AsyncLLMEngine(VLLMEngine):
                 task.cancel()
                 raise RuntimeError("vLLM's engine core process died (rollout.engine=async_llm)") from self.llm.dead_error
 
+    def _exit_with_core(self) -> None:
+        """This process ends when the engine core died (not when it was closed): a rollout worker without its engine
+        is replaced by the job like a killed one (vLLM's EngineDeadError would otherwise end the run)."""
+        while not (self.llm.errored and not self.closed):
+            time.sleep(WATCH_S)
+        print("rollout worker: vLLM's engine core process died (rollout.engine=async_llm); ending this worker's "
+              "process so that the job replaces it", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def interruptible(self) -> "AsyncRequests":
         return AsyncRequests(self)
 
     def close(self) -> None:
         """Stop the engine core's process and close the loop (idempotent; after the driver's thread ended)."""
+        self.closed = True
         self.llm.shutdown()
         if self.loop.is_closed() or self.loop.is_running():  # running: a driver thread still stuck in a call
             return

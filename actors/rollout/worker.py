@@ -22,19 +22,22 @@ from actors.rollout.vllm_engine import VLLMEngine
 from orchestrator.rollout.types import PromptRequest, Trajectory
 
 
-def make_engine(model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False) -> VLLMEngine:
+def make_engine(model_path: str, rollout_cfg, seed: int = 0, sleep_mode: bool = False,
+                exit_with_core: bool = False) -> VLLMEngine:
     """The engine of `rollout.engine`: "in_process" a `VLLMEngine` (vLLM's `LLM`, its core in this process),
     "async_llm" an `AsyncLLMEngine` (vLLM's `AsyncLLM`, its core in a process of its own;
-    actors/rollout/async_llm_engine.py)."""
+    actors/rollout/async_llm_engine.py; `exit_with_core`: this process ends when that core dies)."""
     if getattr(rollout_cfg, "engine", "in_process") == "async_llm":
         from actors.rollout.async_llm_engine import AsyncLLMEngine
 
-        return AsyncLLMEngine(model_path, rollout_cfg, seed, sleep_mode)
+        return AsyncLLMEngine(model_path, rollout_cfg, seed, sleep_mode, exit_with_core)
     return VLLMEngine(model_path, rollout_cfg, seed, sleep_mode)
 
 
 class RolloutWorker:
     """Owns one engine and the weight version it holds."""
+
+    EXIT_WITH_ENGINE = False  # an engine in a process of its own (async_llm) that dies: raise (here) or end (the actor)
 
     def __init__(self, model_path: str, rollout_cfg, seed: int = 0, colocated: bool = False,
                  env_actors: Optional[list] = None):
@@ -49,7 +52,8 @@ class RolloutWorker:
         self.version = 0
         # the engine's driver; its thread builds the engine (raises the build's error here)
         self.stream = StreamingGenerator(None, self.n, self.max_new_tokens, lambda: self.version,
-                                         build=lambda: make_engine(model_path, rollout_cfg, seed, colocated))
+                                         build=lambda: make_engine(model_path, rollout_cfg, seed, colocated,
+                                                                   self.EXIT_WITH_ENGINE))
         self.engine = self.stream.engine  # its tokenizer, config and counters; calls into it go through the driver
         self.sleep_state = SleepState(_OnDriver(self.stream))  # colocated time-slicing: sleep / wake_up, recorded
         self._multiturn = None  # MultiTurnRollout, made on the first multi-turn call
@@ -224,6 +228,8 @@ class _OnDriver:
 @ray.remote
 class RolloutWorkerActor(RolloutWorker):
     """Ray actor over `RolloutWorker`."""
+
+    EXIT_WITH_ENGINE = True  # its engine core died: the actor's process ends, and the job replaces it (docs/faults.md)
 
     def ready(self) -> bool:
         return True

@@ -75,6 +75,8 @@ def check_rollout_section(cfg) -> None:
                          "supported yet (1, or rollout.engine=in_process)")
     strategy = cfg.weight_sync.strategy
     if strategy != "auto" and not get(strategy).outside_ray:
-        raise ValueError(f"rollout.engine=async_llm: weight_sync.strategy={strategy} loads through Ray inside the "
-                         "engine (a collective group or object refs), and AsyncLLM's engine core is no Ray worker; "
-                         f"use one of {list(outside_ray_names())} (or auto), or rollout.engine=in_process")
+        raise ValueError(f"rollout.engine=async_llm: weight_sync.strategy={strategy} is not marked to load outside Ray "
+                         "(a collective group or object refs inside the engine), and AsyncLLM's engine core is no Ray "
+                         f"worker; use one of {list(outside_ray_names())} (or auto), or rollout.engine=in_process (a "
+                         "strategy module of your own that needs no Ray in the engine sets OUTSIDE_RAY = True: "
+                         "docs/extending_weight_sync.md)")
