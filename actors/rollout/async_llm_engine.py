@@ -160,11 +160,12 @@ class AsyncLLMEngine(VLLMEngine):
     def _exit_with_core(self) -> None:
         """This process ends when the engine core died (not when it was closed): a rollout worker without its engine
         is replaced by the job like a killed one (vLLM's EngineDeadError would otherwise end the run)."""
-        while not (self.llm.errored and not self.closed):
+        while not self.closed:
+            if self.llm.errored:
+                print("rollout worker: vLLM's engine core process died (rollout.engine=async_llm); ending this "
+                      "worker's process so that the job replaces it", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(WATCH_S)
-        print("rollout worker: vLLM's engine core process died (rollout.engine=async_llm); ending this worker's "
-              "process so that the job replaces it", file=sys.stderr, flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
 
     def interruptible(self) -> "AsyncRequests":
         return AsyncRequests(self)
