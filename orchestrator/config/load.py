@@ -141,7 +141,21 @@ def _describe(e: OmegaConfBaseException) -> str:
     msg = str(e).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not" in msg:
         return f"unknown config key {key!r}: {msg}"
-    return f"invalid value for {key!r}: {msg}" if key else msg
+    if not key:
+        return msg
+    if msg.startswith("Incompatible value 'None'"):  # `key=` or `key: null` on a field that takes no null
+        msg = "it is empty (null), and this key needs a value"
+    return f"invalid value for {key!r}: {msg}{_expected(key)}"
+
+
+def _expected(key: str) -> str:
+    """What `key` takes, for an error about its value: its allowed values, or its default (its type by example)."""
+    from orchestrator.config.schema import CHOICES
+
+    if key in CHOICES:
+        return f"; choose one of {list(CHOICES[key])}"
+    default = OmegaConf.select(_schema_defaults(), key, default=None)
+    return f" (the default: {default!r})" if default is not None else ""
 
 
 def _get(cfg, dotted: str):

@@ -335,3 +335,14 @@ def test_an_async_llm_engine_refuses_what_its_engine_core_cannot_run():
     with pytest.raises(ConfigError, match="rollout.engine"):
         load_config(None, ["rollout.engine=async"])
     assert load_config(None, ["weight_sync.strategy=nccl"]).rollout.engine == "in_process"  # the default takes every one
+
+
+def test_an_empty_or_mistyped_value_names_what_the_key_takes():
+    """OmegaConf's own wording ("Incompatible value 'None' for field of type 'str'") said neither that the value was
+    empty nor what the key takes."""
+    with pytest.raises(ConfigError, match=r"'rollout.engine': it is empty \(null\).*choose one of \['in_process', 'async_llm'\]"):
+        load_config(None, ["rollout.engine="])
+    with pytest.raises(ConfigError, match=r"'rollout.temperature': it is empty \(null\).*\(the default: 1.0\)"):
+        load_config(None, ["rollout.temperature="])
+    with pytest.raises(ConfigError, match=r"'rollout.n': Value 'abc' .*Integer \(the default: 8\)"):
+        load_config(None, ["rollout.n=abc"])
