@@ -217,17 +217,16 @@ class AsyncRequests(InterruptibleEngine):
 
     def __init__(self, engine: AsyncLLMEngine):
         super().__init__(engine)
-        self.on_loop = engine.run  # (InterruptibleEngine.run is its step loop)
+        self.on_loop, self.loop = engine.run, engine.loop  # (InterruptibleEngine.run is its step loop)
         self.tasks: dict[str, asyncio.Task] = {}
         self.pending: list = []  # RequestOutputs delivered since the last step
         self.errors: list[BaseException] = []
         self.arrived = asyncio.Event()
 
     def _add_request(self, request_id: str, prompt, params) -> None:
-        self.tasks[request_id] = self.on_loop(self._start(request_id, prompt, params))
-
-    async def _start(self, request_id: str, prompt, params) -> asyncio.Task:
-        return asyncio.get_running_loop().create_task(self._follow(request_id, prompt, params))
+        # created on the idle loop: the request reaches the core when the next step runs it (one loop run per step,
+        # not one per request)
+        self.tasks[request_id] = self.loop.create_task(self._follow(request_id, prompt, params))
 
     async def _follow(self, request_id: str, prompt, params) -> None:
         try:
