@@ -38,6 +38,7 @@ def _kwargs(model: str) -> dict:
     from orchestrator.config import load_config
 
     kw = engine_kwargs(model, load_config(str(ROOT / "configs/grpo_arith_cpu.yaml")).rollout, seed=0)
+    kw.pop("weight_transfer_config", None)  # registered by the extension below, which is not used here
     kw.pop("worker_extension_cls", None)  # our weight-sync extension needs a Ray actor; not measured here
     return kw
 

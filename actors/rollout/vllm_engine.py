@@ -7,12 +7,15 @@ recomputed logprobs are directly comparable. New weights arrive through the work
 """
 from __future__ import annotations
 
+import contextlib
+
 import gc
 import os
 from typing import Any, Sequence
 
 
 EXTENSION = "actors.weight_sync.vllm_extension.WeightReceiverExtension"
+TRANSFER_BACKEND = "rl_orch"  # our weight-transfer engine's vLLM backend name (transfer_engine.BACKEND)
 
 
 def _set_cpu_env(kv_cache_space_gib: int) -> None:
@@ -131,6 +134,14 @@ class VLLMEngine:
     def _reset_prefix_cache(self) -> bool:
         return self.llm.reset_prefix_cache()
 
+    def _scheduler_paused(self):
+        """A context in which the engine takes no step: here nothing steps it but this thread, which is loading."""
+        return contextlib.nullcontext()
+
+    def _set_weight_version(self, version: str) -> None:
+        """vLLM's own weight version (what its outputs carry), set after every load."""
+        self.llm.llm_engine.set_weight_version(version)
+
     def _one_output(self, prompt, params):
         """The final `RequestOutput` of one request."""
         return self.llm.generate([prompt], params, use_tqdm=False)[0]
@@ -190,15 +201,27 @@ class VLLMEngine:
         top = [{int(t): float(lp.logprob) for t, lp in rows[p].items()} for p in positions] if top_k > 0 else None
         return ProbeScores([float(rows[p][ids[p]].logprob) for p in positions], top=top)
 
-    def update_weights(self, method: str, *args) -> dict:
-        """Run a loading method of the worker extension in every worker (`weight_sync` with method "load"),
-        drop the prefix cache (stale KV must never be reused) and return the engine's own checksums of its
-        resident weights (see orchestrator.weight_sync.checksum). Raises RuntimeError when the prefix cache
-        cannot be dropped (a request still holds KV blocks)."""
-        self._rpc(method, args)
-        if not self._reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
-            raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because requests "
-                               "still hold KV blocks; interrupt or finish every request before a weight update")
+    def connect_weights(self, strategy, info: dict, engine_index: int) -> None:
+        """vLLM's `init_weight_transfer_engine` in every worker: `strategy`'s receiver (a registry entry or a
+        registered name) connects with the sender's `info` as engine `engine_index`
+        (actors/weight_sync/transfer_engine.py)."""
+        self._rpc("init_weight_transfer_engine", ({"strategy": strategy, "info": info, "engine_index": engine_index},))
+
+    def update_weights(self, strategy, payload, version: int) -> dict:
+        """Load `version` through vLLM's weight-transfer protocol in every worker (`start_weight_update`,
+        `update_weights` with `strategy`'s `payload`, `finish_weight_update`), set vLLM's own weight version, drop the
+        prefix cache (stale KV must never be reused) and return the engine's own checksums of its resident weights
+        (see orchestrator.weight_sync.checksum). Raises what the receiver raised (a torn file, a timed-out group), and
+        RuntimeError when the prefix cache cannot be dropped (a request still holds KV blocks)."""
+        with self._scheduler_paused():  # no model step between start and finish (the layers are mid-reload)
+            self._rpc("start_weight_update", ())
+            self._rpc("update_weights", ({"strategy": strategy, "payload": payload, "version": int(version)},))
+            self._rpc("finish_weight_update", ())
+            self._set_weight_version(str(version))
+            if not self._reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
+                raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because "
+                                   "requests still hold KV blocks; interrupt or finish every request before a weight "
+                                   "update")
         return self.weight_checksums()
 
     def extension_call(self, method: str, *args) -> Any:
@@ -234,6 +257,7 @@ def engine_kwargs(model_path: str, rollout_cfg, seed: int = 0) -> dict[str, Any]
         model=model_path, dtype=rollout_cfg.dtype, enforce_eager=rollout_cfg.enforce_eager,
         enable_prefix_caching=rollout_cfg.enable_prefix_caching, max_model_len=rollout_cfg.max_model_len,
         seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        weight_transfer_config={"backend": TRANSFER_BACKEND},  # actors/weight_sync/transfer_engine.py
         disable_log_stats=False,  # vLLM's counters feed `cache_counters` (prefix-cache hits, prefill)
     )
     if on_gpu:

@@ -158,20 +158,23 @@ class RolloutWorker:
 
     # ---- weight sync (orchestrator/weight_sync/syncer.py drives it) -------------------------------
     def weight_sync(self, strategy, method: str, *args) -> Optional[dict]:
-        """Run `method` of `strategy`'s receiver in every worker of the engine (see
-        `WeightReceiverExtension.weight_sync`; `strategy`: a registry entry or a registered name).
-        "load" (payload, version) returns the engine's checksums {"version", "groups", ...} after the
-        load (prefix cache dropped); "connect" (info, engine_index) and other methods return the first
-        worker's result."""
-        if method == "load":
-            self.sleep_state.ensure_weights_awake(f"weight_sync:{getattr(strategy, 'name', strategy)}")
-            def load(engine) -> dict:  # on the driver: in-flight requests continue on the new version after it
-                checks = engine.update_weights("weight_sync", strategy, method, *args)
-                self.version = checks["version"]
-                return checks
+        """The engine's side of a weight sync, over vLLM's weight-transfer protocol (actors/weight_sync/
+        transfer_engine.py; `strategy`: a registry entry or a registered name). "connect" (info, engine_index):
+        `init_weight_transfer_engine` (the strategy's receiver connects), returns None; "load" (payload, version):
+        start, update, finish, then returns the engine's checksums {"version", "groups", ...} (prefix cache dropped).
+        Raises ValueError for another method."""
+        if method == "connect":
+            return self.stream.call(lambda engine: engine.connect_weights(strategy, *args))
+        if method != "load":
+            raise ValueError(f"RolloutWorker.weight_sync: method {method!r}; use 'connect' or 'load'")
+        self.sleep_state.ensure_weights_awake(f"weight_sync:{getattr(strategy, 'name', strategy)}")
 
-            return self.stream.call(load)
-        return self.stream.call(lambda engine: engine.extension_call("weight_sync", strategy, method, *args))
+        def load(engine) -> dict:  # on the driver: in-flight requests continue on the new version after it
+            checks = engine.update_weights(strategy, *args)
+            self.version = checks["version"]
+            return checks
+
+        return self.stream.call(load)
 
     def probe_tokens(self) -> tuple[list[int], list[int]]:
         """(prompt ids, continuation ids) of the weight-sync probe text in this engine's tokenizer."""

@@ -295,6 +295,8 @@ class Trainer(SingleRank):
         entry = get_strategy(strategy) if isinstance(strategy, str) else strategy
         if method == "setup":
             (ctx,) = args
+            if entry.name in self._senders:  # a new syncer (an engine set re-formed): release the old group
+                self._senders.pop(entry.name).close()
             self._senders[entry.name] = entry.load().sender(functools.partial(_weights_on, self, ctx.dtype))
         sender = self._senders.get(entry.name)
         if sender is None:

@@ -7,15 +7,16 @@ drives every strategy the same way and verifies, retries and times out for all o
     setup:  info = sender.setup(ctx)                           trainer (rank 0), once per syncer
             sender.connect(info) | receiver.connect(info, k)    concurrently, every engine k
     sync:   payload, meta = sender.send(version, engine_versions)           trainer, num_returns=2
-            receiver.stream(payload, version) -> (name, tensor), ...        every engine, loaded by vLLM
+            receiver.receive(payload, version, load)                   every engine: by default load(receiver.stream(...))
             verification of every engine's version and checksums against meta["groups"]
             sender.after_verified(version)                      once every engine holds `version`
 
 The payload reaches every engine as a top-level ObjectRef argument (Ray resolves it before the call);
 a strategy with `concurrent = True` (the collective broadcast) has its receivers launched together with
 the sender and gets payload None. Senders run on the trainer actor (`Trainer.weight_sync`); receivers
-run inside the vLLM worker extension (`WeightReceiverExtension.weight_sync`), which feeds their streams
-to vLLM, checksums what was loaded and sets the weight version.
+run inside vLLM's worker, in our weight-transfer engine (actors/weight_sync/transfer_engine.py, which vLLM's
+`init_weight_transfer_engine` / `start_weight_update` / `update_weights` / `finish_weight_update` drive): it feeds
+their streams to vLLM's layerwise reload, checksums what was loaded and sets the weight version.
 """
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ class WeightSender:
     def after_verified(self, version: int) -> None:
         """Clean-up once every engine was verified on `version`. Not called unless a subclass overrides it."""
 
+    def close(self) -> None:
+        """Release what `connect` made (a group) before a new syncer's sender replaces this one."""
+
 
 class WeightReceiver:
     """Engine side of one strategy; one instance per vLLM worker, made on the first `connect`."""
@@ -72,9 +76,19 @@ class WeightReceiver:
     def connect(self, info: dict, engine_index: int) -> None:
         """Once per syncer: `info` from the sender's `setup`; `engine_index`: this engine's position (0..E-1)."""
 
+    def attach(self, make_vllm_engine: Callable[[str, Any], Any]) -> None:
+        """Before `connect`, in the engine: `make_vllm_engine(backend, model)` builds one of vLLM's own
+        weight-transfer engines ("nccl", "ipc", ...) over this worker, whose received chunks go to
+        `model.load_weights` (a receiver that delegates its transfer to vLLM: actors/weight_sync/vllm_nccl.py)."""
+
     def stream(self, payload: Any, version: int) -> Iterable[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) pairs of `version`, any device; the extension loads them as they come."""
+        """(HF name, tensor) pairs of `version`, any device; the engine loads them as they come."""
         raise NotImplementedError
+
+    def receive(self, payload: Any, version: int, load: Callable[[Iterable[tuple[str, torch.Tensor]]], Any]) -> None:
+        """Push form of `stream`: hand `load` the pairs of `version`, in one or more calls (default: all of
+        `stream`). A receiver whose transfer pushes chunks (vLLM's engines) overrides this instead of `stream`."""
+        load(self.stream(payload, version))
 
     def loaded_tensor(self, name: str, tensor: torch.Tensor) -> None:
         """Every tensor as the engine loads it (after the extension's test fault injection)."""
@@ -85,6 +99,9 @@ class WeightReceiver:
     def report(self) -> dict:
         """Extra fields of the engine's checksum report (e.g. {"shadow_version"} for deltas)."""
         return {}
+
+    def close(self) -> None:
+        """Release what `connect` made (a group); the engine's transfer engine shuts down or a syncer reconnects."""
 
 
 class WeightSyncStrategy:

@@ -12,7 +12,7 @@ import math
 
 from orchestrator.sizing.scaling import Law, fit_law
 from orchestrator.weight_sync.cost_model import setup_from_fabric
-from orchestrator.weight_sync.registry import predict_sync, strategy_names
+from orchestrator.weight_sync.registry import predict_sync, priced_names
 
 
 def sync_law_from_cost_model(num_params: float, bytes_per_param: float = 2.0, strategy: str = "nccl",
@@ -24,8 +24,9 @@ def sync_law_from_cost_model(num_params: float, bytes_per_param: float = 2.0, st
 
     Raises ValueError naming the argument for an unknown strategy or fabric, and SyncSetupError (a
     ValueError) for out-of-range sizes."""
-    if strategy not in strategy_names():
-        raise ValueError(f"strategy: expected one of {list(strategy_names())} (got {strategy!r})")
+    if strategy not in priced_names():
+        raise ValueError(f"strategy: expected one of {list(priced_names())} (the strategies with a cost model; got "
+                         f"{strategy!r})")
     if gpus_per_engine < 1 or gpus_per_node < 1:
         raise ValueError(f"gpus_per_engine and gpus_per_node: must be >= 1 (got {gpus_per_engine}, {gpus_per_node})")
     points = []

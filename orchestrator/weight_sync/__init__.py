@@ -8,9 +8,9 @@ from orchestrator.weight_sync.checksum import (NonFiniteWeightsError, WeightMism
                                                checksum_group, compare_checksums, group_checksums)
 from orchestrator.weight_sync.cost_model import (FABRICS, SyncEstimate, SyncSetup, SyncSetupError, fabric_gbps,
                                                  setup_from_fabric)
-from orchestrator.weight_sync.registry import choose_strategy, predict_sync, register, strategy_names
+from orchestrator.weight_sync.registry import choose_strategy, predict_sync, priced_names, register, strategy_names
 
 __all__ = ["NonFiniteWeightsError", "WeightMismatchError", "check_finite_checksums", "checksum_group",
            "compare_checksums", "group_checksums",
            "FABRICS", "SyncEstimate", "SyncSetup", "SyncSetupError", "choose_strategy",
-           "fabric_gbps", "predict_sync", "register", "setup_from_fabric", "strategy_names"]
+           "fabric_gbps", "predict_sync", "priced_names", "register", "setup_from_fabric", "strategy_names"]

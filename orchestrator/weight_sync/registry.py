@@ -60,6 +60,8 @@ register("nccl", "actors.weight_sync.collective", predict_nccl)
 register("disk", "actors.weight_sync.disk", predict_disk, outside_ray=True)
 register("delta", "actors.weight_sync.delta", predict_delta)
 register("object_store", "actors.weight_sync.object_store", predict_object_store, outside_ray=True)
+# vLLM's own NCCL engine (GPU only); no predictor until measured on GPUs, so `auto` never picks it
+register("vllm_nccl", "actors.weight_sync.vllm_nccl", outside_ray=True)
 
 
 def unregister(name: str) -> None:
@@ -75,6 +77,11 @@ def outside_ray_names() -> tuple[str, ...]:
 def strategy_names() -> tuple[str, ...]:
     """Every registered strategy, in registration order (the config also accepts "auto")."""
     return tuple(_REGISTRY)
+
+
+def priced_names() -> tuple[str, ...]:
+    """The registered strategies with a cost-model predictor (`auto`'s candidates, `plan sync`'s rows)."""
+    return tuple(n for n, e in _REGISTRY.items() if e.predict is not None)
 
 
 def get(name: str) -> StrategyEntry:

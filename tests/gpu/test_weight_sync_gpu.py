@@ -22,22 +22,28 @@ GPU = ["placement.resource=GPU", "placement.trainer_per_worker=0.5", "placement.
        "weight_sync.strategy=nccl", "weight_sync.bucket_mb=8"]
 
 
-def test_nccl_broadcast_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path):  # noqa: F811
-    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + GPU)
-    trainer = TrainerActor.options(num_gpus=0.5).remote(str(tiny_model), cfg.trainer, cfg.algo, 1.0, 12, 0)
-    engine = RolloutWorkerActor.options(num_gpus=0.5).remote(str(tiny_model), cfg.rollout, 0)
+def _two_syncs_bit_exact(model, cfg) -> dict:
+    """A trainer and one engine on the GPU, synced at versions 1 and 2 (a real optimizer step between), bit-exact
+    each time; returns the syncer's info."""
+    trainer = TrainerActor.options(num_gpus=0.5).remote(str(model), cfg.trainer, cfg.algo, 1.0, 12, 0)
+    engine = RolloutWorkerActor.options(num_gpus=0.5).remote(str(model), cfg.rollout, 0)
     ray.get([trainer.ready.remote(), engine.ready.remote(), engine.extension_call.remote("record_digests", True)])
     try:
         syncer = make_syncer(cfg, trainer, [engine])
-        assert syncer.info["backend"].lower() == "nccl"
         for version in (1, 2):
             if version > 1:
                 _train_once(trainer, version)
             syncer.sync(version)
             _assert_bit_exact(trainer, [engine], "bfloat16", ids=(0,))
+        return syncer.info
     finally:
         ray.kill(trainer)
         ray.kill(engine)
+
+
+def test_nccl_broadcast_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path):  # noqa: F811
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + GPU)
+    assert _two_syncs_bit_exact(tiny_model, cfg)["backend"].lower() == "nccl"
 
 
 def test_grpo_loop_with_nccl_sync_on_gpu(ray_local, tiny_model, tmp_path):  # noqa: F811
@@ -48,3 +54,13 @@ def test_grpo_loop_with_nccl_sync_on_gpu(ray_local, tiny_model, tmp_path):  # no
     finally:
         controller.shutdown()
     assert result.rows[-1]["sync/version"] == 2 and result.rows[-1]["sync/buckets"] >= 1
+
+
+@pytest.mark.parametrize("engine_kind", ["in_process", "async_llm"])
+def test_vllm_native_nccl_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path, engine_kind):  # noqa: F811
+    """weight_sync.strategy=vllm_nccl: vLLM's NCCLWeightTransferEngine in the engine (in this actor's process, or in
+    AsyncLLM's core, which is no Ray worker), vLLM's packed producer on the trainer; bit-exact after real steps."""
+    over = [o for o in GPU if not o.startswith("weight_sync.strategy")] + [
+        "weight_sync.strategy=vllm_nccl", f"rollout.engine={engine_kind}"]
+    cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + over)
+    assert _two_syncs_bit_exact(tiny_model, cfg)["world_size"] == 2

@@ -60,23 +60,23 @@ class _Scenario:
         gen.add(samples, version=0)
         early = gen.run(max_steps=first_steps)
         paused = gen.interrupt()
-        engine.update_weights("weight_sync", "disk", "load", folders["v1"], 1)
+        engine.update_weights("disk", folders["v1"], 1)
         gen.add(paused, version=1)
         done = gen.run()
         out = {"early": len(early), "paused": len(paused), "interruptions": gen.interruptions, "samples": []}
-        engine.update_weights("weight_sync", "disk", "load", folders["v2"], 2)  # version 2 = the original weights
+        engine.update_weights("disk", folders["v2"], 2)  # version 2 = the original weights
         for s in samples:
             first = len(s.request.prompt_ids)
             out["samples"].append({"versions": s.token_versions, "logprobs": s.logprobs, "done": s.finish_reason,
                                    "interruptions": s.interruptions, "text": gen.text(s),
                                    "v0": engine.prompt_logprobs(s.prompt_ids, first)})
-        engine.update_weights("weight_sync", "disk", "load", folders["v3"], 3)  # version 1's weights again
+        engine.update_weights("disk", folders["v3"], 3)  # version 1's weights again
         for entry, s in zip(out["samples"], samples):
             entry["v1"] = engine.prompt_logprobs(s.prompt_ids, len(s.request.prompt_ids))
         gen.add(samples_of(PromptRequest(9, prompts[0], "", seed=1), 1, tokens), version=3)
         gen.step()
         try:
-            engine.update_weights("weight_sync", "disk", "load", folders["v4"], 4)
+            engine.update_weights("disk", folders["v4"], 4)
             out["refused"] = ""
         except RuntimeError as e:
             out["refused"] = str(e)

@@ -5,9 +5,9 @@ import pytest
 
 from orchestrator.cli import build_parser, main
 from orchestrator.cli.plan_sync import format_sync_table
-from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric, strategy_names
+from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric, priced_names
 
-STRATEGIES = strategy_names()
+STRATEGIES = priced_names()  # the strategies with a predictor
 
 
 def _rows(out: str) -> dict[str, list[str]]:

@@ -122,42 +122,54 @@ def test_the_engine_verifier_wraps_the_fp8_methods_and_reports_resident_changes(
 
 
 def test_the_worker_extension_verifies_an_fp8_engine_end_to_end_on_cpu(monkeypatch):
-    """The extension's FP8 path with a fake engine (vLLM's CPU build has no FP8 kernels): a load re-quantises through
-    the wrapped method, the FP8 group reports the stream's checksums (equal to the trainer's) and the FP8 check."""
+    """The extension's FP8 path with a fake engine (vLLM's CPU build has no FP8 kernels): a load through our
+    weight-transfer engine re-quantises through the wrapped method, the FP8 group reports the stream's checksums
+    (equal to the trainer's) and the FP8 check."""
     from functools import partial
+    from types import SimpleNamespace
 
-    from actors.weight_sync import base, fp8_resident, vllm_extension
+    import vllm.model_executor.model_loader.reload as reload
+
+    from actors.weight_sync import base, fp8_resident, transfer_engine, vllm_extension
     from orchestrator.weight_sync.checksum import compare_checksums, group_checksums
 
     layer, norm = torch.nn.Module(), torch.nn.LayerNorm(4)
     layer.quant_method = _FakeMethod()
-    model = torch.nn.Module()
-    model.mlp, model.norm = torch.nn.Module(), norm
-    model.mlp.down_proj = layer
-    layer.weight = torch.zeros(8, 4, dtype=torch.bfloat16)  # as after a first load
-    layer.quant_method.process_weights_after_loading(layer)
-    finder = lambda m: {n: x for n, x in m.named_modules() if isinstance(getattr(x, "quant_method", None), _FakeMethod)}
-    monkeypatch.setattr(vllm_extension, "online_fp8_layers", finder)
-    monkeypatch.setattr(fp8_resident, "online_fp8_layers", finder)
-    monkeypatch.setattr(vllm_extension, "FP8Verifier", partial(fp8_resident.FP8Verifier, quant=quantize_fp8))
-    monkeypatch.setattr(base, "tp_position", lambda: (0, 1))
 
-    class Worker(vllm_extension.WeightReceiverExtension):
-        def reload_weights(self, weights_iterator):  # vLLM's layerwise reload, as far as this model needs it
-            for name, t in weights_iterator:
+    class Model(torch.nn.Module):
+        def load_weights(self, weights):  # vLLM's loader, as far as this model needs it
+            for name, t in weights:
                 if name == "mlp.down_proj.weight":
                     layer.weight = t
                     layer.quant_method.process_weights_after_loading(layer)
                 else:
                     norm.get_parameter(name.split(".")[-1]).data.copy_(t)
 
-    w = Worker()
-    w.model_runner = type("Runner", (), {"get_model": lambda self: model, "model_config": None})()
+    model = Model()
+    model.mlp, model.norm = torch.nn.Module(), norm
+    model.mlp.down_proj = layer
+    layer.weight = torch.zeros(8, 4, dtype=torch.bfloat16)  # as after a first load
+    layer.quant_method.process_weights_after_loading(layer)
+    finder = lambda m: {n: x for n, x in m.named_modules() if isinstance(getattr(x, "quant_method", None), _FakeMethod)}
+    monkeypatch.setattr(vllm_extension, "online_fp8_layers", finder)
+    monkeypatch.setattr(transfer_engine, "online_fp8_layers", finder)
+    monkeypatch.setattr(fp8_resident, "online_fp8_layers", finder)
+    monkeypatch.setattr(transfer_engine, "FP8Verifier", partial(fp8_resident.FP8Verifier, quant=quantize_fp8))
+    monkeypatch.setattr(base, "tp_position", lambda: (0, 1))
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda m: None)  # no vLLM layers in this model
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda m, c: None)
+
+    vllm_config = SimpleNamespace(parallel_config=None,
+                                  model_config=SimpleNamespace(hf_config=SimpleNamespace(tie_word_embeddings=False)))
+    w = vllm_extension.WeightReceiverExtension()
+    w.model_runner = SimpleNamespace(get_model=lambda: model)
+    w.weight_transfer_engine = transfer_engine.StrategyTransferEngine(None, vllm_config, torch.device("cpu"), model)
     torch.manual_seed(2)
     sent = [("mlp.down_proj.weight", torch.randn(8, 4).to(torch.bfloat16)), ("norm.weight", torch.rand(4)),
             ("norm.bias", torch.rand(4))]
-    monkeypatch.setattr(w, "_retie_output_embeddings", lambda: None)
-    w._load(iter(sent), 1)
+    w.weight_transfer_engine.start_weight_update()
+    w.weight_transfer_engine.update_weights({"strategy": "object_store", "payload": sent, "version": 1})
+    w.weight_transfer_engine.finish_weight_update()
     rep = w.weight_checksums()
     compare_checksums(group_checksums(sent), rep["groups"])  # the stream (mlp) and the resident norm
     assert rep["packed_groups"] == ["mlp"] and rep["fp8"] == {"layers": 1, "errors": {}}

@@ -4,9 +4,9 @@ import math
 import pytest
 
 from orchestrator.weight_sync import (FABRICS, SyncSetup, SyncSetupError, choose_strategy, predict_sync,
-                                      setup_from_fabric, strategy_names)
+                                      setup_from_fabric, priced_names)
 
-STRATEGIES = strategy_names()
+STRATEGIES = priced_names()  # the strategies with a predictor
 
 # B = 1e9 params * 2 bytes = 2e9 bytes in every hand-computed case below.
 BASE = dict(num_params=1e9, bytes_per_param=2, intra_gbps=10.0, inter_gbps=5.0, memcpy_gbps=10.0, store_gbps=10.0,

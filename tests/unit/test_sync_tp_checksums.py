@@ -7,10 +7,13 @@ combine_worker_reports). The collective sync gives each TP worker its own rank.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from actors.weight_sync import base, collective
+from actors.weight_sync.transfer_engine import StrategyInitInfo, StrategyTransferEngine
 from actors.weight_sync.vllm_extension import WeightReceiverExtension
 from orchestrator.weight_sync import WeightMismatchError
 from orchestrator.weight_sync.checksum import combine_worker_reports, group_checksums
@@ -65,8 +68,11 @@ class _Runner:
 
 
 def _worker(model: torch.nn.Module) -> WeightReceiverExtension:
+    """The extension over a model, with our weight-transfer engine as vLLM's worker would hold it."""
     w = WeightReceiverExtension()
     w.model_runner = _Runner(model)
+    vllm_config = SimpleNamespace(parallel_config=None, model_config=SimpleNamespace(hf_config=None))
+    w.weight_transfer_engine = StrategyTransferEngine(None, vllm_config, torch.device("cpu"), model)
     return w
 
 
@@ -79,8 +85,8 @@ def test_tp_worker_reports_the_full_tensors_it_loaded(monkeypatch) -> None:
     model = torch.nn.Module()
     model.proj = shard
     w = _worker(model)
-    w._loaded_checksums = group_checksums([("proj.weight", full)])
-    w.weight_version = 5
+    w.weight_transfer_engine.loaded_checksums = group_checksums([("proj.weight", full)])
+    w.weight_transfer_engine.version = 5
     monkeypatch.setattr(base, "tp_position", lambda: (1, 2))
     rep = w.weight_checksums()
     assert rep["verified_on"] == "load" and rep["tp_rank"] == 1 and rep["version"] == 5
@@ -98,9 +104,9 @@ def test_tp_worker_joins_the_sync_group_at_base_rank_plus_tp_rank(monkeypatch) -
     w = _worker(torch.nn.Linear(2, 2))
     info = {"backend": "gloo", "world_size": 5, "group": "g", "timeout_s": 10.0, "layout": [], "bucket_mb": 64.0,
             "tensor_parallel_size": 2}
-    w.weight_sync("nccl", "connect", info, 1)  # engine 1 of 2 with TP 2: ranks 3 and 4
+    w.weight_transfer_engine.init_transfer_engine(StrategyInitInfo("nccl", info, 1))  # engine 1 of 2, TP 2: ranks 3, 4
     assert joined == [("gloo", 5, 4, "g", 10.0)]
-    assert w._receivers["nccl"].group == ("g", [], 64.0, "cpu")
+    assert w.weight_transfer_engine.receivers["nccl"].group == ("g", [], 64.0, "cpu")
 
 
 def test_tp_position_outside_vllm_workers_is_rank_zero_of_one() -> None:

@@ -38,4 +38,5 @@ def test_auto_chooses_among_the_strategies_an_async_llm_engine_core_can_load():
     over = ("rollout.num_workers=2", "weight_sync.fabric.intra_node=nvlink")
     assert choose_for_config(_cfg(*over), 135_000_000, 540_000_000)[0] == "nccl"
     strategy, table = choose_for_config(_cfg(*over, "rollout.engine=async_llm"), 135_000_000, 540_000_000)
-    assert strategy in outside_ray_names() == ("disk", "object_store") and "nccl" in table
+    assert strategy in ("disk", "object_store") and "nccl" in table
+    assert set(outside_ray_names()) == {"disk", "object_store", "vllm_nccl"}  # vllm_nccl has no predictor yet

@@ -1,5 +1,5 @@
-"""actors/rollout/vllm_compat.py: every vLLM API the rollout engine uses (and the RL interfaces issues 38 and 39
-build on) is in the installed vLLM; one that changed fails the engine's start naming the API and its user."""
+"""actors/rollout/vllm_compat.py: every vLLM API the rollout engine uses (weight sync on vLLM's
+weight-transfer protocol included) is in the installed vLLM; one that changed fails the engine's start naming the API and its user."""
 from __future__ import annotations
 
 import enum
@@ -49,7 +49,26 @@ def test_a_changed_api_is_named_with_its_user_and_the_supported_range():
     assert message.count("\n  ") == 3  # one line per change, nothing else
 
 
-def test_the_apis_of_the_next_issues_are_reported_but_not_required():
+def test_a_changed_weight_transfer_api_is_named_before_any_sync():
+    """vLLM's weight-transfer protocol is what weight sync runs on: a renamed worker call or a changed engine
+    constructor fails the engine's start naming it and our engine (actors/weight_sync/transfer_engine.py)."""
+    def changed(path):
+        if path == "vllm.v1.worker.gpu_worker:Worker.finish_weight_update":
+            raise AttributeError("type object 'Worker' has no attribute 'finish_weight_update'")
+        if path == "vllm.distributed.weight_transfer.base:WeightTransferEngine.__init__":
+            return lambda self, config, vllm_config, model: None  # `device` dropped
+        return vllm_compat._resolve(path)
+
+    with pytest.raises(VLLMAPIError) as info:
+        check_vllm_api(resolve=changed)
+    lines = str(info.value).split("\n  ")[1:]
+    assert lines[0].startswith("vllm.distributed.weight_transfer.base:WeightTransferEngine.__init__ no longer takes or "
+                               "holds ['device']; used by actors/weight_sync/transfer_engine.py")
+    assert lines[1].startswith("vllm.v1.worker.gpu_worker:Worker.finish_weight_update is gone (AttributeError")
+    assert "update_weights" in lines[1] and len(lines) == 2
+
+
+def test_the_apis_we_do_not_use_are_reported_but_not_required():
     def without_pause(path):
         if path.endswith("AsyncLLM.pause_generation"):
             raise AttributeError("gone")
@@ -58,4 +77,4 @@ def test_the_apis_of_the_next_issues_are_reported_but_not_required():
     assert [p.split(" ")[0] for p in vllm_api_problems(resolve=without_pause)] == [
         "vllm.v1.engine.async_llm:AsyncLLM.pause_generation"]
     assert vllm_api_problems(required_only=True, resolve=without_pause) == []
-    check_vllm_api(resolve=without_pause)  # the engine does not use it yet
+    check_vllm_api(resolve=without_pause)  # not used (a weight update aborts and continues instead)

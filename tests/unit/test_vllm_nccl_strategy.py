@@ -1,0 +1,132 @@
+"""weight_sync.strategy=vllm_nccl (actors/weight_sync/vllm_nccl.py) on CPU: vLLM's own NCCL engine receives inside our
+transfer engine, with vLLM's PyNccl group and packed broadcast (CUDA only) replaced by an in-memory wire that cuts
+the weights into chunks as the packed consumer does. What runs for real: vLLM's `NCCLWeightTransferEngine` (its init
+info, update info and receive path), our receiver's wiring of ranks and layout, and the checksums, digests and
+version of what it loaded. The GPU test (tests/gpu/test_weight_sync_gpu.py) runs the real wire."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
+import vllm.model_executor.model_loader.reload as reload
+from vllm.config.weight_transfer import WeightTransferConfig
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from actors.weight_sync import vllm_nccl
+from actors.weight_sync.base import SyncContext
+from actors.weight_sync.transfer_engine import BACKEND, StrategyInitInfo
+from orchestrator.weight_sync.buckets import tensor_specs
+from orchestrator.weight_sync.checksum import group_checksums
+from orchestrator.weight_sync.registry import get
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 2), torch.nn.Linear(2, 2, bias=False)
+
+    def load_weights(self, weights):
+        for name, t in weights:
+            self.get_parameter(name).data.copy_(t)
+
+
+def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [("a.weight", torch.randn(2, 3, generator=g)), ("a.bias", torch.randn(2, generator=g)),
+            ("b.weight", torch.randn(2, 2, generator=g))]
+
+
+@pytest.fixture
+def wire(monkeypatch):
+    """The group joins and the packed broadcast, in memory: `wire["sent"]` is what the trainer put on it."""
+    state = {"joined": [], "sent": None}
+
+    def join(init_info, parallel_config):
+        state["joined"].append(init_info)
+        return SimpleNamespace(destroy=lambda: state.__setitem__("destroyed", True))
+
+    def consume(iterator, group, src, post_unpack_func, buffer_size_bytes, num_buffers, device):
+        expected = list(iterator)  # (name, (shape, dtype)) from the update info, as the real consumer reads it
+        sent = state["sent"]
+        assert [(n, list(s), d) for n, (s, d) in expected] == [(n, list(t.shape), t.dtype) for n, t in sent]
+        state["buffer"] = (buffer_size_bytes, num_buffers)
+        for k in range(0, len(sent), 2):  # chunks of two tensors, as the packed consumer unpacks them
+            post_unpack_func([(n, t.clone()) for n, t in sent[k:k + 2]])
+
+    monkeypatch.setattr(nccl_engine, "worker_init_process_group", join)
+    monkeypatch.setattr(nccl_engine, "packed_nccl_broadcast_consumer", consume)
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda m: None)
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda m, c: None)
+    return state
+
+
+def make_engine():
+    vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_index=0, world_size=1, rank=0),
+                                  model_config=SimpleNamespace(hf_config=SimpleNamespace(tie_word_embeddings=False)))
+    return WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend=BACKEND), vllm_config,
+                                                     torch.device("cpu"), Model())
+
+
+def info(engines: int = 2, tp: int = 2) -> dict:
+    return {"master_address": "10.0.0.1", "master_port": 29555, "world_size": 1 + engines * tp,
+            "tensor_parallel_size": tp, "layout": tensor_specs(weights(0)), "buffer_bytes": 8 << 20, "num_buffers": 2}
+
+
+def test_vllms_engine_joins_at_the_engines_rank_and_loads_through_our_checks(wire):
+    engine = make_engine()
+    engine.digests = {}
+    engine.init_transfer_engine(StrategyInitInfo(get("vllm_nccl"), info(), 1))  # engine 1 of 2, TP 2
+    (joined,) = wire["joined"]
+    assert (joined.rank_offset, joined.world_size, joined.master_address, joined.master_port) == (3, 5, "10.0.0.1",
+                                                                                                   29555)
+    assert joined.packed and joined.packed_buffer_size_bytes == 8 << 20  # vLLM adds the worker's own TP rank
+    receiver = engine.receivers["vllm_nccl"]
+    assert isinstance(receiver.native, nccl_engine.NCCLWeightTransferEngine)
+    for version in (1, 2):
+        wire["sent"] = weights(version)
+        engine.start_weight_update()
+        engine.update_weights({"strategy": "vllm_nccl", "payload": None, "version": version})
+        engine.finish_weight_update()
+        assert engine.version == version and engine.loaded_checksums == group_checksums(weights(version))
+        assert torch.equal(engine.model.b.weight, weights(version)[2][1]) and len(engine.digests) == 3
+    assert wire["buffer"] == (8 << 20, 2)
+    engine.shutdown()
+    assert wire["destroyed"] and engine.receivers == {}
+
+
+def test_a_corrupted_chunk_is_what_the_checksums_report(wire):
+    engine = make_engine()
+    engine.init_transfer_engine(StrategyInitInfo("vllm_nccl", info(1, 1), 0))
+    assert wire["joined"][0].rank_offset == 1
+    wire["sent"] = weights(1)
+    engine.faults.corrupt_first = True
+    engine.start_weight_update()
+    engine.update_weights({"strategy": "vllm_nccl", "payload": None, "version": 1})
+    engine.finish_weight_update()
+    assert engine.loaded_checksums != group_checksums(weights(1))
+
+
+def test_the_sender_refuses_cpu_and_a_layout_the_engines_were_not_told():
+    sender = vllm_nccl.VLLMNcclSender(lambda device: (weights(1), {}))
+    with pytest.raises(RuntimeError, match="vllm_nccl needs CUDA GPUs.*use nccl \\(gloo on CPU\\), disk"):
+        sender.setup(SyncContext(engines=1, tensor_parallel_size=1, timeout_s=5.0, dtype="float32",
+                                 options={"bucket_mb": 8}))
+    layout = tensor_specs(weights(1))
+    vllm_nccl.check_against_layout(weights(2), layout)
+    with pytest.raises(ValueError, match="tensor 2 is 'b.weight' \\(2, 2\\) torch.float16, the engines expect "
+                                         "'b.weight' \\(2, 2\\) torch.float32"):
+        vllm_nccl.check_against_layout(weights(2)[:2] + [("b.weight", torch.zeros(2, 2, dtype=torch.float16))], layout)
+    with pytest.raises(ValueError, match="sends 2 tensors, the engines expect 3"):
+        vllm_nccl.check_against_layout(weights(2)[:2], layout)
+
+
+def test_a_chunk_outside_an_update_and_a_receive_before_connect_are_refused():
+    receiver = vllm_nccl.VLLMNcclReceiver()
+    with pytest.raises(RuntimeError, match="outside an update"):
+        receiver.loader.load_weights([])
+    with pytest.raises(RuntimeError, match="before connect"):
+        receiver.receive(None, 1, lambda pairs: None)
+    with pytest.raises(RuntimeError, match="connect before attach"):
+        receiver.connect(info(), 0)
