@@ -319,8 +319,9 @@ def delta_after_real_step(lr: float) -> dict:
             "lr": lr}
 
 
-def end_to_end(steps: int) -> list[dict]:
-    """Part 3: each strategy through the syncer into one real vLLM engine (bf16), verified."""
+def end_to_end(steps: int, engine_kind: str = "in_process") -> list[dict]:
+    """Part 3: each strategy through the syncer into one real vLLM engine (bf16, `rollout.engine=engine_kind`),
+    verified; async_llm takes the strategies whose receiver runs outside Ray."""
     from actors.rollout.worker import RolloutWorkerActor
     from actors.trainer.trainer import TrainerActor
     from orchestrator.config import load_config
@@ -329,10 +330,12 @@ def end_to_end(steps: int) -> list[dict]:
 
     path = str(resolve_model_path("default"))
     out = []
-    for strategy in ("object_store", "disk", "nccl", "delta"):
+    strategies = ("object_store", "disk") if engine_kind == "async_llm" else ("object_store", "disk", "nccl", "delta")
+    for strategy in strategies:
         tmp = tempfile.mkdtemp(prefix="ws_e2e_")
         cfg = load_config("configs/grpo_arith_cpu.yaml", [f"weight_sync.strategy={strategy}", "rollout.dtype=bfloat16",
-                                                          f"run.output_dir={tmp}", "weight_sync.delta.max_changed_fraction=1.0"])
+                                                          f"run.output_dir={tmp}", "weight_sync.delta.max_changed_fraction=1.0",
+                                                          f"rollout.engine={engine_kind}"])
         trainer = TrainerActor.options(num_cpus=0).remote(path, cfg.trainer, cfg.algo, 1.0, 48, 2)
         engine = RolloutWorkerActor.options(num_cpus=0).remote(path, cfg.rollout, 0)
         ray.get([trainer.ready.remote(), engine.ready.remote()])
@@ -353,10 +356,17 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=256)
     ap.add_argument("--lr", type=float, default=2e-5, help="the demo config's learning rate")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--only-e2e", action="store_true", help="Part 3 only")
+    ap.add_argument("--engines", default="in_process", help="Part 3's rollout.engine values, comma-separated")
+    ap.add_argument("--syncs", type=int, default=3, help="Part 3's syncs per strategy (the median is printed)")
     args = ap.parse_args()
     os.chdir(Path(__file__).resolve().parents[1])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"VLLM_LOGGING_LEVEL": "ERROR"}})
+    if args.only_e2e:
+        end_to_end_report(args.engines.split(","), args.syncs)
+        ray.shutdown()
+        return
     tmp = Path(tempfile.mkdtemp(prefix="ws_bench_", dir=os.environ.get("BENCH_TMP", "/tmp")))
     d = delta_after_real_step(args.lr)
     # calibration of the delta's cost-model rates from this real step (used for the predictions below)
@@ -378,10 +388,16 @@ def main() -> None:
           f"= {d['ratio']:.4f} of a full sync; encode {d['encode_s']:.2f} s, decode {d['decode_s']:.2f} s; "
           f"bit-exact after apply: {d['bit_exact']}")
     if not args.skip_e2e:
-        print("\n## Part 3: end to end into a vLLM engine (SmolLM2-135M bf16, verified), median of 3 syncs")
-        for r in end_to_end(3):
-            print(f"{r['strategy']:<13} {r['seconds']:7.2f} s  {r['bytes'] / 1e6:8.1f} MB moved per engine")
+        end_to_end_report(args.engines.split(","), args.syncs)
     ray.shutdown()
+
+
+def end_to_end_report(engine_kinds: list[str], syncs: int) -> None:
+    for kind in engine_kinds:
+        print(f"\n## Part 3: end to end into a vLLM engine (SmolLM2-135M bf16, rollout.engine={kind}, verified), "
+              f"median of {syncs} syncs", flush=True)
+        for r in end_to_end(syncs, kind):
+            print(f"{r['strategy']:<13} {r['seconds']:7.2f} s  {r['bytes'] / 1e6:8.1f} MB moved per engine", flush=True)
 
 
 if __name__ == "__main__":
