@@ -2,7 +2,9 @@
 # The GPU checks of one lent device session, in one call (benchmarks/RESULTS.md, "On a GPU"):
 #   1. the `gpu`-marked tests (pytest -m gpu tests/gpu);
 #   2. benchmarks/gpu_trainer.py: the trainer's step time, MFU and memory estimate on the GPU, several configs;
-#   3. the unit tier with CUDA visible (the trainer's code paths on a CUDA device).
+#   3. the unit tier with CUDA visible (the trainer's code paths on a CUDA device);
+#   4. where vLLM is installed (not in today's lent image): weight sync on vLLM's native transfer (vllm_nccl,
+#      vllm_ipc, on both rollout engines), bit-exact (tests/gpu/test_weight_sync_gpu.py -k vllm_native).
 # Each part has its own time limit and writes its log under $OUT, so one part's failure or hang leaves the rest.
 # Packages the machine lacks travel as wheels in .whl (git-ignored): ray (a stripped tarball: no Java jars, no
 # dashboard web client, binaries stripped; 20 MB), omegaconf with its antlr4 runtime (4.13, as math-verify needs),
@@ -12,7 +14,7 @@
 #   PARTS="1 3" bash benchmarks/gpu_session.sh   # only some parts (a short device budget)
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_out}
-PARTS=${PARTS:-1 2 3}
+PARTS=${PARTS:-1 2 3 4}
 want() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -32,7 +34,7 @@ torch.version.cuda, transformers.__version__, ray.__version__, omegaconf.__versi
 
 if want 1; then
   echo "== 1. pytest -m gpu tests/gpu"
-  timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs --continue-on-collection-errors --timeout 150 \
+  timeout 200 python3 -m pytest -m gpu tests/gpu -k "not vllm_native" -q -rs --continue-on-collection-errors --timeout 150 \
     -o addopts="-p no:cacheprovider" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
 fi
 
@@ -52,4 +54,14 @@ if want 3; then
   echo "== 3. the unit tier with CUDA visible"
   timeout 150 python3 -m pytest tests/unit -q -n 8 --timeout 100 -o addopts="-p no:cacheprovider" \
     2>&1 | tee "$OUT/pytest_unit.log" | tail -60
+fi
+
+if want 4; then
+  echo "== 4. weight sync on vLLM's native transfer (needs vLLM)"
+  if python3 -c "import vllm" 2>/dev/null; then
+    timeout 400 python3 -m pytest -m gpu tests/gpu/test_weight_sync_gpu.py -k vllm_native -q -rs --timeout 180 \
+      -o addopts="-p no:cacheprovider" 2>&1 | tee "$OUT/pytest_vllm_native.log" | tail -30
+  else
+    echo "vLLM is not installed here: part 4 skipped" | tee "$OUT/pytest_vllm_native.log"
+  fi
 fi

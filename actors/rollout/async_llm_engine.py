@@ -16,8 +16,9 @@ What changes against the in-process engine (actors/rollout/vllm_engine.py):
   the old weights, so its next tokens' logprobs belong to no single policy (tests/integration/test_partial_rollout.py
   checks that each continued token's logprob is the new weights' to 1e-3). Tokens the core sampled after the last
   step the driver processed are dropped with the abort; the continuation samples them again on the new weights.
-  The load itself runs with the core's scheduler paused (`pause_generation(mode="keep", clear_cache=False)`, then
-  resumed): vLLM's weight-transfer protocol is three calls, and a step between them would run half-reloaded layers.
+  The load is vLLM's weight-transfer protocol (start, update, finish) run in the core as one call (the extension's
+  `transfer_weights`): the core steps on its own between calls, and a step between those three would run
+  half-reloaded layers.
 - Calls into the engine's worker (weight loads, checksums, fault hooks) go through `collective_rpc` with the method
   and its arguments pickled (vLLM's IPC needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1` for any argument but plain
   data and tensors at the top level; the socket is local to this node and its peer is the core this actor
@@ -34,8 +35,6 @@ What changes against the in-process engine (actors/rollout/vllm_engine.py):
   killed: they are made in a folder of their own, removed once the core is connected (the open connections stay).
 """
 from __future__ import annotations
-
-import contextlib
 
 import asyncio
 import functools
@@ -195,20 +194,6 @@ class AsyncLLMEngine(VLLMEngine):
 
     def _set_weight_version(self, version: str) -> None:
         self.run(self.llm.update_weight_version(version))
-
-    @contextlib.contextmanager
-    def _scheduler_paused(self):
-        """The core's scheduler paused with its requests kept (`pause_generation(mode="keep", clear_cache=False)`),
-        resumed on leaving: the core steps on its own between our calls, and a step between `start_weight_update`
-        and `finish_weight_update` would run layers that are mid-reload (on the meta device). Requests are
-        interrupted before a weight update by the driver; a request still running here makes the update raise
-        (the prefix cache cannot be dropped), and keeps going on resume."""
-        self.run(self.llm.pause_generation(mode="keep", clear_cache=False))
-        try:
-            yield
-        finally:
-            if not self.llm.errored:  # a dead core: the error raised inside says so (no resume to wait for)
-                self.run(self.llm.resume_generation())
 
     def _one_output(self, prompt, params):
         async def last():

@@ -7,8 +7,6 @@ recomputed logprobs are directly comparable. New weights arrive through the work
 """
 from __future__ import annotations
 
-import contextlib
-
 import gc
 import os
 from typing import Any, Sequence
@@ -134,10 +132,6 @@ class VLLMEngine:
     def _reset_prefix_cache(self) -> bool:
         return self.llm.reset_prefix_cache()
 
-    def _scheduler_paused(self):
-        """A context in which the engine takes no step: here nothing steps it but this thread, which is loading."""
-        return contextlib.nullcontext()
-
     def _set_weight_version(self, version: str) -> None:
         """vLLM's own weight version (what its outputs carry), set after every load."""
         self.llm.llm_engine.set_weight_version(version)
@@ -213,15 +207,13 @@ class VLLMEngine:
         prefix cache (stale KV must never be reused) and return the engine's own checksums of its resident weights
         (see orchestrator.weight_sync.checksum). Raises what the receiver raised (a torn file, a timed-out group), and
         RuntimeError when the prefix cache cannot be dropped (a request still holds KV blocks)."""
-        with self._scheduler_paused():  # no model step between start and finish (the layers are mid-reload)
-            self._rpc("start_weight_update", ())
-            self._rpc("update_weights", ({"strategy": strategy, "payload": payload, "version": int(version)},))
-            self._rpc("finish_weight_update", ())
-            self._set_weight_version(str(version))
-            if not self._reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
-                raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because "
-                                   "requests still hold KV blocks; interrupt or finish every request before a weight "
-                                   "update")
+        # one call per worker (the extension's `transfer_weights`), so an engine core takes no step between the
+        # three, when its layers are mid-reload (AsyncLLM's core steps on its own between calls)
+        self._rpc("transfer_weights", ({"strategy": strategy, "payload": payload, "version": int(version)},))
+        self._set_weight_version(str(version))
+        if not self._reset_prefix_cache():  # requests still hold KV blocks: their stale KV could be served
+            raise RuntimeError("weight sync: the prefix cache could not be dropped after the load because requests "
+                               "still hold KV blocks; interrupt or finish every request before a weight update")
         return self.weight_checksums()
 
     def extension_call(self, method: str, *args) -> Any:

@@ -44,6 +44,15 @@ class WeightReceiverExtension:
                                "without weight_transfer_config={'backend': 'rl_orch'}: vllm_engine.engine_kwargs)")
         return engine
 
+    def transfer_weights(self, update_info: dict) -> None:
+        """vLLM's weight-update protocol as one call: the worker's `start_weight_update`, `update_weights(update_info)`
+        ({"strategy", "payload", "version"}: actors/weight_sync/transfer_engine.py) and `finish_weight_update`. One
+        RPC, so an engine core takes no step between them (a step then would run layers that are mid-reload). Raises
+        what the transfer raised; vLLM's worker then ends the update and our engine restores the model."""
+        self.start_weight_update()
+        self.update_weights(update_info)
+        self.finish_weight_update()
+
     def weight_checksums(self) -> dict:
         """{"version", "groups": {group: [sum, sumsq, numel]}, "packed_groups": [...]}, and for an FP8 engine
         "fp8": {"layers", "errors"} (orchestrator/weight_sync/fp8_check.py).

@@ -14,11 +14,10 @@ PyNccl). Ranks: the trainer 0, engine k's tensor-parallel worker r at 1 + k*t + 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
-
 import torch
 
-from actors.weight_sync.base import WeightReceiver, WeightSender, WeightSyncStrategy
+from actors.weight_sync.base import WeightSender, WeightSyncStrategy
+from actors.weight_sync.vllm_native import VLLMEngineReceiver
 from orchestrator.weight_sync.buckets import tensor_specs
 
 NUM_BUFFERS = 2  # chunks in flight: one packed while one is on the wire
@@ -108,59 +107,29 @@ class VLLMNcclSender(WeightSender):
             self.group = None
 
 
-class ChunkLoader:
-    """The model vLLM's engine is given: `load_weights(chunk)` hands each unpacked chunk to `load`, set per update
-    (our transfer engine's checksumming loader into the real model)."""
-
-    def __init__(self):
-        self.load: Optional[Callable[[Any], Any]] = None
-
-    def load_weights(self, weights):
-        if self.load is None:
-            raise RuntimeError("weight sync (vllm_nccl): a chunk arrived outside an update")
-        return self.load(weights)
-
-
-class VLLMNcclReceiver(WeightReceiver):
+class VLLMNcclReceiver(VLLMEngineReceiver):
     """One engine worker: vLLM's `NCCLWeightTransferEngine` joins the group and receives; we load what it unpacks."""
 
     vllm_backend = "nccl"
 
     def __init__(self):
-        self.loader = ChunkLoader()
-        self.native = None  # vLLM's engine, made by `attach`
+        super().__init__()
         self.update: dict = {}
-
-    def attach(self, make_vllm_engine) -> None:
-        """`make_vllm_engine(backend, model)`: one of vLLM's weight-transfer engines over this worker (called by our
-        transfer engine before `connect`)."""
-        self.native = make_vllm_engine(self.vllm_backend, self.loader)
 
     def connect(self, info, engine_index):
         """Joins the group as rank 1 + engine_index * t (+ this worker's tensor-parallel rank, added by vLLM)."""
-        if self.native is None:
-            raise RuntimeError("weight sync (vllm_nccl): connect before attach (the engine has no vLLM transfer engine)")
-        init = {"master_address": info["master_address"], "master_port": info["master_port"],
-                "rank_offset": 1 + engine_index * info["tensor_parallel_size"], "world_size": info["world_size"],
-                "packed": True, "packed_buffer_size_bytes": info["buffer_bytes"],
-                "packed_num_buffers": info["num_buffers"]}
-        self.native.init_transfer_engine(self.native.parse_init_info(init))
+        self.init_native({"master_address": info["master_address"], "master_port": info["master_port"],
+                          "rank_offset": 1 + engine_index * info["tensor_parallel_size"],
+                          "world_size": info["world_size"], "packed": True,
+                          "packed_buffer_size_bytes": info["buffer_bytes"], "packed_num_buffers": info["num_buffers"]})
         self.update = {"names": [n for n, _, _ in info["layout"]],
                        "dtype_names": [str(d).split(".")[-1] for _, _, d in info["layout"]],
                        "shapes": [list(s) for _, s, _ in info["layout"]]}
 
-    def receive(self, payload, version, load) -> None:
+    def update_info(self, payload) -> dict:
         if not self.update:
             raise RuntimeError("a broadcast before connect: this engine is not in the weight-sync group")
-        self.loader.load = load
-        try:
-            self.native.receive_weights(self.native.parse_update_info(self.update))
-        finally:
-            self.loader.load = None
-
-    def close(self) -> None:
-        if self.native is not None:
-            self.native.shutdown()
+        return self.update
 
 
 class VLLMNcclStrategy(WeightSyncStrategy):

@@ -67,9 +67,14 @@ class WeightSyncConfig:
 
 def check_weight_sync_section(cfg) -> None:
     """weight_sync.strategy: "auto", a registered strategy, or a dotted module path defining STRATEGY
-    (orchestrator/weight_sync/registry.py). Raises ValueError naming the key; orchestrator/config/load.py
+    (orchestrator/weight_sync/registry.py); a colocated-only strategy (vllm_ipc) needs placement.mode=colocated.
+    Raises ValueError naming the key; orchestrator/config/load.py
     `validate` calls it (as ConfigError)."""
     from orchestrator.weight_sync.registry import get
 
     if cfg.weight_sync.strategy != "auto":
-        get(cfg.weight_sync.strategy)
+        entry = get(cfg.weight_sync.strategy)
+        if entry.colocated_only and cfg.placement.mode != "colocated":
+            raise ValueError(f"weight_sync.strategy={entry.name} hands the engines handles to the trainer's GPU "
+                             f"memory, so they must share the trainer's GPUs: placement.mode=colocated (got "
+                             f"placement.mode={cfg.placement.mode}); apart, use vllm_nccl, nccl, disk or object_store")

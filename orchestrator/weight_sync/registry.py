@@ -35,6 +35,7 @@ class StrategyEntry:
     module: str
     predict: Optional[Predictor] = None
     outside_ray: bool = False  # its receiver needs no Ray in the engine's process (rollout.engine=async_llm)
+    colocated_only: bool = False  # its engines must share the trainer's GPUs (placement.mode=colocated)
 
     def load(self) -> Any:
         """The strategy object `<module>.STRATEGY`; raises ImportError / AttributeError naming the module."""
@@ -47,12 +48,14 @@ class StrategyEntry:
 _REGISTRY: dict[str, StrategyEntry] = {}
 
 
-def register(name: str, module: str, predict: Optional[Predictor] = None, outside_ray: bool = False) -> StrategyEntry:
+def register(name: str, module: str, predict: Optional[Predictor] = None, outside_ray: bool = False,
+             colocated_only: bool = False) -> StrategyEntry:
     """Add (or replace) strategy `name`; returns its entry. `outside_ray`: its receiver runs in a process that is
-    no Ray worker (vLLM's AsyncLLM engine core). Raises ValueError for "auto" or an empty name."""
+    no Ray worker (vLLM's AsyncLLM engine core); `colocated_only`: its engines must share the trainer's GPUs. Raises
+    ValueError for "auto" or an empty name."""
     if not name or name == "auto":
         raise ValueError(f"weight-sync strategy name {name!r}: must be non-empty and not 'auto'")
-    _REGISTRY[name] = StrategyEntry(name, module, predict, outside_ray)
+    _REGISTRY[name] = StrategyEntry(name, module, predict, outside_ray, colocated_only)
     return _REGISTRY[name]
 
 
@@ -60,8 +63,10 @@ register("nccl", "actors.weight_sync.collective", predict_nccl)
 register("disk", "actors.weight_sync.disk", predict_disk, outside_ray=True)
 register("delta", "actors.weight_sync.delta", predict_delta)
 register("object_store", "actors.weight_sync.object_store", predict_object_store, outside_ray=True)
-# vLLM's own NCCL engine (GPU only); no predictor until measured on GPUs, so `auto` never picks it
+# vLLM's own engines (GPU only): NCCL, and CUDA IPC for engines on the trainer's GPUs; no predictors until measured
+# on GPUs, so `auto` never picks them
 register("vllm_nccl", "actors.weight_sync.vllm_nccl", outside_ray=True)
+register("vllm_ipc", "actors.weight_sync.vllm_ipc", outside_ray=True, colocated_only=True)
 
 
 def unregister(name: str) -> None:

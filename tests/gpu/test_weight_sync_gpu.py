@@ -57,10 +57,15 @@ def test_grpo_loop_with_nccl_sync_on_gpu(ray_local, tiny_model, tmp_path):  # no
 
 
 @pytest.mark.parametrize("engine_kind", ["in_process", "async_llm"])
-def test_vllm_native_nccl_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path, engine_kind):  # noqa: F811
-    """weight_sync.strategy=vllm_nccl: vLLM's NCCLWeightTransferEngine in the engine (in this actor's process, or in
-    AsyncLLM's core, which is no Ray worker), vLLM's packed producer on the trainer; bit-exact after real steps."""
+@pytest.mark.parametrize("strategy", ["vllm_nccl", "vllm_ipc"])
+def test_vllm_native_transfer_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path, strategy, engine_kind):  # noqa: F811
+    """weight_sync.strategy=vllm_nccl / vllm_ipc: vLLM's NCCLWeightTransferEngine / IPCWeightTransferEngine in the
+    engine (in this actor's process, or in AsyncLLM's core, which is no Ray worker); the trainer and the engine share
+    the one GPU (ipc needs that); bit-exact after real steps."""
     over = [o for o in GPU if not o.startswith("weight_sync.strategy")] + [
-        "weight_sync.strategy=vllm_nccl", f"rollout.engine={engine_kind}"]
+        f"weight_sync.strategy={strategy}", f"rollout.engine={engine_kind}"]
+    if strategy == "vllm_ipc":
+        over.append("placement.mode=colocated")
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + over)
-    assert _two_syncs_bit_exact(tiny_model, cfg)["world_size"] == 2
+    info = _two_syncs_bit_exact(tiny_model, cfg)
+    assert info["world_size"] == 2 if strategy == "vllm_nccl" else info == {}

@@ -39,4 +39,4 @@ def test_auto_chooses_among_the_strategies_an_async_llm_engine_core_can_load():
     assert choose_for_config(_cfg(*over), 135_000_000, 540_000_000)[0] == "nccl"
     strategy, table = choose_for_config(_cfg(*over, "rollout.engine=async_llm"), 135_000_000, 540_000_000)
     assert strategy in ("disk", "object_store") and "nccl" in table
-    assert set(outside_ray_names()) == {"disk", "object_store", "vllm_nccl"}  # vllm_nccl has no predictor yet
+    assert set(outside_ray_names()) == {"disk", "object_store", "vllm_nccl", "vllm_ipc"}  # vllm_*: no predictor yet

@@ -1,20 +1,22 @@
-"""weight_sync.strategy=vllm_nccl (actors/weight_sync/vllm_nccl.py) on CPU: vLLM's own NCCL engine receives inside our
-transfer engine, with vLLM's PyNccl group and packed broadcast (CUDA only) replaced by an in-memory wire that cuts
-the weights into chunks as the packed consumer does. What runs for real: vLLM's `NCCLWeightTransferEngine` (its init
-info, update info and receive path), our receiver's wiring of ranks and layout, and the checksums, digests and
-version of what it loaded. The GPU test (tests/gpu/test_weight_sync_gpu.py) runs the real wire."""
+"""weight_sync.strategy=vllm_nccl and vllm_ipc (actors/weight_sync/vllm_nccl.py, vllm_ipc.py) on CPU: vLLM's own engines
+receive inside our transfer engine, with what needs CUDA replaced: for nccl, vLLM's PyNccl group and packed broadcast
+by an in-memory wire that cuts the weights into chunks as the packed consumer does; for ipc, the CUDA handles by
+handles to CPU tensors. What runs for real: vLLM's `NCCLWeightTransferEngine` and `IPCWeightTransferEngine` (their
+init info, update info and receive paths), our receivers' wiring of ranks, layout and payload, and the checksums,
+digests and version of what they loaded. The GPU tests (tests/gpu/test_weight_sync_gpu.py) run the real wire."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 import torch
+import vllm.distributed.weight_transfer.ipc_engine as ipc_engine
 import vllm.distributed.weight_transfer.nccl_engine as nccl_engine
 import vllm.model_executor.model_loader.reload as reload
 from vllm.config.weight_transfer import WeightTransferConfig
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from actors.weight_sync import vllm_nccl
+from actors.weight_sync import vllm_ipc, vllm_nccl
 from actors.weight_sync.base import SyncContext
 from actors.weight_sync.transfer_engine import BACKEND, StrategyInitInfo
 from orchestrator.weight_sync.buckets import tensor_specs
@@ -128,5 +130,54 @@ def test_a_chunk_outside_an_update_and_a_receive_before_connect_are_refused():
         receiver.loader.load_weights([])
     with pytest.raises(RuntimeError, match="before connect"):
         receiver.receive(None, 1, lambda pairs: None)
-    with pytest.raises(RuntimeError, match="connect before attach"):
+    with pytest.raises(RuntimeError, match="nccl engine\\): connect before attach"):
         receiver.connect(info(), 0)
+
+
+@pytest.fixture
+def cpu_ipc(monkeypatch):
+    """CUDA IPC on CPU: a "handle" is the tensor itself, rebuilt as a clone on the engine's side."""
+    props = SimpleNamespace(uuid="GPU-0")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(synchronize=lambda: None))
+    monkeypatch.setattr(torch.cuda, "ipc_collect", lambda: None)
+    monkeypatch.setattr(torch.multiprocessing.reductions, "reduce_tensor", lambda t: (None, (t,) + (0,) * 7))
+    monkeypatch.setattr(ipc_engine, "rebuild_cuda_tensor", lambda t, *rest: t.clone())
+    monkeypatch.setattr(reload, "initialize_layerwise_reload", lambda m: None)
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", lambda m, c: None)
+
+
+def test_ipc_the_engines_rebuild_the_trainers_copies_and_load_them_through_our_checks(cpu_ipc):
+    trainer_weights = weights(1)
+    sender = vllm_ipc.VLLMIpcSender(lambda device: (trainer_weights, {"groups": group_checksums(trainer_weights)}))
+    payload, meta = sender.send(1, {0: None})
+    assert payload["names"] == ["a.weight", "a.bias", "b.weight"] and payload["dtype_names"][0] == "float32"
+    shared = payload["ipc_handles"][0]["GPU-0"][0]
+    assert torch.equal(shared, trainer_weights[0][1]) and shared.data_ptr() != trainer_weights[0][1].data_ptr()
+    engine = make_engine()
+    engine.init_transfer_engine(StrategyInitInfo("vllm_ipc", {}, 0))
+    assert isinstance(engine.receivers["vllm_ipc"].native, ipc_engine.IPCWeightTransferEngine)
+    engine.start_weight_update()
+    engine.update_weights({"strategy": "vllm_ipc", "payload": payload, "version": 1})
+    engine.finish_weight_update()
+    assert engine.version == 1 and engine.loaded_checksums == meta["groups"]
+    assert torch.equal(engine.model.a.weight, trainer_weights[0][1])
+    sender.send(2, {0: 1})
+    assert sorted(sender.held) == [1, 2]  # each version's copies live until the engines were verified on it
+    sender.after_verified(2)
+    assert sender.held == {}
+
+
+def test_ipc_needs_cuda_and_the_trainers_gpus():
+    from orchestrator.config import load_config
+    from orchestrator.config.load import ConfigError
+
+    with pytest.raises(RuntimeError, match="vllm_ipc needs CUDA GPUs shared by the trainer"):
+        vllm_ipc.VLLMIpcSender(lambda device: (weights(1), {})).setup(
+            SyncContext(engines=1, tensor_parallel_size=1, timeout_s=5.0, dtype="float32"))
+    with pytest.raises(ConfigError, match="weight_sync.strategy=vllm_ipc .* placement.mode=colocated \\(got "
+                                          "placement.mode=disaggregated\\)"):
+        load_config(None, ["weight_sync.strategy=vllm_ipc"])
+    cfg = load_config(None, ["weight_sync.strategy=vllm_ipc", "placement.mode=colocated"])
+    assert cfg.weight_sync.strategy == "vllm_ipc"
