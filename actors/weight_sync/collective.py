@@ -57,6 +57,11 @@ class CollectiveSender(WeightSender):
         collective_group.join_group(self.backend, world_size, 0, group_name, timeout_s)
         self.group = group_name
 
+    def close(self) -> None:
+        if self.group is not None:
+            collective_group.leave_group(self.group)
+            self.group = None
+
     def broadcast(self, version: int) -> dict:
         """Send a header [version, buckets, elements], then every bucket. Returns meta + {"buckets", "wire_s"}.
         Raises RuntimeError before `join`."""
@@ -143,6 +148,11 @@ class CollectiveReceiver(WeightReceiver):
             raise RuntimeError("a broadcast before connect: this engine is not in the weight-sync group")
         group, layout, bucket_mb, device = self.group
         return broadcast_stream(layout, bucket_mb, version, group, device)
+
+    def close(self) -> None:
+        if self.group is not None:
+            collective_group.leave_group(self.group[0])
+            self.group = None
 
 
 class CollectiveStrategy(WeightSyncStrategy):

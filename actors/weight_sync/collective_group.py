@@ -108,6 +108,12 @@ def join_group(backend: str, world_size: int, rank: int, group_name: str, timeou
     col.init_collective_group(world_size, rank, backend=backend, group_name=group_name)
 
 
+def leave_group(group_name: str) -> None:
+    """Destroy this process's side of the named group (a no-op for a group not joined here)."""
+    if col.is_group_initialized(group_name):
+        col.destroy_collective_group(group_name)
+
+
 def broadcast(tensor: torch.Tensor, group_name: str, src_rank: int = 0) -> None:
     """In-place broadcast of `tensor` from `src_rank` over the group; returns when it is complete.
 

@@ -37,6 +37,7 @@ from orchestrator.weight_sync.checksum import add_checksum
 from orchestrator.weight_sync.registry import StrategyEntry, get
 
 BACKEND = "rl_orch"  # WeightTransferConfig.backend of our engines
+NO_VERSION = -1  # the version an engine reports after a failed load: it holds no verified version
 
 
 @dataclass
@@ -86,7 +87,8 @@ def entry_of(strategy: StrategyEntry | str) -> StrategyEntry:
 class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpdateInfo]):
     """vLLM's engine contract over our receivers (actors/weight_sync/<strategy>.py).
 
-    Public state, read by the worker extension: `version` (the last version finished), `loaded_checksums`
+    Public state, read by the worker extension: `version` (the last version finished; NO_VERSION after a failed
+    load), `loaded_checksums`
     ({group: [sum, sumsq, numel]} of the values the last load consumed), `receivers` ({strategy name: receiver}),
     `fp8` (FP8Verifier of an online-FP8 engine, else None), `digests` (per-tensor SHA-256 of the last load when
     recording, else None) and `faults` (LoadFaults, tests). Errors: `update_weights` outside a start/finish pair is
@@ -104,6 +106,7 @@ class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpda
         self.digests: Optional[dict] = None
         self.fp8: Optional[FP8Verifier] = None
         self.faults = LoadFaults()
+        self.finish_error: Optional[BaseException] = None
         self._update: Optional[_Update] = None
 
     def init_transfer_engine(self, init_info: StrategyInitInfo) -> None:
@@ -147,6 +150,7 @@ class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpda
             self.receive_weights(self.parse_update_info(update_info))
         except BaseException:
             self.finish_weight_update()
+            self.finish_error = None  # the stream's own error is the one raised
             raise
         if torch.accelerator.is_available():
             torch.accelerator.synchronize()
@@ -158,8 +162,9 @@ class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpda
         entry = entry_of(update_info.strategy)
         if entry.name not in self.receivers:  # strategies whose receivers need no connect (disk, object_store)
             self.receivers[entry.name] = entry.load().receiver()
+            self.receivers[entry.name].attach(self.vllm_engine)
         receiver, update = self.receivers[entry.name], self._update
-        update.failed = True  # until the whole stream is loaded: a torn update commits nothing at finish
+        update.failed, update.version = True, None  # until the whole stream is loaded: a torn update commits nothing
         receiver.receive(update_info.payload, update_info.version,
                          lambda pairs: self.model.load_weights(self._tap(pairs, receiver)))
         update.version, update.receiver, update.failed = int(update_info.version), receiver, False
@@ -178,28 +183,49 @@ class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpda
 
     def finish_weight_update(self) -> None:
         """Finalize the reload (vLLM repacks and post-processes the new weights), re-tie a tied head, then record
-        the version and the checksums of what was loaded. A start with no update, or whose update failed, keeps
-        the previous ones (the syncer then finds the engine on its old version and redoes or replaces it)."""
+        the version and the checksums of what was loaded. A start with no update keeps the previous ones.
+
+        After a failed update the model holds a mix (layers reached have new weights; a layer cut off mid-stream is
+        processed with what it got), so the version becomes NO_VERSION and the checksums are dropped: the syncer
+        finds the engine on no verified version and sends it full weights. This never raises into vLLM's worker
+        (which would otherwise stay inside the update for good): an error here is kept in `finish_error`, the version
+        becomes NO_VERSION, and `take_finish_error` hands it to the caller (the extension's `transfer_weights`)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         update, self._update = self._update, None
-        finalize_layerwise_reload(self.model, self.model_config)
-        retie_output_embeddings(self.model, self.model_config)
-        if update is None or update.version is None or update.failed:
-            return
-        if self.faults.scale_after:  # the stream was right, the resident kernel is not (the probe must catch it)
-            corrupt_resident_weights(self.model, self.faults.scale_after)
-        self.faults = LoadFaults()
-        self.loaded_checksums, self.version = update.checks, update.version
-        update.receiver.loaded(update.version)
-        if update.digests is not None:
-            self.digests = update.digests
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+            retie_output_embeddings(self.model, self.model_config)
+            if update is None or update.version is None:
+                if update is not None and update.failed:
+                    self.version, self.loaded_checksums = NO_VERSION, {}
+                return
+            if self.faults.scale_after:  # the stream was right, the resident kernel is not (the probe must catch it)
+                corrupt_resident_weights(self.model, self.faults.scale_after)
+            self.faults = LoadFaults()
+            self.loaded_checksums, self.version = update.checks, update.version
+            update.receiver.loaded(update.version)
+            if update.digests is not None:
+                self.digests = update.digests
+        except BaseException as e:  # noqa: BLE001 - kept for the caller; vLLM's worker must leave the update
+            self.version, self.loaded_checksums, self.finish_error = NO_VERSION, {}, e
+
+    def take_finish_error(self) -> Optional[BaseException]:
+        """The error the last `finish_weight_update` kept (None if it completed), cleared."""
+        error, self.finish_error = self.finish_error, None
+        return error
 
     def shutdown(self) -> None:
-        """Close and drop every receiver (a syncer connects again with `init_weight_transfer_engine`)."""
-        for receiver in self.receivers.values():
-            receiver.close()
-        self.receivers.clear()
+        """Close and drop every receiver (a syncer connects again with `init_weight_transfer_engine`); the first
+        error of a close is raised after all were closed."""
+        receivers, self.receivers, errors = list(self.receivers.values()), {}, []
+        for receiver in receivers:
+            try:
+                receiver.close()
+            except Exception as e:  # noqa: BLE001 - raised below, once every receiver was closed
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
 def retie_output_embeddings(model: torch.nn.Module, model_config) -> None:

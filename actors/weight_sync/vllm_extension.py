@@ -48,10 +48,14 @@ class WeightReceiverExtension:
         """vLLM's weight-update protocol as one call: the worker's `start_weight_update`, `update_weights(update_info)`
         ({"strategy", "payload", "version"}: actors/weight_sync/transfer_engine.py) and `finish_weight_update`. One
         RPC, so an engine core takes no step between them (a step then would run layers that are mid-reload). Raises
-        what the transfer raised; vLLM's worker then ends the update and our engine restores the model."""
+        what the transfer or its finish raised; the engine then reports no verified version (NO_VERSION) and the
+        worker is out of the update, ready for the next one."""
         self.start_weight_update()
         self.update_weights(update_info)
         self.finish_weight_update()
+        error = self._transfer_or_raise().take_finish_error()
+        if error is not None:
+            raise error
 
     def weight_checksums(self) -> dict:
         """{"version", "groups": {group: [sum, sumsq, numel]}, "packed_groups": [...]}, and for an FP8 engine

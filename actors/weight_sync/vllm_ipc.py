@@ -28,8 +28,11 @@ class VLLMIpcSender(WeightSender):
         self.held: dict[int, list[torch.Tensor]] = {}  # version -> the shared copies (alive until verified)
 
     def setup(self, ctx):
-        """Raises RuntimeError without CUDA on the trainer."""
+        """Raises VLLMAPIError when an API it uses changed, RuntimeError without CUDA on the trainer."""
         super().setup(ctx)
+        from actors.rollout.vllm_compat import IPC, check_vllm_api
+
+        check_vllm_api(also=IPC)  # the vLLM APIs this strategy uses, named if changed
         if not torch.cuda.is_available():
             raise RuntimeError("weight_sync.strategy=vllm_ipc needs CUDA GPUs shared by the trainer and the engines "
                                "(placement.mode=colocated); otherwise use nccl, disk, delta or object_store")

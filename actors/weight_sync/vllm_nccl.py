@@ -68,8 +68,12 @@ class VLLMNcclSender(WeightSender):
 
     def setup(self, ctx):
         """info: {"master_address", "master_port", "world_size", "tensor_parallel_size", "layout",
-        "buffer_bytes", "num_buffers"}. Raises RuntimeError without CUDA on the trainer."""
+        "buffer_bytes", "num_buffers"}. Raises VLLMAPIError when an API it uses changed, RuntimeError without CUDA on
+        the trainer."""
         super().setup(ctx)
+        from actors.rollout.vllm_compat import NCCL, check_vllm_api
+
+        check_vllm_api(also=NCCL)  # the vLLM APIs this strategy uses, named if changed (before any group forms)
         if not torch.cuda.is_available():
             raise RuntimeError("weight_sync.strategy=vllm_nccl needs CUDA GPUs on the trainer and every engine "
                                "(vLLM's PyNccl); without them use nccl (gloo on CPU), disk, delta or object_store")

@@ -67,14 +67,27 @@ class WeightSyncConfig:
 
 def check_weight_sync_section(cfg) -> None:
     """weight_sync.strategy: "auto", a registered strategy, or a dotted module path defining STRATEGY
-    (orchestrator/weight_sync/registry.py); a colocated-only strategy (vllm_ipc) needs placement.mode=colocated.
+    (orchestrator/weight_sync/registry.py) that fits the placement (`check_strategy_fits`).
     Raises ValueError naming the key; orchestrator/config/load.py
     `validate` calls it (as ConfigError)."""
     from orchestrator.weight_sync.registry import get
 
     if cfg.weight_sync.strategy != "auto":
-        entry = get(cfg.weight_sync.strategy)
-        if entry.colocated_only and cfg.placement.mode != "colocated":
-            raise ValueError(f"weight_sync.strategy={entry.name} hands the engines handles to the trainer's GPU "
-                             f"memory, so they must share the trainer's GPUs: placement.mode=colocated (got "
-                             f"placement.mode={cfg.placement.mode}); apart, use vllm_nccl, nccl, disk or object_store")
+        check_strategy_fits(get(cfg.weight_sync.strategy), cfg)
+
+
+def check_strategy_fits(entry, cfg) -> None:
+    """Raises ValueError naming the keys when strategy `entry` (a registry entry) does not work with this run's
+    placement.mode or with its engines' GPU count (rollout.num_workers x rollout.tensor_parallel_size)."""
+    mode = cfg.placement.mode
+    if entry.placement_modes and mode not in entry.placement_modes:
+        raise ValueError(f"weight_sync.strategy={entry.name} works with placement.mode in {list(entry.placement_modes)} "
+                         f"(got placement.mode={mode}): vllm_ipc hands the engines handles to the trainer's GPU memory "
+                         "(colocated only), vllm_nccl puts trainer and engines in one NCCL group, which refuses two "
+                         "ranks on one GPU (not colocated); otherwise use nccl, disk, delta or object_store")
+    gpus = int(cfg.rollout.num_workers) * int(getattr(cfg.rollout, "tensor_parallel_size", 1) or 1)
+    if entry.max_engine_gpus and gpus > entry.max_engine_gpus:
+        raise ValueError(f"weight_sync.strategy={entry.name} serves at most {entry.max_engine_gpus} engine GPU(s) "
+                         f"(the trainer's rank 0 shares one GPU's copy); rollout.num_workers x "
+                         f"rollout.tensor_parallel_size = {gpus}: use one engine with tensor_parallel_size 1, or "
+                         "another strategy")

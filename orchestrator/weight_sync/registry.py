@@ -35,7 +35,8 @@ class StrategyEntry:
     module: str
     predict: Optional[Predictor] = None
     outside_ray: bool = False  # its receiver needs no Ray in the engine's process (rollout.engine=async_llm)
-    colocated_only: bool = False  # its engines must share the trainer's GPUs (placement.mode=colocated)
+    placement_modes: tuple[str, ...] = ()  # the placement.mode values it works in (empty: any)
+    max_engine_gpus: int = 0  # the most GPUs all engines together may hold (0: any)
 
     def load(self) -> Any:
         """The strategy object `<module>.STRATEGY`; raises ImportError / AttributeError naming the module."""
@@ -49,13 +50,14 @@ _REGISTRY: dict[str, StrategyEntry] = {}
 
 
 def register(name: str, module: str, predict: Optional[Predictor] = None, outside_ray: bool = False,
-             colocated_only: bool = False) -> StrategyEntry:
+             placement_modes: tuple[str, ...] = (), max_engine_gpus: int = 0) -> StrategyEntry:
     """Add (or replace) strategy `name`; returns its entry. `outside_ray`: its receiver runs in a process that is
-    no Ray worker (vLLM's AsyncLLM engine core); `colocated_only`: its engines must share the trainer's GPUs. Raises
-    ValueError for "auto" or an empty name."""
+    no Ray worker (vLLM's AsyncLLM engine core); `placement_modes`: the placement.mode values it works in (empty:
+    any); `max_engine_gpus`: the most GPUs its engines may hold together (0: any). Raises ValueError for "auto" or an
+    empty name."""
     if not name or name == "auto":
         raise ValueError(f"weight-sync strategy name {name!r}: must be non-empty and not 'auto'")
-    _REGISTRY[name] = StrategyEntry(name, module, predict, outside_ray, colocated_only)
+    _REGISTRY[name] = StrategyEntry(name, module, predict, outside_ray, tuple(placement_modes), max_engine_gpus)
     return _REGISTRY[name]
 
 
@@ -63,10 +65,13 @@ register("nccl", "actors.weight_sync.collective", predict_nccl)
 register("disk", "actors.weight_sync.disk", predict_disk, outside_ray=True)
 register("delta", "actors.weight_sync.delta", predict_delta)
 register("object_store", "actors.weight_sync.object_store", predict_object_store, outside_ray=True)
-# vLLM's own engines (GPU only): NCCL, and CUDA IPC for engines on the trainer's GPUs; no predictors until measured
-# on GPUs, so `auto` never picks them
-register("vllm_nccl", "actors.weight_sync.vllm_nccl", outside_ray=True)
-register("vllm_ipc", "actors.weight_sync.vllm_ipc", outside_ray=True, colocated_only=True)
+# vLLM's own engines (GPU only); no predictors until measured on GPUs, so `auto` never picks them. NCCL refuses two
+# ranks of one group on one GPU: engines apart from the trainer. CUDA IPC: the trainer's rank 0 shares one GPU's
+# copy, so one engine on that GPU.
+register("vllm_nccl", "actors.weight_sync.vllm_nccl", outside_ray=True,
+         placement_modes=("disaggregated", "disaggregated_async"))
+register("vllm_ipc", "actors.weight_sync.vllm_ipc", outside_ray=True, placement_modes=("colocated",),
+         max_engine_gpus=1)
 
 
 def unregister(name: str) -> None:

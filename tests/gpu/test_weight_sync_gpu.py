@@ -22,11 +22,11 @@ GPU = ["placement.resource=GPU", "placement.trainer_per_worker=0.5", "placement.
        "weight_sync.strategy=nccl", "weight_sync.bucket_mb=8"]
 
 
-def _two_syncs_bit_exact(model, cfg) -> dict:
-    """A trainer and one engine on the GPU, synced at versions 1 and 2 (a real optimizer step between), bit-exact
-    each time; returns the syncer's info."""
-    trainer = TrainerActor.options(num_gpus=0.5).remote(str(model), cfg.trainer, cfg.algo, 1.0, 12, 0)
-    engine = RolloutWorkerActor.options(num_gpus=0.5).remote(str(model), cfg.rollout, 0)
+def _two_syncs_bit_exact(model, cfg, gpus: float = 0.5) -> dict:
+    """A trainer and one engine, `gpus` GPUs each (0.5: sharing one), synced at versions 1 and 2 (a real optimizer
+    step between), bit-exact each time; returns the syncer's info."""
+    trainer = TrainerActor.options(num_gpus=gpus).remote(str(model), cfg.trainer, cfg.algo, 1.0, 12, 0)
+    engine = RolloutWorkerActor.options(num_gpus=gpus).remote(str(model), cfg.rollout, 0)
     ray.get([trainer.ready.remote(), engine.ready.remote(), engine.extension_call.remote("record_digests", True)])
     try:
         syncer = make_syncer(cfg, trainer, [engine])
@@ -60,12 +60,16 @@ def test_grpo_loop_with_nccl_sync_on_gpu(ray_local, tiny_model, tmp_path):  # no
 @pytest.mark.parametrize("strategy", ["vllm_nccl", "vllm_ipc"])
 def test_vllm_native_transfer_is_bit_exact_on_gpu(ray_local, tiny_model, tmp_path, strategy, engine_kind):  # noqa: F811
     """weight_sync.strategy=vllm_nccl / vllm_ipc: vLLM's NCCLWeightTransferEngine / IPCWeightTransferEngine in the
-    engine (in this actor's process, or in AsyncLLM's core, which is no Ray worker); the trainer and the engine share
-    the one GPU (ipc needs that); bit-exact after real steps."""
+    engine (in this actor's process, or in AsyncLLM's core, which is no Ray worker); bit-exact after real steps. ipc:
+    the trainer and the engine share one GPU (colocated); nccl: a GPU each (NCCL refuses two ranks on one GPU)."""
+    import torch
+
+    if strategy == "vllm_nccl" and torch.cuda.device_count() < 2:
+        pytest.skip("vllm_nccl needs two GPUs: the trainer and the engine on one GPU each")
     over = [o for o in GPU if not o.startswith("weight_sync.strategy")] + [
-        f"weight_sync.strategy={strategy}", f"rollout.engine={engine_kind}"]
+        f"weight_sync.strategy={strategy}", f"rollout.engine={engine_kind}", "rollout.num_workers=1"]
     if strategy == "vllm_ipc":
         over.append("placement.mode=colocated")
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + over)
-    info = _two_syncs_bit_exact(tiny_model, cfg)
+    info = _two_syncs_bit_exact(tiny_model, cfg, gpus=1.0 if strategy == "vllm_nccl" else 0.5)
     assert info["world_size"] == 2 if strategy == "vllm_nccl" else info == {}

@@ -16,7 +16,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from actors.rollout.vllm_engine import TRANSFER_BACKEND, engine_kwargs
 from actors.weight_sync import transfer_engine
-from actors.weight_sync.transfer_engine import BACKEND, StrategyInitInfo, StrategyTransferEngine
+from actors.weight_sync.transfer_engine import BACKEND, NO_VERSION, StrategyInitInfo, StrategyTransferEngine
 from orchestrator.weight_sync.checksum import group_checksums
 
 
@@ -89,9 +89,24 @@ def test_an_update_outside_a_start_is_refused_and_a_failed_stream_commits_nothin
         engine.update_weights({"strategy": "disk", "payload": str(tmp_path / "v2"), "version": 2})
     # vLLM's worker ends the update without a finish: the engine finalized the reload itself (no meta layers left)
     assert engine.model.calls[-2:] == ["initialize", "finalize"]
-    assert engine.version == 1 and engine.loaded_checksums == group_checksums(weights(1))
+    # the model may hold a mix of versions now: it claims none, so the syncer sends it full weights
+    assert engine.version == NO_VERSION and engine.loaded_checksums == {}
     load(engine, weights(2), 2)  # the next update starts cleanly
-    assert engine.version == 2
+    assert engine.version == 2 and engine.loaded_checksums == group_checksums(weights(2))
+
+
+def test_an_error_in_finish_is_kept_for_the_caller_and_never_raised_into_vllms_worker(engine, monkeypatch):
+    load(engine, weights(1), 1)
+
+    def broken(model, config):
+        raise RuntimeError("repacking failed")
+
+    monkeypatch.setattr(reload, "finalize_layerwise_reload", broken)
+    engine.start_weight_update()
+    engine.update_weights({"strategy": "object_store", "payload": weights(2), "version": 2})
+    engine.finish_weight_update()  # returns: vLLM's worker leaves the update and takes the next one
+    assert engine.version == NO_VERSION and engine.loaded_checksums == {}
+    assert str(engine.take_finish_error()) == "repacking failed" and engine.take_finish_error() is None
 
 
 def test_init_connects_a_fresh_receiver_and_shutdown_drops_them(engine, monkeypatch):

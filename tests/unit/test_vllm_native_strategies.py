@@ -169,15 +169,19 @@ def test_ipc_the_engines_rebuild_the_trainers_copies_and_load_them_through_our_c
     assert sender.held == {}
 
 
-def test_ipc_needs_cuda_and_the_trainers_gpus():
+def test_vllm_engines_refuse_placements_they_cannot_serve():
     from orchestrator.config import load_config
     from orchestrator.config.load import ConfigError
 
     with pytest.raises(RuntimeError, match="vllm_ipc needs CUDA GPUs shared by the trainer"):
         vllm_ipc.VLLMIpcSender(lambda device: (weights(1), {})).setup(
             SyncContext(engines=1, tensor_parallel_size=1, timeout_s=5.0, dtype="float32"))
-    with pytest.raises(ConfigError, match="weight_sync.strategy=vllm_ipc .* placement.mode=colocated \\(got "
-                                          "placement.mode=disaggregated\\)"):
-        load_config(None, ["weight_sync.strategy=vllm_ipc"])
-    cfg = load_config(None, ["weight_sync.strategy=vllm_ipc", "placement.mode=colocated"])
+    with pytest.raises(ConfigError, match="weight_sync.strategy=vllm_ipc works with placement.mode in \\['colocated'\\] "
+                                          "\\(got placement.mode=disaggregated\\)"):
+        load_config(None, ["weight_sync.strategy=vllm_ipc", "rollout.num_workers=1"])
+    with pytest.raises(ConfigError, match="vllm_ipc serves at most 1 engine GPU.*tensor_parallel_size = 2"):
+        load_config(None, ["weight_sync.strategy=vllm_ipc", "placement.mode=colocated", "rollout.num_workers=2"])
+    cfg = load_config(None, ["weight_sync.strategy=vllm_ipc", "placement.mode=colocated", "rollout.num_workers=1"])
     assert cfg.weight_sync.strategy == "vllm_ipc"
+    with pytest.raises(ConfigError, match="vllm_nccl works with placement.mode in .*got placement.mode=colocated"):
+        load_config(None, ["weight_sync.strategy=vllm_nccl", "placement.mode=colocated"])
