@@ -8,14 +8,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from orchestrator.metrics.sink import MetricSink, SinkContext
 
-COLUMNS = [  # (header, metric key, format)
+COLUMNS = [  # (header, metric key or keys (the first present is shown), format)
     ("step", "step", "{:d}"),
     ("reward", "reward/mean", "{:.3f}"),
     ("acc", "reward/accuracy_mean", "{:.3f}"),
     ("KL ref", "actor/kl", "{:.4f}"),  # policy vs reference (when algo.kl_coef > 0)
     ("KL roll", "actor/rollout_kl_k1", "{:+.4f}"),  # rollout engine vs trainer, k1 estimate
     ("clip", "actor/clip_frac", "{:.3f}"),
-    ("stale", "async/staleness", "{:d}"),  # rollout.mode one_step_off or stream: policy minus sampling version
+    # policy minus sampling version: rollout.mode one_step_off (its one batch), stream (the batch's oldest sample)
+    ("stale", ("async/staleness", "async/staleness_max"), "{:d}"),
     ("resp len", "rollout/response_len_mean", "{:.1f}"),
     ("rw err", "reward/errors", "{:.0f}"),  # reward calls that raised (0 each) ...
     ("rw t/o", "reward/timeouts", "{:.0f}"),  # ... or timed out
@@ -59,8 +60,8 @@ class ConsoleProgress(MetricSink):
     @staticmethod
     def format_row(row: dict) -> str:
         cells = []
-        for header, key, fmt in COLUMNS:
-            v = row.get(key)
+        for header, keys, fmt in COLUMNS:
+            v = next((row[k] for k in ((keys,) if isinstance(keys, str) else keys) if row.get(k) is not None), None)
             text = "-" if v is None else fmt.format(int(v) if fmt == "{:d}" else float(v))
             cells.append(text.rjust(max(len(header), 7)))
         return " ".join(cells)

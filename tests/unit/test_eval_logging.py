@@ -51,3 +51,18 @@ def test_plot_has_an_eval_panel(tmp_path):
     with_eval = plot_run([EVAL0, STEP1, STEP2], tmp_path / "e.png")
     without = plot_run([STEP1, {**STEP1, "step": 2}], tmp_path / "p.png")
     assert matplotlib.image.imread(with_eval).shape[0] > matplotlib.image.imread(without).shape[0]  # 3 panels, taller
+
+
+def test_console_stale_column_shows_the_staleness_of_either_async_mode():
+    """one_step_off rows carry `async/staleness`; stream rows `async/staleness_max` (the batch's oldest sample)."""
+    from orchestrator.metrics.console import COLUMNS
+
+    stale_at = [h for h, _, _ in COLUMNS].index("stale")
+
+    def cell(row: dict) -> str:
+        return ConsoleProgress.format_row({"step": 3, **row}).split()[stale_at]
+
+    assert cell({"async/staleness": 1.0}) == "1"
+    assert cell({"async/staleness_max": 2.0, "async/staleness_mean": 0.5}) == "2"
+    assert cell({"async/staleness": 0.0, "async/staleness_max": 2.0}) == "0"  # the mode's own key first
+    assert cell({}) == "-"
