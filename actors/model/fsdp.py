@@ -7,7 +7,6 @@ lives here, below both trainers, and neither imports the other's module for it.
 from __future__ import annotations
 
 import datetime
-import socket
 import time
 import warnings
 from pathlib import Path
@@ -27,15 +26,10 @@ from transformers import AutoModelForCausalLM
 from actors.model import lora
 from orchestrator.checkpoint.dcp import SafeLoadPlanner, SafeReader
 from orchestrator.checkpoint.state import load_trainer_state
+from orchestrator.utils.net import free_port
 
 SHARDED_DIR = "sharded"  # DCP files of model + optimizer inside a checkpoint folder
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def init_group(rank: int, world_size: int, group_name: str, timeout_s: float) -> str:
@@ -48,7 +42,7 @@ def init_group(rank: int, world_size: int, group_name: str, timeout_s: float) ->
     """
     key = f"rl_orch_fsdp_{group_name}"
     if rank == 0:
-        address = f"{ray.util.get_node_ip_address()}:{_free_port()}"
+        address = f"{ray.util.get_node_ip_address()}:{free_port()}"
         internal_kv._internal_kv_put(key, address, overwrite=True)
     else:
         deadline = time.monotonic() + timeout_s

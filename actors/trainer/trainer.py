@@ -40,7 +40,7 @@ from orchestrator.utils.atomic import atomic_dir
 from orchestrator.checkpoint import write_manifest
 from orchestrator.checkpoint.state import load_trainer_state, rng_state, set_rng_state
 from orchestrator.weight_sync import group_checksums
-from orchestrator.weight_sync.registry import get as get_strategy
+from orchestrator.weight_sync.registry import entry_of
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -292,7 +292,7 @@ class Trainer(SingleRank):
         in the context's dtype and returns its info; "send" (version, engine_versions) returns
         (payload, meta): call it with num_returns=2; "connect", "after_verified" as the base describes.
         Raises RuntimeError for a strategy not set up on this trainer."""
-        entry = get_strategy(strategy) if isinstance(strategy, str) else strategy
+        entry = entry_of(strategy)
         if method == "setup":
             (ctx,) = args
             if entry.name in self._senders:  # a new syncer (an engine set re-formed): release the old group

@@ -13,7 +13,6 @@ Every rank calls `join_group(backend, world_size, rank, group_name, timeout_s)` 
 from __future__ import annotations
 
 import datetime
-import socket
 import time
 
 import ray
@@ -25,14 +24,10 @@ from ray.util.collective.backend_registry import BackendRegistry
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import BroadcastOptions
 
+from orchestrator.utils.net import free_port
+
 GLOO_BACKEND = "RL_ORCH_GLOO"
 _TIMEOUTS_S: dict[str, float] = {}  # group name -> operation timeout, set by join_group before creation
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class StatelessGlooGroup(BaseGroup):
@@ -43,7 +38,7 @@ class StatelessGlooGroup(BaseGroup):
         timeout = datetime.timedelta(seconds=_TIMEOUTS_S.get(group_name, 600.0))
         key = f"rl_orch_gloo_store_{group_name}"
         if rank == 0:
-            host, port = ray.util.get_node_ip_address(), _free_port()
+            host, port = ray.util.get_node_ip_address(), free_port()
             store = dist.TCPStore(host, port, world_size, True, timeout=timeout, wait_for_workers=False)
             internal_kv._internal_kv_put(key, f"{host}:{port}", overwrite=True)
         else:

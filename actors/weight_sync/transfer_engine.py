@@ -34,7 +34,7 @@ from actors.weight_sync.base import WeightReceiver
 from actors.weight_sync.fp8_resident import FP8Verifier, online_fp8_layers
 from actors.weight_sync.resident_faults import corrupt_resident_weights
 from orchestrator.weight_sync.checksum import add_checksum
-from orchestrator.weight_sync.registry import StrategyEntry, get
+from orchestrator.weight_sync.registry import entry_of
 
 BACKEND = "rl_orch"  # WeightTransferConfig.backend of our engines
 NO_VERSION = -1  # the version an engine reports after a failed load: it holds no verified version
@@ -77,11 +77,6 @@ class _Update:
     checks: dict = field(default_factory=dict)
     digests: Optional[dict] = None
     failed: bool = False
-
-
-def entry_of(strategy: StrategyEntry | str) -> StrategyEntry:
-    """The registry entry of `strategy` (an entry, or a registered name; KeyError names the registered ones)."""
-    return get(strategy) if isinstance(strategy, str) else strategy
 
 
 class StrategyTransferEngine(WeightTransferEngine[StrategyInitInfo, StrategyUpdateInfo]):

@@ -16,20 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from orchestrator.utils.net import free_port
 from actors.weight_sync.base import WeightSender, WeightSyncStrategy
 from actors.weight_sync.vllm_native import VLLMEngineReceiver
 from orchestrator.weight_sync.buckets import tensor_specs
 
 NUM_BUFFERS = 2  # chunks in flight: one packed while one is on the wire
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the rendezvous store's)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def node_address() -> str:

@@ -89,6 +89,11 @@ def strategy_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def entry_of(strategy: "StrategyEntry | str") -> StrategyEntry:
+    """The entry of `strategy`: an entry as it is, or a name resolved by `get` (ValueError names the registered)."""
+    return get(strategy) if isinstance(strategy, str) else strategy
+
+
 def priced_names() -> tuple[str, ...]:
     """The registered strategies with a cost-model predictor (`auto`'s candidates, `plan sync`'s rows)."""
     return tuple(n for n, e in _REGISTRY.items() if e.predict is not None)
