@@ -28,7 +28,10 @@ step), samples lost and counted twice (per step: each of the step's groups must 
 samples, and they must be the reference run's samples, token for token), steps repeated, each step logged once,
 and whether the final weights equal the reference run's bit for bit.
 
-    .venv/bin/python benchmarks/faults.py [--out DIR] [--steps 22]
+    .venv/bin/python benchmarks/faults.py [--out DIR] [--steps 22] [--strategy nccl]
+
+--strategy: weight_sync.strategy of both runs (default object_store); `nccl` is our gloo group on CPU, whose group is
+re-formed for every replaced engine (docs/elastic.md).
 
 Takes about 15 minutes on 2 cores. Prints the report and writes it to <out>/faults_report.json.
 """
@@ -73,8 +76,8 @@ HANDLED_BY = {"reward_hang": "reward/timeouts", "reward_memory": "reward/memory_
               "trainer_kill": "run/restarts", "torn_checkpoint": "run/restarts"}
 
 
-def overrides(out: Path, steps: int) -> list[str]:
-    return [f"run.output_dir={out}", f"checkpoint.dir={out / 'ckpt'}", "run.progress=false",
+def overrides(out: Path, steps: int, strategy: str = "object_store") -> list[str]:
+    return [f"weight_sync.strategy={strategy}", f"run.output_dir={out}", f"checkpoint.dir={out / 'ckpt'}", "run.progress=false",
             f"trainer.total_steps={steps}", f"rollout.prompts_per_step={PROMPTS}", f"rollout.n={N}",
             "rollout.max_new_tokens=32", "checkpoint.every_steps=3", "checkpoint.every_minutes=0",
             "checkpoint.keep_last=3",  # 1.1 GB each; the torn step 12 falls back to 9
@@ -163,7 +166,7 @@ def _node_of_rollout(controller):
     return next(n for n in controller.cluster.list_all_nodes() if n.node_id == node_id)
 
 
-def run_once(out: Path, steps: int, inject: bool) -> dict:
+def run_once(out: Path, steps: int, inject: bool, strategy: str = "object_store") -> dict:
     """One run on a fresh four-raylet cluster; returns its record."""
     from ray.cluster_utils import Cluster
 
@@ -174,7 +177,7 @@ def run_once(out: Path, steps: int, inject: bool) -> dict:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     t0 = time.monotonic()
-    controller = ScheduledFaults(load_config(str(ROOT / "configs/grpo_arith_cpu.yaml"), overrides(out, steps)),
+    controller = ScheduledFaults(load_config(str(ROOT / "configs/grpo_arith_cpu.yaml"), overrides(out, steps, strategy)),
                                  cluster, inject)
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -271,19 +274,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="output folder (default: a new temporary folder)")
     ap.add_argument("--steps", type=int, default=22)
+    ap.add_argument("--strategy", default="object_store", help="weight_sync.strategy of both runs (nccl: gloo on CPU)")
     args = ap.parse_args(argv)
     if args.steps <= max(s for s, _ in SCHEDULE):
         ap.error(f"--steps must exceed the last scheduled fault's step ({max(s for s, _ in SCHEDULE)})")
     out = Path(args.out or tempfile.mkdtemp(prefix="faults_bench_"))
-    ref = run_once(out / "reference", args.steps, inject=False)
-    run = run_once(out / "faults", args.steps, inject=True)
-    result = report(run, ref, args.steps)
+    ref = run_once(out / "reference", args.steps, inject=False, strategy=args.strategy)
+    run = run_once(out / "faults", args.steps, inject=True, strategy=args.strategy)
+    result = {"strategy": args.strategy, **report(run, ref, args.steps)}
     (out / "faults_report.json").write_text(json.dumps(result, indent=2))
     print(f"{'step':>4} {'fault':<16} {'survived':<8} {'handled by':<28} {'time lost s':>11}")
     for f in result["faults"]:
         print(f"{f['step']:>4} {f['fault']:<16} {str(f['survived']):<8} {f['handled_by']:<28} {f['time_lost_s']:>11}"
               + ("  (also in the reference run)" if f["injected_in_reference_too"] else ""))
-    for key in ("faults_injected", "faults_survived", "samples_lost", "samples_counted_twice",
+    for key in ("strategy", "faults_injected", "faults_survived", "samples_lost", "samples_counted_twice",
                 "steps_whose_samples_differ", "steps_whose_sample_order_differs", "steps_whose_weights_differ", "steps_repeated", "attempts_per_step", "each_step_logged_once", "restarts_total",
                 "median_clean_step_s", "wall_s", "reward_mean_equal_per_step", "final_weights",
                 "skipped_checkpoint_warnings"):

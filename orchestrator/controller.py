@@ -32,6 +32,8 @@ from orchestrator.metrics.phases import ROLE_PHASES, PhaseTimer, role_utilisatio
 from orchestrator.metrics.registry import build_sinks
 from orchestrator.metrics.samples import ScoredBatch, log_completion_samples
 from orchestrator.utils.models import resolve_model_path
+from orchestrator.placement.elastic import ENGINES_KEY
+from orchestrator.placement.elastic_pool import ElasticPool
 from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
 from orchestrator.reward.failures import check_reward_failures
@@ -143,6 +145,8 @@ class GRPOController:
                 self.last_checkpoint = ckpt or self.last_checkpoint
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
+                if self.cfg.placement.elastic and step < total:  # engines join or leave (docs/elastic.md)
+                    row.update(ElasticPool(self.job).after_step(self.rows() + [row]))
                 sinks.log_row({**row, **extra})
                 log_completion_samples(sinks, self.cfg.metrics, step, self.scored, self.tokenizer)
                 if step < total:  # a signal during the last step: the run is done anyway
@@ -208,6 +212,7 @@ class GRPOController:
                 ckpt = self.checkpoint(step)
         row.update(timer.times)
         row["timing/step_s"] = time.perf_counter() - t0
+        row[ENGINES_KEY] = len(self.actors.rollout)  # the engines that generated this step (placement.elastic)
         roles = tuple(r for r in ROLE_PHASES if r != "reference" or self.actors.reference is not None)
         row.update(role_utilisation(row, roles, row.pop("rollout/worker_generate_s_mean", None)))
         return row, ckpt

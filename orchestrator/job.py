@@ -8,6 +8,8 @@
     state = job.restore(folder)            # trainer state back; returns `extra`
     job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
     job.replace_rollout(k, why)            # a lost rollout worker: a fresh one in its bundle, synced (docs/faults.md)
+    k = job.add_rollout(why)               # one more engine, in a group of its own, synced (docs/elastic.md)
+    job.retire_rollout(why)                # the last engine leaves, its group freed
     job.shutdown()                         # every actor and placement group (Ray stays up)
     job.close()                            # shutdown(), then ray.shutdown() when the job started a local Ray
 
@@ -33,7 +35,9 @@ from orchestrator.critic_step import critic_checkpoint, restore_critic
 from orchestrator.memory.preflight import longest_sequence
 from orchestrator.runtime.faults import EnginesLost, RestartBudget, describe, is_actor_lost
 from orchestrator.runtime.overlap import pump_until, refs_ready
-from orchestrator.placement.groups import PlacementError, missing_resources, wait_placed
+from orchestrator.placement.groups import PlacementError, missing_resources, remove_groups, reserve_groups, wait_placed
+from orchestrator.placement.config import engine_range
+from orchestrator.placement.plan import engine_group
 from orchestrator.placement.start import Actors, start_actors, start_rollout_worker
 from orchestrator.runtime.ray_connect import connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
@@ -164,20 +168,89 @@ class Job:
         """Replace rollout worker k (lost because `why`): spend one restart of run.max_restarts, kill it, start
         a fresh one in the same placement-group bundle (`_start_rollout_worker`), and
         connect it to the weight syncer; with `sync`, bring it to the engines' current version (verified).
-        Returns the new handle. Raises RestartsExhausted past the budget, RuntimeError for a strategy that cannot
-        take a new engine (nccl), PlacementError when its bundle is not placed within placement.timeout_s."""
-        self.syncer.check_replaceable(k, why)
+        Returns the new handle. Raises RestartsExhausted past the budget,
+        PlacementError when its bundle is not placed within placement.timeout_s, except for an engine that may leave
+        (placement.elastic, the last engine, above rollout.min_workers): it leaves the job (`retire_rollout`'s way) and
+        the first worker's handle is returned (its calls' groups go to the others). A collective strategy (nccl, gloo)
+        re-forms its group with the fresh engine and syncs every engine (orchestrator/weight_sync/syncer.py)."""
         self.overlapped.forget(k)
         self.restarts.spend(f"rollout worker {k}", why)
         old = self.actors.rollout[k]
         ray.kill(old)  # a hung actor frees its bundle; a dead one: a no-op
-        new = self._start_rollout_worker(k)
+        try:
+            new = self._start_rollout_worker(k)
+        except PlacementError as e:
+            if not self._may_leave(k):
+                raise
+            self._drop_last_engine(old)  # placement.elastic: the job goes on with one engine fewer
+            print(f"rollout worker {k} lost ({why}) and its placement group cannot be placed again ({e}); "
+                  f"placement.elastic: going on with {k} engines", flush=True)
+            return self.actors.rollout[0]
         self.actors.rollout[k] = new
         self.actors.all[self.actors.all.index(old)] = new
         self.syncer.replace_engine(k, new, self.version if sync else None)
         print(f"rollout worker {k} lost ({why}): replaced, restart {self.restarts.used} of "
               f"run.max_restarts={self.restarts.max_restarts}", flush=True)
         return new
+
+    def add_rollout(self, why: str) -> int:
+        """One more rollout worker (index R, the next) in a placement group of its own (`engine_group`), started from
+        the weights the job started from, then connected to the weight syncer and synced to the engines' current
+        version (verified, probed) before any rollout reaches it. Returns its index. Raises PlacementError when the
+        cluster cannot hold its group within placement.timeout_s; any failure leaves the job as it was (the engine
+        and its group removed). Between steps only (nothing in flight on the engines)."""
+        plan, pgs, k = self.actors.plan, self.actors.pgs, len(self.actors.rollout)
+        group, slot = engine_group(self.cfg, k, len(plan.groups), prefix="rl-orch-engine")
+        pgs.append(reserve_groups([group], self.cfg.placement.timeout_s, self.cfg.placement.resource)[0])
+        plan.groups.append(group)
+        plan.slots["rollout"].append(slot)
+        new = None
+        try:
+            start_from = self.resume_from if self.version is None else None
+            new = start_rollout_worker(self.cfg, plan, pgs, k, self.model_path, start_from)
+            self.wait(new.ready.remote())
+            self.actors.rollout.append(new)
+            self.actors.all.append(new)
+            self.syncer.add_engine(new, self.version)
+        except BaseException:
+            self._drop_last_engine(new)
+            raise
+        print(f"rollout worker {k} added ({why}): {k + 1} engines", flush=True)
+        return k
+
+    def retire_rollout(self, why: str) -> int:
+        """The last rollout worker leaves: the weight syncer lets it go (a collective strategy re-forms its group
+        without it), then the actor is killed and its placement group removed. Returns its index. Raises ValueError
+        for the only engine. Between steps only (nothing in flight on the engines)."""
+        k = len(self.actors.rollout) - 1
+        self.syncer.remove_engine(k)
+        self._drop_last_engine(self.actors.rollout[k])
+        print(f"rollout worker {k} retired ({why}): {k} engines", flush=True)
+        return k
+
+    def _may_leave(self, k: int) -> bool:
+        """Whether engine k may leave the job when it cannot be restarted: placement.elastic, k the last engine
+        (engines leave last-in first-out), and more than rollout.min_workers engines."""
+        n = len(self.actors.rollout)
+        return bool(self.cfg.placement.elastic) and k == n - 1 and n > engine_range(self.cfg)[0]
+
+    def _drop_last_engine(self, handle) -> None:
+        """Undo the last engine: out of the syncer and the actor lists, killed, its own placement group removed (an
+        engine whose bundle is in the job group leaves the bundle reserved)."""
+        plan, pgs = self.actors.plan, self.actors.pgs
+        if handle is not None:
+            if handle in self.syncer.engines:
+                self.syncer.remove_engine(self.syncer.engines.index(handle))
+            for handles in (self.actors.rollout, self.actors.all):
+                if handle in handles:
+                    handles.remove(handle)
+            ray.kill(handle)
+        if len(plan.slots["rollout"]) == len(self.actors.rollout):
+            return  # its slot was never planned
+        slot = plan.slots["rollout"].pop()
+        if 0 < slot.group == len(plan.groups) - 1:  # its own group, the last one (engines join and leave LIFO)
+            remove_groups([pgs.pop()])
+            plan.groups.pop()
 
     def _start_rollout_worker(self, k: int, tries: int = 3):
         """A fresh rollout worker k in its bundle, waited for: the bundle within placement.timeout_s (a lost
@@ -230,7 +303,8 @@ class Job:
         return extra
 
     def _make_syncer(self):
-        from orchestrator.weight_sync.syncer import choose_for_config, make_syncer
+        from orchestrator.weight_sync.choose import choose_for_config
+        from orchestrator.weight_sync.syncer import make_syncer
 
         strategy = self.cfg.weight_sync.strategy
         if strategy == "auto":

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -64,9 +64,18 @@ class CollectiveSender(WeightSender):
 
     def broadcast(self, version: int) -> dict:
         """Send a header [version, buckets, elements], then every bucket. Returns meta + {"buckets", "wire_s"}.
-        Raises RuntimeError before `join`."""
+        Raises RuntimeError before `join`. A failed broadcast (a member lost) destroys this side of the group
+        first: the members waiting on rank 0 then get an error at once instead of waiting out the group's timeout
+        (gloo reports a peer's death only on the connections that peer held); the syncer re-forms the group."""
         if self.group is None:
             raise RuntimeError("CollectiveSender.broadcast before join(): the weight-sync group is not set up")
+        try:
+            return self._broadcast(version)
+        except BaseException:
+            self.close()
+            raise
+
+    def _broadcast(self, version: int) -> dict:
         named, meta = self.weights_fn(self.device)
         tensors = dict(named)
         buckets = plan_buckets(tensor_specs(named), self.bucket_mb)
@@ -94,16 +103,21 @@ class CollectiveSender(WeightSender):
         return buf
 
 
-def broadcast_stream(layout: list, bucket_mb: float, version: int, group: str,
-                     device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+def broadcast_stream(layout: list, bucket_mb: float, version: int, group: str, device: str = "cpu",
+                     on_broken: Callable[[], None] = lambda: None) -> Iterator[tuple[str, torch.Tensor]]:
     """Receive the header and every bucket of one broadcast; yields views into fresh bucket buffers.
 
     Raises ValueError when the sender's header disagrees with this rank's layout (version, bucket
     count or element count): the two sides would otherwise read each other's bytes as wrong tensors.
+    A broadcast that fails (a member lost) calls `on_broken` once no receive is in flight, then raises.
     """
     buckets = plan_buckets(layout, bucket_mb)
     header = torch.zeros(3, dtype=torch.int64, device=device)
-    collective_group.broadcast(header, group)
+    try:
+        collective_group.broadcast(header, group)
+    except BaseException:
+        on_broken()
+        raise
     got = [int(x) for x in header.tolist()]
     want = [version, len(buckets), sum(b.numel for b in buckets)]
     if got != want:
@@ -125,6 +139,8 @@ def broadcast_stream(layout: list, bucket_mb: float, version: int, group: str,
     for _ in buckets:
         item = inbox.get()
         if isinstance(item, BaseException):
+            thread.join()  # the receiving thread ends after handing its error over
+            on_broken()
             raise item
         bucket, buf = item
         yield from unpack_bucket(buf, bucket)
@@ -147,7 +163,8 @@ class CollectiveReceiver(WeightReceiver):
         if self.group is None:
             raise RuntimeError("a broadcast before connect: this engine is not in the weight-sync group")
         group, layout, bucket_mb, device = self.group
-        return broadcast_stream(layout, bucket_mb, version, group, device)
+        # a failed broadcast leaves the group at once: members waiting on this one get an error, not a hang
+        return broadcast_stream(layout, bucket_mb, version, group, device, on_broken=self.close)
 
     def close(self) -> None:
         if self.group is not None:

@@ -76,6 +76,9 @@ ROW_COUNTERS = {
     "rollout/worker_restarts": ("rl_orch_restarts_total", {"kind": "rollout_generate"}),
     "sync/engine_restarts": ("rl_orch_restarts_total", {"kind": "rollout_sync"}),
     "rollout/groups_reissued": ("rl_orch_rollout_groups_reissued_total", {}),
+    "elastic/added": ("rl_orch_elastic_decisions_total", {"action": "add"}),
+    "elastic/retired": ("rl_orch_elastic_decisions_total", {"action": "retire"}),
+    "elastic/add_failed": ("rl_orch_elastic_decisions_total", {"action": "add_failed"}),
 }
 
 # metric name -> (type, help, labels besides `run`)
@@ -132,6 +135,11 @@ METRICS = {
                                "rollout_generate (lost while generating), rollout_sync (lost or hung in a weight sync)",
                                ("kind",)),
     "rl_orch_rollout_groups_reissued_total": ("counter", "Rollout groups issued again after their worker was lost", ()),
+    "rl_orch_rollout_engines": ("gauge", "Rollout engines by state (engines/<state> row keys): active = the engines "
+                                "that generated the last step", ("state",)),
+    "rl_orch_elastic_decisions_total": ("counter", "placement.elastic changes of the engine count, by action: add, "
+                                        "retire, add_failed (the new engine's placement group could not be placed)",
+                                        ("action",)),
     "rl_orch_run_restarts": ("gauge", "Restarts of the job from its checkpoint so far (run.max_restarts)", ()),
     "rl_orch_memory_bytes": ("gauge", "memory/<name>_{bytes,mib,mb,gib,gb} row keys, in bytes", ("name",)),
     "rl_orch_memory_value": ("gauge", "memory/<name> row keys without a byte unit, as logged", ("name",)),
@@ -243,6 +251,8 @@ class PrometheusExporter(MetricSink):
             self._series("rl_orch_eval_value", name=key[len("eval/"):]).set(x)
         elif key.startswith("critic/"):  # PPO's value model (algo.estimator=gae): critic/value_loss -> name="value_loss"
             self._series("rl_orch_critic_value", name=key[len("critic/"):]).set(x)
+        elif key.startswith("engines/"):  # engines/active -> rl_orch_rollout_engines{state="active"}
+            self._series("rl_orch_rollout_engines", state=key[len("engines/"):]).set(x)
         elif key.startswith("guard/"):  # orchestrator/guards/signals.py: 0/1 per enabled guard
             self._series("rl_orch_guard_tripped", guard=key[len("guard/"):]).set(x)
 

@@ -30,6 +30,9 @@ class PlacementConfig:
     fake_gpus: int = number(0, ge=0, finite=True)
     # Apply the sizer's recommendation after sizing.warmup_steps: checkpoint, new placement groups, resume.
     auto: bool = False
+    # Add and retire rollout engines while the run goes, between rollout.min_workers and rollout.max_workers, from the
+    # measured phase times (orchestrator/placement/elastic.py; docs/elastic.md). Engines get placement groups of their own.
+    elastic: bool = False
 
 
 @dataclass
@@ -38,6 +41,8 @@ class SizingConfig:
     warmup_steps: int = number(3, gt=0)
     # devices the sizer may use; 0 = as many as the current placement holds
     total_gpus: int = number(0, ge=0, finite=True)
+    # placement.elastic: steps measured after a change of the engine count before the next decision (no flapping)
+    cooldown_steps: int = number(2, gt=0)
 
 
 def check_placement_section(cfg) -> None:
@@ -48,6 +53,7 @@ def check_placement_section(cfg) -> None:
     _check_resource_name(cfg)
     _check_fake_gpus(cfg)
     _check_auto_placement(cfg)
+    _check_elastic(cfg)
 
 
 RAY_RESOURCES = ("CPU", "GPU", "TPU", "fake_gpu")  # Ray's own names (case-sensitive) and the CPU runs' fake GPUs
@@ -87,3 +93,35 @@ def _check_auto_placement(cfg) -> None:
         raise ValueError(f"sizing.warmup_steps={cfg.sizing.warmup_steps} with placement.auto=true must be below "
                          f"trainer.total_steps={cfg.trainer.total_steps}: the re-placement after the warm-up steps "
                          "would never run; lower sizing.warmup_steps or set placement.auto=false")
+
+
+def engine_range(cfg) -> tuple[int, int]:
+    """(min, max) rollout engines of a run: rollout.min_workers / max_workers, 0 meaning rollout.num_workers."""
+    r = cfg.rollout
+    return (r.min_workers or r.num_workers, r.max_workers or r.num_workers)
+
+
+def _check_elastic(cfg) -> None:
+    """rollout.min_workers <= rollout.num_workers <= rollout.max_workers (each 0 = num_workers); placement.elastic
+    where it is built: disaggregated placement, rollout.mode=sync, single-turn rollouts, measured steps before the
+    run's last one, and a range that allows a change."""
+    lo, hi = engine_range(cfg)
+    if not lo <= cfg.rollout.num_workers <= hi:
+        raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
+                         f" <= rollout.max_workers={cfg.rollout.max_workers} must hold (0 = rollout.num_workers)")
+    if not cfg.placement.elastic:
+        return
+    refused = {"placement.mode": (cfg.placement.mode, "disaggregated"),
+               "rollout.mode": (cfg.rollout.mode or "sync", "sync"),
+               "env.name": (cfg.env.name or "", "")}
+    for key, (value, wanted) in refused.items():
+        if value != wanted:
+            raise ValueError(f"placement.elastic=true needs {key}={wanted or '(empty: single-turn)'} (got {value!r}): "
+                             "engines join and leave between steps of a synchronous disaggregated single-turn run "
+                             "(docs/elastic.md); set placement.elastic=false")
+    if lo == hi:
+        raise ValueError(f"placement.elastic=true with rollout.min_workers = rollout.max_workers = {lo}: nothing can "
+                         "change; set a range (e.g. rollout.max_workers) or placement.elastic=false")
+    if cfg.sizing.warmup_steps >= cfg.trainer.total_steps:
+        raise ValueError(f"sizing.warmup_steps={cfg.sizing.warmup_steps} with placement.elastic=true must be below "
+                         f"trainer.total_steps={cfg.trainer.total_steps}: the first decision would never run")

@@ -122,13 +122,12 @@ def _plan_disaggregated(cfg) -> JobPlan:
     for _ in range(cfg.trainer.num_workers):
         add("trainer", {p.resource: p.trainer_per_worker})
     for k in range(cfg.rollout.num_workers):
-        if t == 1:
+        if t == 1 and not p.elastic:
             add("rollout", {p.resource: p.rollout_per_worker})
             continue
-        groups.append(GroupPlan(f"rl-orch-rollout-{k}", [_clean({p.resource: p.rollout_per_worker}) for _ in range(t)],
-                                "STRICT_PACK"))
-        slots.setdefault("rollout", []).append(ActorSlot("rollout", len(groups) - 1, 0, {}, list(range(t)),
-                                                         p.rollout_per_worker))
+        group, slot = engine_group(cfg, k, len(groups))
+        groups.append(group)
+        slots.setdefault("rollout", []).append(slot)
     for _ in range(reference_ranks(cfg)):
         add("reference", {p.resource: p.reference_per_worker})
     for _ in range(cfg.critic.num_workers if cfg.algo.estimator == "gae" else 0):  # PPO's value model, C ranks
@@ -136,6 +135,19 @@ def _plan_disaggregated(cfg) -> JobPlan:
     add("reward", {"CPU": p.reward_cpus})
     _add_env_slots(cfg, job, slots)
     return JobPlan(p.mode, groups, slots)
+
+
+def engine_group(cfg, k: int, index: int, prefix: str = "rl-orch-rollout") -> tuple[GroupPlan, ActorSlot]:
+    """Rollout engine k's placement group of its own (named `<prefix>-<k>`, STRICT_PACK: one node) and its slot, the
+    group being the job's `index`-th: t = rollout.tensor_parallel_size bundles of {placement.resource:
+    placement.rollout_per_worker}. t = 1: the engine actor asks for its bundle; t > 1: it asks for nothing and vLLM's
+    t workers take the bundles (VLLM_RAY_BUNDLE_INDICES). Disaggregated engines with t > 1 or placement.elastic (an
+    engine that leaves frees its group), and engines added while the run goes (orchestrator/placement/elastic.py)."""
+    p, t = cfg.placement, cfg.rollout.tensor_parallel_size
+    group = GroupPlan(f"{prefix}-{k}", [_clean({p.resource: p.rollout_per_worker}) for _ in range(t)], "STRICT_PACK")
+    if t == 1:
+        return group, ActorSlot("rollout", index, 0, dict(group.bundles[0]))
+    return group, ActorSlot("rollout", index, 0, {}, list(range(t)), p.rollout_per_worker)
 
 
 def _plan_colocated(cfg) -> JobPlan:

@@ -14,7 +14,10 @@ from orchestrator.config.fields import choice, number
 
 @dataclass
 class RolloutConfig:
-    num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each)
+    num_workers: int = number(1, gt=0)  # R: rollout replicas (one vLLM engine each); placement.elastic: the start
+    # placement.elastic: the engine count's range while the run goes (0 = rollout.num_workers; docs/elastic.md)
+    min_workers: int = number(0, ge=0, finite=True)
+    max_workers: int = number(0, ge=0, finite=True)
     # samples per prompt: the group size (GRPO compares the samples of a group: 2 at least)
     n: int = number(8, ge=2, note="(GRPO compares the samples of a group)")
     prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n

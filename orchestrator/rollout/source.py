@@ -108,7 +108,8 @@ class RolloutSource:
     def _wait_call(self, launched: Launched, i: int):
         """The result of call `i`; while its worker is lost, the call's groups go to its replacement: the one
         `recover` starts, or the one already started since the call was sent (another batch in flight on
-        the same worker found it lost first). The job's restart budget (run.max_restarts) bounds the retries."""
+        the same worker found it lost first); a worker that left the job (placement.elastic: its group could not be
+        placed again) has its groups go to another worker. The job's restart budget (run.max_restarts) bounds the retries."""
         while True:
             try:
                 return self.wait(launched.refs[i])
@@ -116,12 +117,15 @@ class RolloutSource:
                 w = launched.workers[i]
                 if not launched.payloads or self.recover is None:
                     raise
-                if self.workers[w] is launched.sent_to[i]:  # not replaced since the call was sent
+                if w < len(self.workers) and self.workers[w] is launched.sent_to[i]:  # not replaced since sent
                     handle = self.recover(w, e)
                     if handle is None:
                         raise
-                    self.workers[w] = handle
+                    if w < len(self.workers):  # replaced in place (else its engine left the job: placement.elastic)
+                        self.workers[w] = handle
                     launched.restarts += 1
+                if w >= len(self.workers):  # the worker left the job: another one takes the call's groups
+                    w = launched.workers[i] = w % len(self.workers)
                 launched.sent_to[i] = self.workers[w]
                 launched.refs[i] = self._call(w, launched.payloads[i])
                 launched.reissued += len(launched.payloads[i])

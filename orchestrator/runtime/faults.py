@@ -110,14 +110,16 @@ def call_engine(workers, k: int, window: str, method: str, *args) -> Any:
 
 
 def gather_engines(refs: dict[int, Any], timeout_s: float, what: str,
-                   key: str = "weight_sync.timeout_s") -> dict[int, Any]:
+                   key: str = "weight_sync.timeout_s", hold_errors: bool = False) -> dict[int, Any]:
     """{engine index: result} of the engines' calls `refs` ({index: ObjectRef}), waiting up to `timeout_s` seconds
     (the config key `key`) for all. Raises EnginesLost naming every engine that died or did not answer in time
-    (`what` names the call); any other error of a call is raised as it is."""
+    (`what` names the call); any other error of a call is raised as it is. hold_errors: other errors are raised
+    only when no engine was lost (a collective group: one member lost breaks the call for every member, and their
+    errors are its consequence)."""
     import ray
 
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
-    done, results, lost = set(ready), {}, {}
+    done, results, lost, errors = set(ready), {}, {}, []
     for i, ref in refs.items():
         if ref not in done:
             lost[i] = f"its {what} did not answer within {key}={timeout_s:g}s"
@@ -125,9 +127,14 @@ def gather_engines(refs: dict[int, Any], timeout_s: float, what: str,
         try:
             results[i] = ray.get(ref)
         except Exception as e:  # noqa: BLE001 - a dead engine is reported, anything else raised
-            if not is_actor_lost(e):
+            if is_actor_lost(e):
+                lost[i] = f"lost during its {what}: {describe(e)}"
+            elif hold_errors:
+                errors.append(e)
+            else:
                 raise
-            lost[i] = f"lost during its {what}: {describe(e)}"
     if lost:
         raise EnginesLost(lost, results)
+    if errors:
+        raise errors[0]
     return results

@@ -24,10 +24,13 @@ in that order on the engine, while the trainer goes on
 each engine on its own and releases the ones verified; a failed or lost one stays held, its verified version
 forgotten, so the next sync sends it full weights and probes it. Not for a concurrent strategy.
 
-Lost engines (docs/faults.md): an engine whose load dies or does not answer within `weight_sync.timeout_s`
-raises `EnginesLost` naming it (the job replaces it and syncs again); `replace_engine(k, handle, version)`
-connects a fresh engine k and brings it to `version`. A concurrent strategy (the nccl/gloo collective group)
-cannot take a new member: `check_replaceable` refuses it with an error saying what to use instead.
+Engines come and go (docs/faults.md, docs/elastic.md): an engine whose load dies or does not answer within
+`weight_sync.timeout_s` raises `EnginesLost` naming it (the job replaces it and syncs again);
+`replace_engine(k, handle, version)` connects a fresh engine k and brings it to `version`; `add_engine` and
+`remove_engine` grow and shrink the set. A concurrent strategy (a collective group: nccl, gloo, vllm_nccl) re-forms
+its group for every change of membership (`reform`: a new group, the old one destroyed on the trainer and on every
+engine), and a member lost on the wire fails the broadcast for all: `EnginesLost` names the lost one, the job
+replaces it, the group is re-formed and the sync redone on every engine.
 """
 from __future__ import annotations
 
@@ -40,13 +43,11 @@ import ray
 
 from actors.weight_sync.base import SyncContext, WeightSender
 from orchestrator.runtime.faults import EnginesLost, call_engine, gather_engines
-from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums, setup_from_fabric
+from orchestrator.weight_sync import WeightMismatchError, check_finite_checksums, compare_checksums
 from orchestrator.weight_sync.fp8_check import check_fp8_report
-from orchestrator.weight_sync.probe import (
-    PolicyDivergedError, ProbeMismatchError, check_probe, divergence_note, kl_tolerance_for, probe_due, probe_nll,
-    tolerance_for,
-)
-from orchestrator.weight_sync.registry import choose_strategy, get, outside_ray_names, predict_sync
+from orchestrator.weight_sync.probe import ProbeMismatchError, probe_due, probe_nll
+from orchestrator.weight_sync.probe_judge import ProbeJudge
+from orchestrator.weight_sync.registry import get
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,11 @@ class WeightSyncer:
         self.entry = get(self.name)
         self.info: dict = {}
         self.probe_ids: Optional[tuple[list[int], list[int]]] = None  # (prompt, continuation), made at setup
-        self.start_nll = float("inf")  # the trainer's probe NLL at setup (the weights the run starts from)
-        self.diverged: Optional[str] = None  # the divergence note of the last probe, said once
+        self.judge = ProbeJudge(cfg)  # its start_nll: the trainer's probe NLL at setup (the weights the run starts from)
         self.syncing = 0  # the version of the sync in progress (the last one started)
         self.syncs = 0  # syncs that passed verification (weight_sync.probe_every counts them)
         self.cleanup_due: Optional[int] = None  # an overlapped sync's version whose `after_verified` is still due
+        self.reforms = 0  # times the strategy was connected for a new set of engines (`reform`; setup is the first)
 
     def _get(self, refs, what: str):
         try:
@@ -102,9 +103,21 @@ class WeightSyncer:
                                f"weight_sync.timeout_s={self.ws.timeout_s:g}s") from None
 
     def setup(self) -> None:
-        """One-time preparation before the first sync: the trainer's sender is made (`setup`), then the
-        sender and every engine's receiver `connect` at the same time (a collective group forms there)."""
+        """One-time preparation before the first sync: the sender and every receiver connect (`reform`), then the
+        probe's tokens and the trainer's probe of its starting weights (weight_sync.probe)."""
         self.strategy = self.entry.load()
+        self.reform()
+        if self.ws.probe and self.engines:
+            self.probe_ids = tuple(self._get(call_engine(self.engines, 0, "probe", "probe_tokens"), "the probe's tokens"))
+            self.judge.start_nll = probe_nll(self._get(self.trainer.probe_logprobs.remote(*self.probe_ids),
+                                                 "the trainer's probe of its starting weights").logprobs)
+
+    def reform(self) -> None:
+        """Connect the strategy for the current engines: the trainer makes a fresh sender (`setup`: a collective
+        strategy picks a new group name for the new membership and destroys its side of the old group), then the
+        sender and every engine's receiver `connect` at the same time (a collective group forms there; an engine's
+        previous receiver of the strategy is closed first). Every engine's verified version is kept: reforming
+        moves no weights."""
         tp = int(getattr(self.cfg.rollout, "tensor_parallel_size", 1) or 1)
         ctx = SyncContext(engines=len(self.engines), tensor_parallel_size=tp, timeout_s=self.ws.timeout_s,
                           dtype=self.dtype, options=self.strategy.options(self.ws))
@@ -113,29 +126,40 @@ class WeightSyncer:
         refs += [call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k)
                  for k in range(len(self.engines))]
         self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
-        if self.ws.probe and self.engines:
-            self.probe_ids = tuple(self._get(call_engine(self.engines, 0, "probe", "probe_tokens"), "the probe's tokens"))
-            self.start_nll = probe_nll(self._get(self.trainer.probe_logprobs.remote(*self.probe_ids),
-                                                 "the trainer's probe of its starting weights").logprobs)
-
-    def check_replaceable(self, k: int, why: str) -> None:
-        """Raises RuntimeError (naming weight_sync.strategy and what to do) when a strategy's per-engine state
-        cannot take a fresh engine k: the collective group of a concurrent strategy."""
-        if self.strategy.concurrent:
-            raise RuntimeError(
-                f"rollout worker {k} was lost ({why}) and weight_sync.strategy={self.name} holds a collective group "
-                "with every engine that a fresh engine cannot join: to survive lost engines use "
-                "weight_sync.strategy=object_store, disk or delta; now resume from the last checkpoint "
-                "(checkpoint.resume=auto)")
+        self.reforms += 1
 
     def replace_engine(self, k: int, handle, version: Optional[int]) -> dict:
-        """Engine k is a fresh actor `handle` (it holds the weights it started from): connect its receiver,
-        then, unless `version` is None (no sync yet: it holds what the others hold), sync and verify it on
-        `version`. Returns the sync's `sync/*` metrics ({} without a sync)."""
+        """Engine k is a fresh actor `handle` (it holds the weights it started from): connect its receiver (a
+        concurrent strategy: `reform` the group with every engine), then, unless `version` is None (no sync yet: it
+        holds what the others hold), sync and verify it on `version` (a concurrent strategy: every engine, the
+        broadcast reaches the whole group). Returns the sync's `sync/*` metrics ({} without a sync)."""
         self.engines[k], self.engine_versions[k] = handle, None
-        self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
-                  f"connecting rollout worker {k}")
-        return {} if version is None else self.sync(version, [k])
+        if self.strategy.concurrent:
+            self.reform()
+        else:
+            self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
+                      f"connecting rollout worker {k}")
+        if version is None:
+            return {}
+        return self.sync(version, None if self.strategy.concurrent else [k])
+
+    def add_engine(self, handle, version: Optional[int]) -> dict:
+        """A new engine (index len(engines)) joins: connected and synced on `version` as `replace_engine` does.
+        Returns the sync's `sync/*` metrics."""
+        self.engines.append(handle)
+        self.engine_versions.append(None)
+        return self.replace_engine(len(self.engines) - 1, handle, version)
+
+    def remove_engine(self, k: int) -> None:
+        """Engine k leaves (the last one: the others keep their indexes). A concurrent strategy re-forms its group
+        without it; the others need nothing (the engine's receiver goes with its actor). Raises ValueError for
+        another k or the only engine."""
+        if k != len(self.engines) - 1 or k == 0:
+            raise ValueError(f"remove_engine({k}): only the last of {len(self.engines)} engines can leave, never the only one")
+        self.engines.pop()
+        self.engine_versions.pop()
+        if self.strategy.concurrent:
+            self.reform()
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
         """Bring engines `engine_ids` (default: all) to `version`, verified, then probed when due (the first
@@ -176,10 +200,10 @@ class WeightSyncer:
         # a lost engine: EnginesLost (replaced, redone)
         got = gather_engines(self._engine_probes(ids), self.ws.timeout_s, "logprob probe")
         want = self._get(trainer_ref, "the trainer's logprob probe")
-        note, worst = self._check_divergence(want.logprobs), {"sync/probe_max_abs_diff": 0.0}
+        note, worst = self.judge.divergence(want.logprobs, self.syncing), {"sync/probe_max_abs_diff": 0.0}
         for i, scores in got.items():
             try:
-                self._compare_probe(i, scores, want, note, worst)
+                self.judge.compare(i, scores, want, note, worst)
             except ProbeMismatchError:
                 self.engine_versions[i] = None
                 raise
@@ -193,34 +217,6 @@ class WeightSyncer:
         """{engine: ref of its `ProbeScores`} of engines `ids`, with their top weight_sync.probe_top_k tokens."""
         return {i: call_engine(self.engines, i, "probe", "probe_logprobs", *self.probe_ids, self.ws.probe_top_k)
                 for i in ids}
-
-    def _check_divergence(self, trainer: list) -> Optional[str]:
-        """The divergence note of the trainer's probe logprobs (once per probe, before any engine is compared): a
-        diverged policy is said once, when first seen (a warning naming the signal and the version;
-        PolicyDivergedError with guards.action=stop)."""
-        note = divergence_note(trainer, self.start_nll, self.cfg.guards.probe_nll_rise, self.syncing)
-        if note is not None and self.diverged is None:
-            if self.cfg.guards.action == "stop":
-                raise PolicyDivergedError(f"{note} (guards.action=stop)")
-            print(f"WARNING: {note}", flush=True)
-        self.diverged = note
-        return note
-
-    def _compare_probe(self, i: int, engine, trainer, note: Optional[str], worst: dict) -> None:
-        """`check_probe` of engine i's `ProbeScores` against the trainer's, its differences kept in `worst` when
-        larger (`sync/probe_max_abs_diff`, `sync/probe_full_kl`); with a divergence `note`, a probe mismatch is raised
-        as PolicyDivergedError, not as a sync fault."""
-        try:
-            diff, kl = check_probe(engine, trainer, tolerance_for(self.ws.probe_tolerance, self.dtype),
-                                   kl_tolerance_for(self.ws.probe_kl_tolerance, self.dtype), where=f"rollout worker {i}")
-            for key, value in (("sync/probe_max_abs_diff", diff), ("sync/probe_full_kl", kl)):
-                if value is not None:
-                    worst[key] = max(worst.get(key, 0.0), value)
-        except ProbeMismatchError as e:
-            if note is None:
-                raise
-            raise PolicyDivergedError(f"{note}. The weight sync is not at fault: the probe's difference ({e}) is "
-                                      "the diverged policy's arithmetic") from None
 
     def sync_with_retries(self, version: int, retries: int) -> dict:
         """`sync(version)`, redone up to `retries` times (weight_sync.retries) when verification fails: a
@@ -286,14 +282,14 @@ class WeightSyncer:
         reports = self._collect(pending.loads, lost)
         want = self._get(pending.trainer_probe, "the trainer's probe") if pending.trainer_probe else None
         probes = self._collect({i: pending.probes[i] for i in reports}, lost) if want is not None else {}
-        note = self._check_divergence(want.logprobs) if want is not None else None
+        note = self.judge.divergence(want.logprobs, self.syncing) if want is not None else None
         worst = {"sync/probe_max_abs_diff": 0.0}
         for i, rep in reports.items():
             try:
                 self.strategy.check_reports(v, {i: rep})
                 self._verify(v, pending.meta, {i: rep})
                 if i in probes:
-                    self._compare_probe(i, probes[i], want, note, worst)
+                    self.judge.compare(i, probes[i], want, note, worst)
                 elif want is not None:
                     continue  # lost during its probe
             except WeightMismatchError as e:
@@ -335,15 +331,31 @@ class WeightSyncer:
         payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
                                                                                      versions)
         if self.strategy.concurrent:  # the receivers meet the sender on the wire
-            loads = [call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", None, version) for i in ids]
-            meta, *reports = self._get([meta_ref, *loads], f"the {self.name} transfer")
+            loads = {i: call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", None, version)
+                     for i in ids}
+            return self._meet_on_wire(meta_ref, loads)
         else:
             meta = self._get(meta_ref, "the trainer's send")
             check_finite_checksums(meta.get("groups", {}))  # before any engine loads non-finite weights
             loads = {i: call_engine(self.engines, i, "load", "weight_sync", self.entry, "load", payload, version)
                      for i in ids}
             return meta, self._loads(loads)
-        return meta, dict(zip(ids, reports))
+
+    def _meet_on_wire(self, meta_ref, loads: dict) -> tuple[dict, dict[int, dict]]:
+        """A concurrent strategy's transfer: (the sender's meta, {engine: its report}). A member lost on the wire
+        fails the broadcast for every member (their errors are its consequence): EnginesLost names the lost ones
+        once every call ended, each engine's verified version forgotten (the redo, on the re-formed group, probes
+        them all)."""
+        try:
+            reports = gather_engines(loads, self.ws.timeout_s, "weight load", hold_errors=True)
+        except EnginesLost:
+            self.engine_versions = [None] * len(self.engines)
+            try:  # the trainer's side of the broken broadcast ends too (its error is the loss's consequence)
+                ray.get(meta_ref, timeout=self.ws.timeout_s)
+            except Exception:  # noqa: BLE001 - read, so Ray does not report it as unhandled
+                pass
+            raise
+        return self._get(meta_ref, f"the {self.name} transfer"), reports
 
     def _loads(self, loads: dict) -> dict[int, dict]:
         """{engine index: its report} of the engines' loads. Raises EnginesLost naming every engine that died
@@ -367,27 +379,6 @@ class WeightSyncer:
                 compare_checksums(meta["groups"], rep["groups"], where=f"rollout worker {i}")
                 check_fp8_report(rep, where=f"rollout worker {i}")  # FP8 engines: their re-quantisation
             self.engine_versions[i] = version
-
-
-# Prior changed fraction for `auto` before any delta was measured: every fp32 element moves after an
-# Adam step; 16-bit weights mostly keep their bits at RL learning rates (benchmarks/RESULTS.md measures it).
-_PRIOR_CHANGED_FRACTION = {"float32": 1.0, "bfloat16": 0.25, "float16": 0.25}
-
-
-def choose_for_config(cfg, num_params: int, nbytes: int) -> tuple[str, str]:
-    """`weight_sync.strategy: auto`: the cheapest strategy predicted by the cost model for this run's
-    model size, engine count and `weight_sync.fabric`; returns (strategy, the prediction table)."""
-    f, ws = cfg.weight_sync.fabric, cfg.weight_sync
-    setup = setup_from_fabric(num_params, nbytes / max(num_params, 1), cfg.rollout.num_workers, 1, f.engine_nodes,
-                              intra=f.intra_node, inter=f.inter_node, fs_write_gbps=f.fs_write_gbps,
-                              fs_read_gbps=f.fs_read_gbps, bucket_mb=ws.bucket_mb,
-                              changed_fraction=_PRIOR_CHANGED_FRACTION[cfg.rollout.dtype],
-                              max_changed_fraction=ws.delta.max_changed_fraction)
-    estimates = predict_sync(setup)
-    table = "\n".join(f"  {k:<13} {e.seconds:9.3f} s predicted" for k, e in estimates.items())
-    # rollout.engine=async_llm: only strategies whose receiver runs outside Ray (orchestrator/rollout/config.py)
-    candidates = [n for n in outside_ray_names() if n in estimates] if cfg.rollout.engine == "async_llm" else None
-    return choose_strategy(setup, candidates), table
 
 
 def make_syncer(cfg, trainer, engines: list, strategy: Optional[str] = None) -> WeightSyncer:

@@ -415,3 +415,18 @@ def test_every_value_is_documented():
         if not documented:
             undocumented.append(line.strip())
     assert not undocumented, f"values.yaml keys without a comment: {undocumented}"
+
+
+def test_the_autoscaler_scales_the_worker_group_between_its_bounds(rayjob_validator):
+    """autoscaler.enabled: KubeRay's in-tree autoscaler, the worker group between worker.minReplicas and
+    worker.maxReplicas (an elastic run asks it for one more engine's group: docs/elastic.md)."""
+    objects = render({"autoscaler": {"enabled": True, "idleTimeoutSeconds": 120, "upscalingMode": "Default"},
+                      "worker": {"replicas": 1, "minReplicas": 1, "maxReplicas": 4}})
+    validate_all(objects, rayjob_validator)
+    spec = one(objects, "RayJob")["spec"]["rayClusterSpec"]
+    assert spec["enableInTreeAutoscaling"] is True and spec["autoscalerOptions"]["idleTimeoutSeconds"] == 120
+    (group,) = spec["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 4)
+    fixed = one(render(), "RayJob")["spec"]["rayClusterSpec"]  # off (the default): fixed at worker.replicas
+    assert "enableInTreeAutoscaling" not in fixed
+    assert {fixed["workerGroupSpecs"][0][k] for k in ("replicas", "minReplicas", "maxReplicas")} == {1}

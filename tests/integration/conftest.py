@@ -68,6 +68,26 @@ def ray_local():
         ray.shutdown()
 
 
+# a lost node's actors are found dead within seconds (Ray's default health check takes about 30 s)
+FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+
+
+@pytest.fixture
+def cluster():
+    """Several raylets on this machine (ray.cluster_utils.Cluster): the head (2 CPUs, no dashboard) now; the test
+    adds the nodes it needs and connects (`ray.init(address=cluster.address)`). Ray and the cluster are shut down
+    at the end."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
+                                                      "_system_config": FAST_DEATH})
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

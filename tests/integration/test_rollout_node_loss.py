@@ -20,20 +20,6 @@ from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
-FAST_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
-
-
-@pytest.fixture
-def cluster():
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
-                                                      "_system_config": FAST_DEATH})
-    try:
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 def _cfg(tiny_model, out, *extra):

@@ -142,15 +142,60 @@ def test_the_job_replaces_engines_lost_in_a_sync_and_redoes_it():
         job.sync_weights(8)
 
 
-def test_a_collective_strategy_refuses_a_fresh_engine_clearly():
-    syncer = WeightSyncer(CFG, trainer=None, engines=[None, None], strategy="object_store")
-    syncer.strategy = SimpleNamespace(concurrent=True)
-    syncer.name = "nccl"
-    with pytest.raises(RuntimeError, match="rollout worker 1 was lost \\(killed\\).*weight_sync.strategy=nccl.*"
-                                           "object_store, disk or delta"):
-        syncer.check_replaceable(1, "killed")
-    syncer.strategy = SimpleNamespace(concurrent=False)
-    syncer.check_replaceable(1, "killed")  # object_store / disk / delta: nothing to refuse
+class Recorder:
+    """A fake actor handle: `h.method.remote(*args)` records (name, method, args) in `log` and returns `answer`."""
+
+    def __init__(self, name: str, log: list, answer=None):
+        self.name, self.log, self.answer = name, log, answer
+
+    def __getattr__(self, method):
+        return SimpleNamespace(remote=lambda *args: self.log.append((self.name, method, args)) or self.answer)
+
+
+def _membership_syncer(concurrent: bool, engines: int = 2):
+    """A WeightSyncer over fake handles (no Ray: its bounded get returns what the calls returned)."""
+    log: list = []
+    syncer = WeightSyncer(CFG, trainer=Recorder("trainer", log, {"group": "g1"}), strategy="object_store",
+                          engines=[Recorder(f"e{k}", log) for k in range(engines)])
+    syncer.strategy = SimpleNamespace(concurrent=concurrent, options=lambda ws: {})
+    syncer._get = lambda refs, what: refs
+    syncer.synced = []
+    syncer.sync = lambda version, ids=None: syncer.synced.append((version, ids)) or {"sync/version": version}
+    return syncer, log
+
+
+def test_a_collective_strategy_reforms_its_group_for_a_fresh_engine_and_syncs_every_engine():
+    syncer, log = _membership_syncer(concurrent=True)
+    fresh = Recorder("e1-new", log)
+    syncer.replace_engine(1, fresh, 7)
+    # a new sender (a new group name on the trainer, the old group destroyed), then the trainer and EVERY engine connect
+    assert [(who, m, args[1]) for who, m, args in log] == [("trainer", "weight_sync", "setup"),
+                                                          ("trainer", "weight_sync", "connect"),
+                                                          ("e0", "weight_sync", "connect"),
+                                                          ("e1-new", "weight_sync", "connect")]
+    assert syncer.synced == [(7, None)] and syncer.reforms == 1  # the broadcast reaches the whole group
+    # an engine joins and the last one leaves: the group is re-formed each time, with the members of the moment
+    log.clear()
+    syncer.add_engine(Recorder("e2", log), 7)
+    assert [who for who, m, _ in log if m == "weight_sync"] == ["trainer", "trainer", "e0", "e1-new", "e2"]
+    log.clear()
+    syncer.remove_engine(2)
+    assert [who for who, m, _ in log if m == "weight_sync"] == ["trainer", "trainer", "e0", "e1-new"]
+    assert len(syncer.engines) == len(syncer.engine_versions) == 2 and syncer.reforms == 3
+    with pytest.raises(ValueError, match="only the last of 2 engines can leave"):
+        syncer.remove_engine(0)
+
+
+def test_a_per_engine_strategy_connects_only_the_fresh_engine_and_syncs_only_it():
+    syncer, log = _membership_syncer(concurrent=False)
+    syncer.replace_engine(1, Recorder("e1-new", log), 7)
+    assert [(who, args[1]) for who, _, args in log] == [("e1-new", "connect")]
+    assert syncer.synced == [(7, [1])] and syncer.reforms == 0
+    log.clear()
+    syncer.add_engine(Recorder("e2", log), None)  # before the first sync: it holds what the others hold
+    assert [(who, args[1]) for who, _, args in log] == [("e2", "connect")] and syncer.synced == [(7, [1])]
+    syncer.remove_engine(2)
+    assert log[-1][0] == "e2" and len(syncer.engines) == 2  # nothing re-formed
 
 
 def test_a_second_batch_on_a_worker_already_replaced_goes_to_the_replacement_without_a_new_restart():

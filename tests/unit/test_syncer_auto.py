@@ -4,7 +4,7 @@ from __future__ import annotations
 from orchestrator.config import load_config
 from orchestrator.weight_sync import choose_strategy, predict_sync, setup_from_fabric
 from orchestrator.weight_sync.registry import outside_ray_names
-from orchestrator.weight_sync.syncer import choose_for_config
+from orchestrator.weight_sync.choose import choose_for_config
 
 
 def _cfg(*over):

@@ -1,0 +1,57 @@
+"""placement.elastic between steps: the decision (orchestrator/placement/elastic.py, pure) applied to the job.
+
+    pool = ElasticPool(job)
+    row.update(pool.after_step(rows))   # rows: the run's rows, this step's last (its engines/active set)
+
+After each step of a run with placement.elastic the pool asks `decide_pool` and carries it out: `Job.add_rollout`
+(an engine in a placement group of its own, synced and verified on the current version before it samples) or
+`Job.retire_rollout` (the last engine leaves; a collective weight-sync group is re-formed without it). It prints the
+decision's one line and returns the step's `elastic/*` fields: `elastic/added`, `elastic/retired` (0 or 1; Prometheus
+`rl_orch_elastic_decisions_total{action}`), `elastic/add_failed` (the group could not be placed), `elastic/change_s`
+(seconds the change took), `elastic/predicted_step_s` (the prediction at the count chosen).
+"""
+from __future__ import annotations
+
+import time
+
+import ray
+
+from orchestrator.placement.elastic import ENGINES_KEY, decide_pool
+from orchestrator.placement.groups import PlacementError
+
+
+class ElasticPool:
+    """Adds and retires the job's rollout engines from the run's measured steps (module docstring)."""
+
+    def __init__(self, job):
+        self.job = job
+
+    def room_for_engine(self) -> bool:
+        """Whether the cluster has the resources of one more engine's placement group free now (in total: the
+        reservation itself finds out whether one node holds them, within placement.timeout_s)."""
+        p, t = self.job.cfg.placement, self.job.cfg.rollout.tensor_parallel_size
+        return ray.available_resources().get(p.resource, 0.0) + 1e-9 >= t * p.rollout_per_worker
+
+    def after_step(self, rows: list[dict]) -> dict:
+        """Decide on `rows` and carry the decision out; returns the `elastic/*` fields of the step's row."""
+        engines = rows[-1][ENGINES_KEY]
+        decision = decide_pool(rows, self.job.cfg, engines, self.room_for_engine())
+        print(decision.why, flush=True)
+        fields = {"elastic/added": 0, "elastic/retired": 0}
+        chosen = {"add": engines + 1, "retire": engines - 1}.get(decision.action, engines)
+        if chosen in decision.predicted:
+            fields["elastic/predicted_step_s"] = decision.predicted[chosen]
+        t0 = time.perf_counter()
+        if decision.action == "add":
+            try:
+                self.job.add_rollout(decision.why.split(": ", 1)[-1])
+                fields["elastic/added"] = 1
+            except PlacementError as e:
+                print(f"placement.elastic: the new engine's placement group could not be placed: {e}", flush=True)
+                fields["elastic/add_failed"] = 1
+        elif decision.action == "retire":
+            self.job.retire_rollout(decision.why.split(": ", 1)[-1])
+            fields["elastic/retired"] = 1
+        if decision.action != "hold":
+            fields["elastic/change_s"] = time.perf_counter() - t0
+        return fields

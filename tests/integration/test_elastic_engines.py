@@ -1,0 +1,118 @@
+"""Engines join and leave a running job (docs/elastic.md, docs/faults.md), on a per-engine strategy (object_store)
+and on the collective one (weight_sync.strategy=nccl: our gloo group on CPU), whose group is re-formed for each new
+membership without restarting the trainer or the healthy engines.
+
+- A lost engine under gloo: rollout worker 1 is killed as step 2's generate call reaches it (replaced, the group
+  re-formed, every engine synced; its groups reissued), rollout worker 0 as step 3's weight load reaches it (the
+  broadcast fails for the whole group: the lost engine is replaced, the group re-formed, the sync redone).
+- placement.elastic: an engine is added after step 1 (it joins at version 1, verified, before it samples) and
+  retired after step 2; the decisions are scripted here (the rules are unit-tested in tests/unit/test_elastic.py).
+Every step trains whole groups, none twice; every engine holds the trainer's weights at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+
+import pytest
+import ray
+
+import orchestrator.placement.elastic_pool as elastic_pool
+from orchestrator.config import load_config
+from orchestrator.controller import GRPOController
+from orchestrator.placement.elastic import PoolDecision
+from orchestrator.runtime.faults import fault_hook
+from orchestrator.weight_sync import compare_checksums
+from tests.integration.conftest import tiny_overrides
+
+pytestmark = pytest.mark.integration
+REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
+
+
+def _cfg(tiny_model, out, *extra):
+    return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out, **{"trainer.total_steps": 3})
+                       + [REWARD, "placement.rollout_per_worker=0.25", "memory.preflight=false", *extra])
+
+
+class Recorded(GRPOController):
+    """Records the groups each step trained on (group id -> samples)."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.at, self.trained = 0, {}
+
+    def step(self, step: int):
+        self.at = step
+        return super().step(step)
+
+    def train(self, trajs, advantages, ref):
+        self.trained[self.at] = Counter(t.group_id for t in trajs)
+        return super().train(trajs, advantages, ref)
+
+
+def _run(controller) -> list[dict]:
+    """Run, check that every engine holds the trainer's final weights, shut down; the metrics rows."""
+    try:
+        result = controller.run()
+        _, meta_ref = controller.actors.trainer.weights_for_sync.options(num_returns=2).remote("float32")
+        want = ray.get(meta_ref)["groups"]
+        for k, worker in enumerate(controller.actors.rollout):
+            engine = ray.get(worker.checksums.remote())
+            assert engine["version"] == controller.cfg.trainer.total_steps, f"rollout worker {k}"
+            compare_checksums(want, engine["groups"], where=f"rollout worker {k}")
+        controller.reforms = controller.job.syncer.reforms
+        controller.groups = (len(controller.actors.plan.groups), len(controller.actors.pgs))
+    finally:
+        controller.shutdown()
+    return [json.loads(line) for line in open(result.metrics)]
+
+
+def _whole_groups(controller) -> None:
+    for step, groups in controller.trained.items():  # prompts_per_step = 2 groups of n = 4: none lost or twice
+        assert sorted(groups) == [2 * step, 2 * step + 1] and set(groups.values()) == {4}, step
+
+
+def test_a_lost_engine_re_forms_the_gloo_group_and_the_run_goes_on(ray_local, tiny_model, tmp_path):
+    class KillTwo(Recorded):
+        schedule = {(2, "generate"): 1, (3, "load"): 0}  # (step, window) -> the worker killed there
+
+        def kill(self, window, k, handle):
+            if self.schedule.get((self.at, window)) == k:
+                del self.schedule[self.at, window]
+                os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=nccl", "rollout.num_workers=2", "run.max_restarts=2")
+    controller = KillTwo(cfg)
+    with fault_hook(controller.kill):
+        rows = _run(controller)
+    assert controller.schedule == {}  # both kills happened
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 1, 0]  # worker 1's group of step 2
+    assert [r["sync/engine_restarts"] for r in rows] == [0, 0, 1]
+    assert [r["sync/version"] for r in rows] == [1, 2, 3] and rows[-1]["faults/restarts_total"] == 2
+    assert controller.reforms == 3  # set up once, re-formed for each replacement
+    _whole_groups(controller)
+
+
+@pytest.mark.parametrize("strategy", ["object_store", "nccl"])
+def test_an_engine_joins_at_the_next_version_and_leaves_without_losing_a_group(ray_local, tiny_model, tmp_path,
+                                                                               monkeypatch, strategy):
+    script = {1: "add", 2: "retire"}  # after step 1: a second engine; after step 2: back to one
+
+    def scripted(rows, cfg, engines, room):
+        action = script.get(rows[-1]["step"], "hold") if room else "hold"
+        return PoolDecision(action, engines, f"placement.elastic: {action} (scripted)")
+
+    monkeypatch.setattr(elastic_pool, "decide_pool", scripted)
+    cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "placement.elastic=true",
+               "rollout.max_workers=2", "sizing.warmup_steps=1")
+    controller = Recorded(cfg)
+    rows = _run(controller)
+    assert [r["engines/active"] for r in rows] == [1, 2, 1]  # step 2 generated on both engines
+    assert [r.get("elastic/added") for r in rows] == [1, 0, None] and rows[1]["elastic/retired"] == 1
+    assert "rollout/worker1_tokens_per_s" in rows[1] and "rollout/worker1_tokens_per_s" not in rows[2]
+    assert [r["sync/version"] for r in rows] == [1, 2, 3] and rows[-1]["faults/restarts_total"] == 0
+    assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
+    _whole_groups(controller)

@@ -1,0 +1,86 @@
+"""placement.elastic's decision (orchestrator/placement/elastic.py, pure): the engine count the sizer's model prefers
+from the run's own rows, bounded by the range, the cluster's room and the cool-down; and its config checks."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.placement.elastic import ADD_GAIN, decide_pool, steps_at_count
+
+ELASTIC = ["placement.elastic=true", "rollout.max_workers=3", "trainer.total_steps=20", "sizing.warmup_steps=2"]
+
+
+def _cfg(*extra):
+    return load_config("configs/grpo_arith_cpu.yaml", [*ELASTIC, *extra])
+
+
+def _rows(*spans):
+    """Rows of consecutive steps: each span (engines, steps, generate s, train s)."""
+    rows, step = [], 0
+    for engines, steps, generate, train in spans:
+        for _ in range(steps):
+            step += 1
+            rows.append({"step": step, "engines/active": engines, "timing/generate_s": generate,
+                         "timing/train_s": train, "timing/weight_sync_s": 0.0})
+    return rows
+
+
+def test_a_rollout_bound_run_adds_an_engine_when_the_cluster_has_room():
+    # one measured size: generation is assumed to scale ideally (10 s at 1 engine -> 5 s at 2): 12 s -> 7 s
+    d = decide_pool(_rows((1, 3, 10.0, 2.0)), _cfg(), engines=1, room=True)
+    assert d.action == "add" and d.predicted[1] == pytest.approx(12.0) and d.predicted[2] == pytest.approx(7.0)
+    assert "adding an engine: 2 engines predicted 7 s per step against 12 s at 1" in d.why
+    held = decide_pool(_rows((1, 3, 10.0, 2.0)), _cfg(), engines=1, room=False)
+    assert held.action == "hold" and "no room for another engine" in held.why
+
+
+def test_an_engine_that_did_not_pay_is_retired_on_the_next_fit():
+    # a second engine on the same cores generated no faster: the two sizes fit a serial generate, 1 engine is as fast
+    rows = _rows((1, 3, 10.0, 2.0), (2, 3, 10.0, 2.0))
+    d = decide_pool(rows, _cfg(), engines=2, room=True)
+    assert d.action == "retire" and d.predicted[1] == pytest.approx(d.predicted[2], rel=1e-6)
+    assert "not rollout-bound" in d.why
+
+
+def test_a_trainer_bound_run_retires_down_to_the_minimum_and_no_further():
+    rows = _rows((2, 3, 0.1, 10.0))  # generation is 1% of the step: one engine fewer costs 0.1 s of 10.1 (< 2%)
+    assert decide_pool(rows, _cfg(), engines=2, room=True).action == "retire"
+    at_min = decide_pool(_rows((1, 3, 0.1, 10.0)), _cfg(), engines=1, room=True)
+    assert at_min.action == "hold" and set(at_min.predicted) == {1, 2}  # 2: within max, gain below ADD_GAIN
+    assert at_min.predicted[2] > at_min.predicted[1] * (1 - ADD_GAIN)
+
+
+def test_decisions_wait_for_the_cool_down_and_the_warm_up_and_respect_the_maximum():
+    rows = _rows((1, 3, 10.0, 2.0), (2, 1, 5.0, 2.0))
+    assert steps_at_count(rows, 2) == 1 and steps_at_count(rows, 1) == 0
+    d = decide_pool(rows, _cfg(), engines=2, room=True)
+    assert d.action == "hold" and "1 step(s) measured at this count" in d.why and d.predicted == {}
+    early = decide_pool(_rows((1, 1, 10.0, 2.0)), _cfg("sizing.warmup_steps=5"), engines=1, room=True)
+    assert early.action == "hold"
+    top = decide_pool(_rows((3, 3, 10.0, 2.0)), _cfg(), engines=3, room=True)
+    assert top.action == "hold" and 4 not in top.predicted  # rollout.max_workers=3
+    assert decide_pool(_rows((4, 3, 10.0, 2.0)), _cfg(), engines=4, room=True).action == "retire"
+
+
+def test_rows_the_sizer_cannot_use_hold_and_say_why():
+    d = decide_pool([{"step": 5, "engines/active": 1}] * 3, _cfg(), engines=1, room=True)
+    assert d.action == "hold" and "the sizer cannot model this run" in d.why
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["placement.mode=colocated"], "placement.elastic=true needs placement.mode=disaggregated"),
+    (["rollout.mode=one_step_off", "algo.max_staleness=1"], "needs rollout.mode=sync"),
+    (["rollout.max_workers=1"], "nothing can change"),
+    (["trainer.total_steps=2"], "the first decision would never run"),
+    (["rollout.min_workers=2"], "rollout.min_workers=2 <= rollout.num_workers=1"),
+])
+def test_elastic_configs_it_cannot_run_are_refused_naming_the_key(extra, match):
+    with pytest.raises(ConfigError, match=match):
+        _cfg(*extra)
+
+
+def test_the_engine_range_defaults_to_the_starting_count_and_is_checked_without_elastic_too():
+    cfg = load_config("configs/grpo_arith_cpu.yaml")
+    assert (cfg.rollout.min_workers, cfg.rollout.max_workers, cfg.placement.elastic) == (0, 0, False)
+    with pytest.raises(ConfigError, match="rollout.max_workers=1"):
+        load_config("configs/grpo_arith_cpu.yaml", ["rollout.num_workers=2", "rollout.max_workers=1"])
