@@ -38,6 +38,7 @@ from orchestrator.runtime.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import PlacementError, missing_resources, remove_groups, reserve_groups, wait_placed
 from orchestrator.placement.config import engine_range
 from orchestrator.placement.plan import engine_group
+from orchestrator.placement.spares import SpareEngines
 from orchestrator.placement.start import Actors, start_actors, start_rollout_worker
 from orchestrator.runtime.ray_connect import connect_ray
 from orchestrator.weight_sync.overlapped import OverlappedSyncs
@@ -54,6 +55,7 @@ class Job:
         self.actors: Optional[Actors] = None
         self.syncer = None
         self.overlapped: Optional[OverlappedSyncs] = None  # weight_sync.overlap (streaming runs)
+        self.spares: Optional[SpareEngines] = None  # rollout.spare_workers
         self.restarts = RestartBudget(cfg.run.max_restarts)  # over the whole run, every role
         self.version: Optional[int] = None  # the weight version every engine holds (None before the first sync)
         self.resume_from: Optional[Path] = None
@@ -69,6 +71,9 @@ class Job:
         self.resume_from, self.version = resume_from, None
         self.syncer = self._make_syncer()
         self.overlapped = OverlappedSyncs(self.syncer, self.cfg.weight_sync.retries)
+        if self.cfg.rollout.spare_workers:  # warm engines that take a lost one's place (orchestrator/placement/spares.py)
+            self.spares = SpareEngines(self.cfg, self.actors, self.model_path)
+            self.spares.start()
 
     def replace(self, new_cfg, folder: Path) -> tuple[object, bool]:
         """Re-place: stop every actor and group, then start `new_cfg`'s from checkpoint `folder`. When the new
@@ -90,7 +95,7 @@ class Job:
         """Kill every actor and remove every placement group (idempotent)."""
         if self.actors is not None:
             self.actors.shutdown()
-        self.actors, self.syncer, self.overlapped = None, None, None
+        self.actors, self.syncer, self.overlapped, self.spares = None, None, None, None
 
     def close(self) -> None:
         """`shutdown()`, then `ray.shutdown()` when `start` started a local Ray: its raylet, GCS and agent
@@ -177,8 +182,11 @@ class Job:
         self.restarts.spend(f"rollout worker {k}", why)
         old = self.actors.rollout[k]
         ray.kill(old)  # a hung actor frees its bundle; a dead one: a no-op
+        new = self.spares.take(k) if self.spares is not None else None  # a warm spare: at once
+        how = "a spare took its place" if new is not None else "replaced"
         try:
-            new = self._start_rollout_worker(k)
+            if new is None:
+                new = self._start_rollout_worker(k)
         except PlacementError as e:
             if not self._may_leave(k):
                 raise
@@ -187,9 +195,11 @@ class Job:
                   f"placement.elastic: going on with {k} engines", flush=True)
             return self.actors.rollout[0]
         self.actors.rollout[k] = new
-        self.actors.all[self.actors.all.index(old)] = new
+        self.actors.all.remove(old)
+        if new not in self.actors.all:
+            self.actors.all.append(new)
         self.syncer.replace_engine(k, new, self.version if sync else None)
-        print(f"rollout worker {k} lost ({why}): replaced, restart {self.restarts.used} of "
+        print(f"rollout worker {k} lost ({why}): {how}, restart {self.restarts.used} of "
               f"run.max_restarts={self.restarts.max_restarts}", flush=True)
         return new
 
@@ -248,8 +258,11 @@ class Job:
         if len(plan.slots["rollout"]) == len(self.actors.rollout):
             return  # its slot was never planned
         slot = plan.slots["rollout"].pop()
-        if 0 < slot.group == len(plan.groups) - 1:  # its own group, the last one (engines join and leave LIFO)
-            remove_groups([pgs.pop()])
+        if slot.group == 0 or slot.group in {s.group for slots in plan.slots.values() for s in slots}:
+            return  # a bundle of the job group (or of a group another actor uses) stays reserved
+        remove_groups([pgs[slot.group]])
+        if slot.group == len(plan.groups) - 1:  # the last group (engines join and leave last-in first-out)
+            pgs.pop()
             plan.groups.pop()
 
     def _start_rollout_worker(self, k: int, tries: int = 3):

@@ -109,6 +109,11 @@ def _check_elastic(cfg) -> None:
     if not lo <= cfg.rollout.num_workers <= hi:
         raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
                          f" <= rollout.max_workers={cfg.rollout.max_workers} must hold (0 = rollout.num_workers)")
+    spares = cfg.rollout.spare_workers
+    if spares and (cfg.placement.mode == "colocated" or getattr(cfg.env, "placement", "thread") == "actor"):
+        raise ValueError(f"rollout.spare_workers={spares} needs placement.mode=disaggregated and env.placement=thread "
+                         "(a spare engine has a placement group of its own, without env actors); set "
+                         "rollout.spare_workers=0")
     if not cfg.placement.elastic:
         return
     refused = {"placement.mode": (cfg.placement.mode, "disaggregated"),

@@ -36,12 +36,14 @@ ENGINES_KEY = "engines/active"  # the row's engine count: the engines that gener
 @dataclass
 class PoolDecision:
     """One decision: `action` ("add" | "retire" | "hold"), the engine count it was made at, one line saying why, and
-    the predicted seconds per step of each engine count considered ({} when nothing was predicted)."""
+    the predicted seconds per step of each engine count considered ({} when nothing was predicted); `wants_room`: an
+    engine more would pay but the cluster has no room for its group."""
 
     action: str
     engines: int
     why: str
     predicted: dict[int, float] = field(default_factory=dict)
+    wants_room: bool = False  # held only for lack of room: the autoscaler is asked for one more engine's group
 
 
 def steps_at_count(rows: list[dict], engines: int) -> int:
@@ -103,7 +105,8 @@ def decide_pool(rows: list[dict], cfg, engines: int, room: bool) -> PoolDecision
                                                 f"{more:.3g} s per step against {now:.3g} s at {engines}", predicted)
         return PoolDecision("hold", engines, f"placement.elastic: holding {engines} engines: {engines + 1} are "
                                              f"predicted {more:.3g} s per step (now {now:.3g} s) but the cluster has no "
-                                             "room for another engine's placement group", predicted)
+                                             "room for another engine's placement group (asking Ray's autoscaler "
+                                             "for it)", predicted, wants_room=True)
     if fewer is not None and fewer <= now * (1 + RETIRE_LOSS):
         return PoolDecision("retire", engines, f"placement.elastic: retiring an engine: {engines - 1} engines predicted "
                                                f"{fewer:.3g} s per step against {now:.3g} s at {engines} (within "

@@ -8,7 +8,9 @@ After each step of a run with placement.elastic the pool asks `decide_pool` and 
 `Job.retire_rollout` (the last engine leaves; a collective weight-sync group is re-formed without it). It prints the
 decision's one line and returns the step's `elastic/*` fields: `elastic/added`, `elastic/retired` (0 or 1; Prometheus
 `rl_orch_elastic_decisions_total{action}`), `elastic/add_failed` (the group could not be placed), `elastic/change_s`
-(seconds the change took), `elastic/predicted_step_s` (the prediction at the count chosen).
+(seconds the change took), `elastic/predicted_step_s` (the prediction at the count chosen). An engine more that would
+pay but finds no room asks Ray's autoscaler for its group (`ask_autoscaler`: KubeRay's worker group grows up to
+worker.maxReplicas, deploy/helm; the next decisions find the room).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import ray
 
 from orchestrator.placement.elastic import ENGINES_KEY, decide_pool
 from orchestrator.placement.groups import PlacementError
+from orchestrator.placement.plan import engine_group
 
 
 class ElasticPool:
@@ -54,4 +57,17 @@ class ElasticPool:
             fields["elastic/retired"] = 1
         if decision.action != "hold":
             fields["elastic/change_s"] = time.perf_counter() - t0
+        self.ask_autoscaler(one_more=decision.wants_room)
         return fields
+
+    def ask_autoscaler(self, one_more: bool) -> None:
+        """Tell Ray's autoscaler (KubeRay in-tree, a cluster launcher's; a hint, a no-op without one) the bundles the
+        job wants: every placement group's, plus one more engine's group when `one_more`. The request stands until
+        the next one, so after a change it is set to the job as it is (an idle node may then go)."""
+        from ray.autoscaler.sdk import request_resources
+
+        plan = self.job.actors.plan
+        bundles = [dict(b) for g in plan.groups for b in g.bundles]
+        if one_more:
+            bundles += [dict(b) for b in engine_group(self.job.cfg, len(self.job.actors.rollout), 0)[0].bundles]
+        request_resources(bundles=bundles)

@@ -95,16 +95,23 @@ def _start_in_groups(cfg, plan: JobPlan, pgs: list, model_path: Path, resume_fro
     return actors
 
 
-def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path, resume_from: Optional[Path]):
-    """Rollout worker k (not waited for) in its slot; its engine loads the checkpoint's policy on resume (the
-    controller then syncs and verifies), the base model otherwise."""
+def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path, resume_from: Optional[Path],
+                         role: str = "rollout"):
+    """Rollout worker k (not waited for) in its slot (`role` "spare": the k-th spare engine's slot, rollout seed
+    offset by SPARE_SEED_OFFSET); its engine loads the checkpoint's policy on resume (the controller then syncs and
+    verifies), the base model otherwise."""
     from actors.rollout.worker import RolloutWorkerActor
 
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
     colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
-    env_actors = env_actor_options(plan.slots.get("env", []), pgs, k, cfg.env.num_actors)  # env.placement=actor
-    return RolloutWorkerActor.options(**actor_options(plan, pgs, "rollout", k, run_env(cfg))).remote(
-        engine_path, cfg.rollout, cfg.rollout.seed + k, colocated=colocated, env_actors=env_actors)
+    env_slots = plan.slots.get("env", []) if role == "rollout" else []  # env.placement=actor: the worker's own
+    env_actors = env_actor_options(env_slots, pgs, k, cfg.env.num_actors)
+    seed = cfg.rollout.seed + k + (SPARE_SEED_OFFSET if role == "spare" else 0)
+    return RolloutWorkerActor.options(**actor_options(plan, pgs, role, k, run_env(cfg))).remote(
+        engine_path, cfg.rollout, seed, colocated=colocated, env_actors=env_actors)
+
+
+SPARE_SEED_OFFSET = 10_000  # a spare engine's worker seed: rollout.seed + 10000 + its index (requests carry their own)
 
 
 def run_env(cfg) -> dict[str, str]:

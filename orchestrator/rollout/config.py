@@ -18,6 +18,9 @@ class RolloutConfig:
     # placement.elastic: the engine count's range while the run goes (0 = rollout.num_workers; docs/elastic.md)
     min_workers: int = number(0, ge=0, finite=True)
     max_workers: int = number(0, ge=0, finite=True)
+    # engines started and kept warm beside the job's, each in a group of its own: one takes a lost engine's place at
+    # once (orchestrator/placement/spares.py; disaggregated placement, env.placement=thread)
+    spare_workers: int = number(0, ge=0, finite=True)
     # samples per prompt: the group size (GRPO compares the samples of a group: 2 at least)
     n: int = number(8, ge=2, note="(GRPO compares the samples of a group)")
     prompts_per_step: int = number(4, gt=0)  # groups per step; the global batch is prompts_per_step * n

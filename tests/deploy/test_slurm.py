@@ -176,6 +176,10 @@ def test_sbatch_run_completes_with_checkpoint(slurm_cluster, jobs):
     targets = [t for group in sd for t in group["targets"]]
     assert any(t.endswith(f":{env['RL_ORCH_RAY_METRICS_PORT']}") for t in targets), targets
     _assert_job_prometheus_config(job, env, out, text)
+    # the join file for a second allocation's nodes (deploy/slurm/rl_orch_join.sbatch): announced, gone at the end
+    join = out / f"rl_orch-{job}.join.env"
+    assert f"more nodes for this run: RL_ORCH_JOIN_ENV={join} sbatch" in text, text[-5000:]
+    assert not join.exists()  # it holds the cluster's token: removed with the cluster
     _assert_ray_gone(env)
     shutil.rmtree(env["RL_ORCH_RAY_TMPDIR"], ignore_errors=True)  # Ray's logs: kept where a test fails
 

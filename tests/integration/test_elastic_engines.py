@@ -64,6 +64,8 @@ def _run(controller) -> list[dict]:
             compare_checksums(want, engine["groups"], where=f"rollout worker {k}")
         controller.reforms = controller.job.syncer.reforms
         controller.groups = (len(controller.actors.plan.groups), len(controller.actors.pgs))
+        spares = controller.job.spares
+        controller.taken, controller.worker0 = (spares.taken if spares else 0), controller.actors.rollout[0]
     finally:
         controller.shutdown()
     return [json.loads(line) for line in open(result.metrics)]
@@ -115,4 +117,30 @@ def test_an_engine_joins_at_the_next_version_and_leaves_without_losing_a_group(r
     assert "rollout/worker1_tokens_per_s" in rows[1] and "rollout/worker1_tokens_per_s" not in rows[2]
     assert [r["sync/version"] for r in rows] == [1, 2, 3] and rows[-1]["faults/restarts_total"] == 0
     assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
+    _whole_groups(controller)
+
+
+def test_a_warm_spare_takes_a_lost_engines_place(ray_local, tiny_model, tmp_path):
+    """rollout.spare_workers=1: the spare started with the job takes rollout worker 0's place when it is killed in step
+    2's generate call (synced and verified before it samples); a new spare starts in the lost engine's slot."""
+    class KillAtStep2(Recorded):
+        killed = False
+
+        def kill(self, window, k, handle):
+            if (self.at, window, k) == (2, "generate", 0) and not self.killed:
+                self.killed = True
+                os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+
+    cfg = _cfg(tiny_model, tmp_path, "rollout.spare_workers=1", "weight_sync.strategy=nccl")
+    controller = KillAtStep2(cfg)
+    controller.job.start()
+    spare = controller.job.spares.handles[0]
+    ray.get(controller.job.spares.readies)  # warm before the run: the test measures the swap, not the start
+    controller.job.start = lambda resume_from=None: None  # run() on the job started above
+    with fault_hook(controller.kill):
+        rows = _run(controller)
+    assert controller.killed
+    assert [r["engines/spare"] for r in rows][0] == 1 and all(r["engines/active"] == 1 for r in rows)
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0] and rows[1]["rollout/groups_reissued"] == 2
+    assert controller.taken == 1 and controller.worker0 == spare  # the spare is worker 0 now
     _whole_groups(controller)

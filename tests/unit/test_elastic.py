@@ -31,7 +31,8 @@ def test_a_rollout_bound_run_adds_an_engine_when_the_cluster_has_room():
     assert d.action == "add" and d.predicted[1] == pytest.approx(12.0) and d.predicted[2] == pytest.approx(7.0)
     assert "adding an engine: 2 engines predicted 7 s per step against 12 s at 1" in d.why
     held = decide_pool(_rows((1, 3, 10.0, 2.0)), _cfg(), engines=1, room=False)
-    assert held.action == "hold" and "no room for another engine" in held.why
+    assert held.action == "hold" and "no room for another engine" in held.why and held.wants_room
+    assert not d.wants_room
 
 
 def test_an_engine_that_did_not_pay_is_retired_on_the_next_fit():
@@ -84,3 +85,26 @@ def test_the_engine_range_defaults_to_the_starting_count_and_is_checked_without_
     assert (cfg.rollout.min_workers, cfg.rollout.max_workers, cfg.placement.elastic) == (0, 0, False)
     with pytest.raises(ConfigError, match="rollout.max_workers=1"):
         load_config("configs/grpo_arith_cpu.yaml", ["rollout.num_workers=2", "rollout.max_workers=1"])
+
+
+def test_elastic_engines_get_placement_groups_of_their_own_so_a_retired_one_frees_its_devices():
+    from orchestrator.placement.plan import engine_group, plan_job
+
+    cfg = _cfg("rollout.num_workers=2", "placement.rollout_per_worker=0.25")
+    plan = plan_job(cfg, pin=False)
+    assert [g.name for g in plan.groups] == ["rl-orch-job", "rl-orch-rollout-0", "rl-orch-rollout-1"]
+    assert [(s.group, s.bundle, s.resources) for s in plan.slots["rollout"]] == [(1, 0, {"CPU": 0.25}),
+                                                                                  (2, 0, {"CPU": 0.25})]
+    assert len(plan.groups[0].bundles) == 2  # the job group: the trainer's and the reward actor's bundles only
+    group, slot = engine_group(cfg, 5, 7, prefix="rl-orch-engine")  # an engine added while the run goes
+    assert (group.name, group.strategy, group.bundles, slot.group) == ("rl-orch-engine-5", "STRICT_PACK",
+                                                                        [{"CPU": 0.25}], 7)
+    tp = _cfg("rollout.tensor_parallel_size=2", "placement.rollout_per_worker=0.5")
+    group, slot = engine_group(tp, 0, 1)
+    assert group.bundles == [{"CPU": 0.5}] * 2 and slot.resources == {} and slot.worker_bundles == [0, 1]
+
+
+def test_spare_engines_are_refused_where_they_have_no_group_of_their_own():
+    assert load_config("configs/grpo_arith_cpu.yaml", ["rollout.spare_workers=1"]).rollout.spare_workers == 1
+    with pytest.raises(ConfigError, match="rollout.spare_workers=1 needs placement.mode=disaggregated"):
+        load_config("configs/grpo_arith_cpu.yaml", ["rollout.spare_workers=1", "placement.mode=colocated"])

@@ -1,0 +1,99 @@
+"""Spare rollout engines (`rollout.spare_workers`): engines started and kept warm beside the job's, each in a
+placement group of its own, that take a lost engine's place at once (docs/elastic.md, docs/faults.md).
+
+    spares = SpareEngines(cfg, actors, model_path)
+    spares.start()                       # reserve their groups, start the engines (not waited for)
+    handle = spares.take(k)              # a warm spare becomes rollout worker k, or None when none is ready
+    spares.ready()                       # how many are warm now (row key engines/spare)
+
+Most of a replacement's time is a new vLLM engine starting (17-39 s on CPU, minutes for a large model on GPUs); a
+spare has started already. Taking it swaps its slot with the lost engine's: the spare becomes worker k in its own
+group, and a new spare starts at once in the lost engine's slot (its bundle, which Ray places again where the cluster
+has room), not waited for. The job then connects and syncs the spare as it does any replacement (verified, probed),
+so a spare holds the current weights before it samples; it is not synced while it waits (that would cost every sync
+one more receiver). A spare whose group cannot be reserved at start is left out, with a warning.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import ray
+
+from orchestrator.placement.groups import PlacementError, reserve_groups
+from orchestrator.placement.plan import engine_group
+from orchestrator.placement.start import start_rollout_worker
+
+
+class SpareEngines:
+    """The job's spare engines: `handles[j]` in the plan's slot `plan.slots["spare"][j]`, `readies[j]` the ref of its
+    `ready` call."""
+
+    def __init__(self, cfg, actors, model_path: Path):
+        self.cfg, self.actors, self.model_path = cfg, actors, Path(model_path)
+        self.handles: list[Any] = []
+        self.readies: list[Any] = []
+        self.taken = 0  # spares that took a lost engine's place over the run
+
+    def start(self) -> None:
+        """Reserve a placement group for each of rollout.spare_workers spares (placement.timeout_s each) and start
+        their engines; a group that cannot be reserved leaves that spare out (a warning naming what is missing)."""
+        plan, pgs = self.actors.plan, self.actors.pgs
+        plan.slots.setdefault("spare", [])
+        for j in range(self.cfg.rollout.spare_workers):
+            group, slot = engine_group(self.cfg, j, len(plan.groups), prefix="rl-orch-spare")
+            try:
+                pg = reserve_groups([group], self.cfg.placement.timeout_s, self.cfg.placement.resource)[0]
+            except PlacementError as e:
+                print(f"WARNING: rollout.spare_workers: spare engine {j} left out: {e}", flush=True)
+                continue
+            pgs.append(pg)
+            plan.groups.append(group)
+            plan.slots["spare"].append(slot)
+            self._launch(len(plan.slots["spare"]) - 1)
+
+    def _launch(self, j: int) -> None:
+        """Start spare j in its slot (not waited for)."""
+        # the base model: the spare gets the full current weights when it takes a place (a resumed checkpoint may
+        # be pruned by then: checkpoint.keep_last)
+        handle = start_rollout_worker(self.cfg, self.actors.plan, self.actors.pgs, j, self.model_path, None,
+                                      role="spare")
+        if j < len(self.handles):
+            self.handles[j], self.readies[j] = handle, handle.ready.remote()
+        else:
+            self.handles.append(handle)
+            self.readies.append(handle.ready.remote())
+        self.actors.all.append(handle)
+
+    def ready(self) -> int:
+        """Spares whose engine has started (does not wait)."""
+        if not self.readies:
+            return 0
+        done, _ = ray.wait(self.readies, num_returns=len(self.readies), timeout=0)
+        return sum(self._ok(r) for r in done)
+
+    @staticmethod
+    def _ok(ref) -> bool:
+        try:
+            ray.get(ref)
+            return True
+        except Exception:  # noqa: BLE001 - a spare that failed to start is not ready (restarted at `take`)
+            return False
+
+    def take(self, k: int) -> Optional[Any]:
+        """A ready spare for rollout worker k, or None (none ready). Its slot and rollout worker k's are swapped: the
+        spare is worker k in its own group, and a new spare starts now in k's old slot. The caller kills the lost
+        engine first, and connects and syncs the returned handle."""
+        done, _ = ray.wait(self.readies, num_returns=len(self.readies), timeout=0) if self.readies else ([], [])
+        for j, ref in enumerate(self.readies):
+            if ref in done and self._ok(ref):
+                return self._swap(j, k)
+        return None
+
+    def _swap(self, j: int, k: int) -> Any:
+        plan = self.actors.plan
+        handle = self.handles[j]
+        plan.slots["rollout"][k], plan.slots["spare"][j] = plan.slots["spare"][j], plan.slots["rollout"][k]
+        self.taken += 1
+        self._launch(j)  # the refill, in the lost engine's slot: Ray places its bundle again where there is room
+        return handle
