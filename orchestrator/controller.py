@@ -213,7 +213,8 @@ class GRPOController:
         row.update(timer.times)
         row["timing/step_s"] = time.perf_counter() - t0
         row[ENGINES_KEY] = len(self.actors.rollout)  # the engines that generated this step (placement.elastic)
-        if self.job.spares is not None:  # rollout.spare_workers: the warm ones
+        if self.job.spares is not None:  # rollout.spare_workers: new ones where spares were taken; the warm ones
+            self.job.spares.refill()
             row["engines/spare"] = self.job.spares.ready()
         roles = tuple(r for r in ROLE_PHASES if r != "reference" or self.actors.reference is not None)
         row.update(role_utilisation(row, roles, row.pop("rollout/worker_generate_s_mean", None)))

@@ -4,12 +4,13 @@ placement group of its own, that take a lost engine's place at once (docs/elasti
     spares = SpareEngines(cfg, actors, model_path)
     spares.start()                       # reserve their groups, start the engines (not waited for)
     handle = spares.take(k)              # a warm spare becomes rollout worker k, or None when none is ready
+    spares.refill()                      # between steps: new spares in the slots taken
     spares.ready()                       # how many are warm now (row key engines/spare)
 
 Most of a replacement's time is a new vLLM engine starting (17-39 s on CPU, minutes for a large model on GPUs); a
 spare has started already. Taking it swaps its slot with the lost engine's: the spare becomes worker k in its own
-group, and a new spare starts at once in the lost engine's slot (its bundle, which Ray places again where the cluster
-has room), not waited for. The job then connects and syncs the spare as it does any replacement (verified, probed),
+group, and after the step (`refill`) a new spare starts in the lost engine's slot (its bundle, which Ray places again
+where the cluster has room), not waited for: started at once, it competed with that step for the host's CPUs. The job then connects and syncs the spare as it does any replacement (verified, probed),
 so a spare holds the current weights before it samples; it is not synced while it waits (that would cost every sync
 one more receiver). A spare whose group cannot be reserved at start is left out, with a warning.
 """
@@ -34,6 +35,7 @@ class SpareEngines:
         self.handles: list[Any] = []
         self.readies: list[Any] = []
         self.taken = 0  # spares that took a lost engine's place over the run
+        self.to_refill: list[int] = []  # spare slots taken this step: a new spare starts there at `refill`
 
     def start(self) -> None:
         """Reserve a placement group for each of rollout.spare_workers spares (placement.timeout_s each) and start
@@ -67,9 +69,10 @@ class SpareEngines:
 
     def ready(self) -> int:
         """Spares whose engine has started (does not wait)."""
-        if not self.readies:
+        refs = [r for r in self.readies if r is not None]
+        if not refs:
             return 0
-        done, _ = ray.wait(self.readies, num_returns=len(self.readies), timeout=0)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return sum(self._ok(r) for r in done)
 
     @staticmethod
@@ -82,11 +85,12 @@ class SpareEngines:
 
     def take(self, k: int) -> Optional[Any]:
         """A ready spare for rollout worker k, or None (none ready). Its slot and rollout worker k's are swapped: the
-        spare is worker k in its own group, and a new spare starts now in k's old slot. The caller kills the lost
-        engine first, and connects and syncs the returned handle."""
-        done, _ = ray.wait(self.readies, num_returns=len(self.readies), timeout=0) if self.readies else ([], [])
+        spare is worker k in its own group, and `refill` starts a new spare in k's old slot. The caller kills the
+        lost engine first, and connects and syncs the returned handle."""
+        refs = [r for r in self.readies if r is not None]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         for j, ref in enumerate(self.readies):
-            if ref in done and self._ok(ref):
+            if ref is not None and ref in done and self._ok(ref):
                 return self._swap(j, k)
         return None
 
@@ -95,5 +99,15 @@ class SpareEngines:
         handle = self.handles[j]
         plan.slots["rollout"][k], plan.slots["spare"][j] = plan.slots["spare"][j], plan.slots["rollout"][k]
         self.taken += 1
-        self._launch(j)  # the refill, in the lost engine's slot: Ray places its bundle again where there is room
+        self.readies[j] = None  # not ready until `refill` starts a new spare in the lost engine's slot
+        self.to_refill.append(j)
         return handle
+
+    def refill(self) -> int:
+        """Start a new spare in each slot taken since the last call (the lost engines' slots: Ray places their bundles
+        again where the cluster has room), not waited for; the job calls it between steps, so that a new engine's
+        start does not compete with the step that lost an engine. Returns how many were started."""
+        started, self.to_refill = self.to_refill, []
+        for j in started:
+            self._launch(j)
+        return len(started)

@@ -66,6 +66,7 @@ def _run(controller) -> list[dict]:
         controller.groups = (len(controller.actors.plan.groups), len(controller.actors.pgs))
         spares = controller.job.spares
         controller.taken, controller.worker0 = (spares.taken if spares else 0), controller.actors.rollout[0]
+        controller.spare_now = spares.handles[0] if spares else None
     finally:
         controller.shutdown()
     return [json.loads(line) for line in open(result.metrics)]
@@ -143,4 +144,5 @@ def test_a_warm_spare_takes_a_lost_engines_place(ray_local, tiny_model, tmp_path
     assert [r["engines/spare"] for r in rows][0] == 1 and all(r["engines/active"] == 1 for r in rows)
     assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0] and rows[1]["rollout/groups_reissued"] == 2
     assert controller.taken == 1 and controller.worker0 == spare  # the spare is worker 0 now
+    assert controller.spare_now is not None and controller.spare_now != spare  # a new spare, started after step 2
     _whole_groups(controller)
