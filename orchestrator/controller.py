@@ -139,14 +139,15 @@ class GRPOController:
         save = self.checkpoint if self.cfg.checkpoint.on_signal else None
         with build_sinks(self.cfg, ctx) as sinks:
             self.evaluator.before_steps(self, lambda r: sinks.log_row({**r, **extra}))  # step 0: eval/* only
+            pool = ElasticPool(self.job, self.rows()) if self.cfg.placement.elastic else None  # docs/elastic.md
             for step in range(self.start_step + 1, total + 1):
                 row, ckpt = self.step(step)
                 row.update(self.evaluator.after_step(self, step))  # eval.every_steps, the last step: eval/*
                 self.last_checkpoint = ckpt or self.last_checkpoint
                 if self.cfg.placement.auto and step == self.cfg.sizing.warmup_steps:
                     row.update(self._auto_replace(step, row, ckpt))
-                if self.cfg.placement.elastic and step < total:  # engines join or leave (docs/elastic.md)
-                    row.update(ElasticPool(self.job).after_step(self.rows() + [row]))
+                if pool is not None and step < total:  # engines join or leave
+                    row.update(pool.after_step(row))
                 sinks.log_row({**row, **extra})
                 log_completion_samples(sinks, self.cfg.metrics, step, self.scored, self.tokenizer)
                 if step < total:  # a signal during the last step: the run is done anyway

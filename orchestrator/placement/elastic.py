@@ -5,7 +5,7 @@ Ray; the job adds and retires the engines, orchestrator/placement/elastic_pool.p
     decision.predicted                                         # {engine count: predicted seconds per step}
 
 The model is the sizer's (orchestrator/sizing): the run's timed rows, grouped by the engine count that generated them
-(`engines/active`), are fitted into a Workload (generate ~ rollout GPUs: one measured size assumes ideal scaling,
+(`engines/active`; the last WINDOW_STEPS steps, orchestrator/placement/elastic_pool.py), are fitted into a Workload (generate ~ rollout GPUs: one measured size assumes ideal scaling,
 two or more fit the serial part too; orchestrator/sizing/scaling.py `fit_law`), and each reachable engine count is
 simulated (`evaluate`, the same as `rl-orch size`). With one measured size the prediction is the sizer's prior; every
 change measures another size, so a change that did not pay (engines that share a host's cores, a trainer-bound step)
@@ -31,6 +31,9 @@ from orchestrator.sizing.workload import Split, evaluate
 ADD_GAIN = 0.05  # add an engine when predicted at least 5% faster per step
 RETIRE_LOSS = 0.02  # retire one when predicted at most 2% slower per step
 ENGINES_KEY = "engines/active"  # the row's engine count: the engines that generated the step's batch
+# the decision fits the last this many steps: a long run's response lengths and phase times drift, and older steps
+# would outweigh the recent ones (and reading every row each step would grow with the run)
+WINDOW_STEPS = 64
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """placement.elastic between steps: the decision (orchestrator/placement/elastic.py, pure) applied to the job.
 
-    pool = ElasticPool(job)
-    row.update(pool.after_step(rows))   # rows: the run's rows, this step's last (its engines/active set)
+    pool = ElasticPool(job, rows)       # rows: the run's rows so far (a resume's), the last WINDOW_STEPS kept
+    row.update(pool.after_step(row))    # after each step: this step's row (its engines/active set)
 
 After each step of a run with placement.elastic the pool asks `decide_pool` and carries it out: `Job.add_rollout`
 (an engine in a placement group of its own, synced and verified on the current version before it samples) or
@@ -15,10 +15,11 @@ worker.maxReplicas, deploy/helm; the next decisions find the room).
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import ray
 
-from orchestrator.placement.elastic import ENGINES_KEY, decide_pool
+from orchestrator.placement.elastic import ENGINES_KEY, WINDOW_STEPS, decide_pool
 from orchestrator.placement.groups import PlacementError
 from orchestrator.placement.plan import engine_group
 
@@ -26,8 +27,9 @@ from orchestrator.placement.plan import engine_group
 class ElasticPool:
     """Adds and retires the job's rollout engines from the run's measured steps (module docstring)."""
 
-    def __init__(self, job):
+    def __init__(self, job, rows: list[dict]):
         self.job = job
+        self.rows: deque = deque(rows[-WINDOW_STEPS:], maxlen=WINDOW_STEPS)
 
     def room_for_engine(self) -> bool:
         """Whether the cluster has the resources of one more engine's placement group free now (in total: the
@@ -35,10 +37,12 @@ class ElasticPool:
         p, t = self.job.cfg.placement, self.job.cfg.rollout.tensor_parallel_size
         return ray.available_resources().get(p.resource, 0.0) + 1e-9 >= t * p.rollout_per_worker
 
-    def after_step(self, rows: list[dict]) -> dict:
-        """Decide on `rows` and carry the decision out; returns the `elastic/*` fields of the step's row."""
-        engines = rows[-1][ENGINES_KEY]
-        decision = decide_pool(rows, self.job.cfg, engines, self.room_for_engine())
+    def after_step(self, row: dict) -> dict:
+        """Decide on the last WINDOW_STEPS rows, `row` (this step's) the last, and carry the decision out; returns
+        the `elastic/*` fields of the step's row."""
+        self.rows.append(row)
+        engines = row[ENGINES_KEY]
+        decision = decide_pool(list(self.rows), self.job.cfg, engines, self.room_for_engine())
         print(decision.why, flush=True)
         fields = {"elastic/added": 0, "elastic/retired": 0}
         chosen = {"add": engines + 1, "retire": engines - 1}.get(decision.action, engines)

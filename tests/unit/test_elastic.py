@@ -108,3 +108,34 @@ def test_spare_engines_are_refused_where_they_have_no_group_of_their_own():
     assert load_config("configs/grpo_arith_cpu.yaml", ["rollout.spare_workers=1"]).rollout.spare_workers == 1
     with pytest.raises(ConfigError, match="rollout.spare_workers=1 needs placement.mode=disaggregated"):
         load_config("configs/grpo_arith_cpu.yaml", ["rollout.spare_workers=1", "placement.mode=colocated"])
+
+
+def test_the_pool_decides_on_a_window_of_the_last_steps_and_carries_the_decision_out(monkeypatch):
+    import orchestrator.placement.elastic_pool as elastic_pool
+    from orchestrator.placement.elastic import WINDOW_STEPS, PoolDecision
+
+    seen, calls = [], []
+
+    def decide(rows, cfg, engines, room):
+        seen.append((len(rows), rows[-1]["step"], engines, room))
+        return PoolDecision("add" if len(seen) == 1 else "retire", engines, "placement.elastic: why", {2: 7.0, 1: 9.0})
+
+    class Job:
+        cfg = _cfg()
+
+        def add_rollout(self, why):
+            calls.append(("add", why))
+
+        def retire_rollout(self, why):
+            calls.append(("retire", why))
+
+    monkeypatch.setattr(elastic_pool, "decide_pool", decide)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self: True)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "ask_autoscaler", lambda self, one_more: calls.append(one_more))
+    pool = elastic_pool.ElasticPool(Job(), _rows((1, WINDOW_STEPS + 10, 10.0, 2.0)))
+    first = pool.after_step({"step": 100, "engines/active": 1})
+    second = pool.after_step({"step": 101, "engines/active": 2})
+    assert seen == [(WINDOW_STEPS, 100, 1, True), (WINDOW_STEPS, 101, 2, True)]  # the window, the new row last
+    assert calls == [("add", "why"), False, ("retire", "why"), False]
+    assert (first["elastic/added"], first["elastic/predicted_step_s"]) == (1, 7.0) and "elastic/change_s" in first
+    assert (second["elastic/retired"], second["elastic/predicted_step_s"]) == (1, 9.0)
