@@ -213,7 +213,7 @@ class GRPOController:
                 ckpt = self.checkpoint(step)
         row.update(timer.times)
         row["timing/step_s"] = time.perf_counter() - t0
-        row[ENGINES_KEY] = len(self.actors.rollout)  # the engines that generated this step (placement.elastic)
+        row[ENGINES_KEY] = len(self.actors.rollout)  # the engine count at the end of the step (placement.elastic)
         if self.job.spares is not None:  # rollout.spare_workers: new ones where spares were taken; the warm ones
             self.job.spares.refill()
             row["engines/spare"] = self.job.spares.ready()

@@ -37,7 +37,7 @@ from orchestrator.runtime.faults import EnginesLost, RestartBudget, describe, is
 from orchestrator.runtime.overlap import pump_until, refs_ready
 from orchestrator.placement.groups import PlacementError, missing_resources, remove_groups, reserve_groups, wait_placed
 from orchestrator.placement.config import engine_range
-from orchestrator.placement.plan import engine_group
+from orchestrator.placement.plan import GroupPlan, engine_group
 from orchestrator.placement.spares import SpareEngines
 from orchestrator.placement.start import Actors, start_actors, start_rollout_worker
 from orchestrator.runtime.ray_connect import connect_ray
@@ -144,7 +144,7 @@ class Job:
                            else self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries))
                 break
             except EnginesLost as e:
-                for k in e.engines:
+                for k in sorted(e.engines, reverse=True):  # the last first: under placement.elastic it may leave
                     self.replace_rollout(k, e.reasons[k], sync=False)  # the redone sync brings it to `version`
                 replaced += len(e.engines)
         self.version = version
@@ -198,10 +198,24 @@ class Job:
         self.actors.all.remove(old)
         if new not in self.actors.all:
             self.actors.all.append(new)
-        self.syncer.replace_engine(k, new, self.version if sync else None)
+        self._connect_engine(k, new, self.version if sync else None)
         print(f"rollout worker {k} lost ({why}): {how}, restart {self.restarts.used} of "
               f"run.max_restarts={self.restarts.max_restarts}", flush=True)
         return new
+
+    def _connect_engine(self, k: int, handle, version: Optional[int]) -> None:
+        """`syncer.replace_engine(k, handle, version)`; other engines found lost meanwhile (a collective group's
+        re-formation reaches every engine) are replaced first, the last first, then it is done again."""
+        while True:
+            try:
+                self.syncer.replace_engine(k, handle, version)
+                return
+            except EnginesLost as e:
+                others = [j for j in e.engines if j != k and j < len(self.actors.rollout)]
+                if not others:
+                    raise
+                for j in sorted(others, reverse=True):
+                    self.replace_rollout(j, e.reasons[j], sync=False)
 
     def add_rollout(self, why: str) -> int:
         """One more rollout worker (index R, the next) in a placement group of its own (`engine_group`), started from
@@ -264,6 +278,8 @@ class Job:
         if slot.group == len(plan.groups) - 1:  # the last group (engines join and leave last-in first-out)
             pgs.pop()
             plan.groups.pop()
+        else:  # a group in the middle (a spare's, swapped in) keeps its index, asking for nothing now
+            plan.groups[slot.group] = GroupPlan(f"{plan.groups[slot.group].name}-removed", [], "PACK")
 
     def _start_rollout_worker(self, k: int, tries: int = 3):
         """A fresh rollout worker k in its bundle, waited for: the bundle within placement.timeout_s (a lost

@@ -135,8 +135,8 @@ METRICS = {
                                "rollout_generate (lost while generating), rollout_sync (lost or hung in a weight sync)",
                                ("kind",)),
     "rl_orch_rollout_groups_reissued_total": ("counter", "Rollout groups issued again after their worker was lost", ()),
-    "rl_orch_rollout_engines": ("gauge", "Rollout engines by state (engines/<state> row keys): active = the engines "
-                                "that generated the last step", ("state",)),
+    "rl_orch_rollout_engines": ("gauge", "Rollout engines by state (engines/<state> row keys): active = the engine "
+                                "count at the end of the last step", ("state",)),
     "rl_orch_elastic_decisions_total": ("counter", "placement.elastic changes of the engine count, by action: add, "
                                         "retire, add_failed (the new engine's placement group could not be placed)",
                                         ("action",)),

@@ -42,7 +42,7 @@ class SizingConfig:
     # devices the sizer may use; 0 = as many as the current placement holds
     total_gpus: int = number(0, ge=0, finite=True)
     # placement.elastic: steps measured after a change of the engine count before the next decision (no flapping)
-    cooldown_steps: int = number(2, gt=0)
+    cooldown_steps: int = number(2, ge=2, note="(the first step at a count is dropped as warm-up)")
 
 
 def check_placement_section(cfg) -> None:
@@ -124,6 +124,9 @@ def _check_elastic(cfg) -> None:
             raise ValueError(f"placement.elastic=true needs {key}={wanted or '(empty: single-turn)'} (got {value!r}): "
                              "engines join and leave between steps of a synchronous disaggregated single-turn run "
                              "(docs/elastic.md); set placement.elastic=false")
+    if cfg.placement.auto:
+        raise ValueError("placement.elastic=true with placement.auto=true: the re-placement would start the engines "
+                         "again at rollout.num_workers, outside what the elastic run decided; use one of them")
     if lo == hi:
         raise ValueError(f"placement.elastic=true with rollout.min_workers = rollout.max_workers = {lo}: nothing can "
                          "change; set a range (e.g. rollout.max_workers) or placement.elastic=false")

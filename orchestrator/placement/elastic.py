@@ -30,10 +30,12 @@ from orchestrator.sizing.workload import Split, evaluate
 
 ADD_GAIN = 0.05  # add an engine when predicted at least 5% faster per step
 RETIRE_LOSS = 0.02  # retire one when predicted at most 2% slower per step
-ENGINES_KEY = "engines/active"  # the row's engine count: the engines that generated the step's batch
+ENGINES_KEY = "engines/active"  # the row's engine count, at the end of the step (a step that lost one is not fitted)
 # the decision fits the last this many steps: a long run's response lengths and phase times drift, and older steps
 # would outweigh the recent ones (and reading every row each step would grow with the run)
 WINDOW_STEPS = 64
+# rows of steps that lost an engine (replaced, or left the job) are left out of the fit
+RECOVERY_KEYS = ("rollout/worker_restarts", "sync/engine_restarts")
 
 
 @dataclass
@@ -68,6 +70,8 @@ def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, 
     tp = cfg.rollout.tensor_parallel_size
     by_count: dict[int, list[dict]] = {}
     for row in timed_rows(rows, "placement.elastic: the run's rows"):
+        if any(row.get(k) for k in RECOVERY_KEYS):
+            continue  # a step that lost an engine timed its recovery, not the count's steady state
         if isinstance(row.get(ENGINES_KEY), int):
             by_count.setdefault(row[ENGINES_KEY], []).append(row)
     if not by_count:
@@ -84,7 +88,7 @@ def decide_pool(rows: list[dict], cfg, engines: int, room: bool) -> PoolDecision
     (the current step's last) and whether the cluster has room for one more engine's group (`room`). See the module
     docstring for the rules. Never raises for rows the sizer cannot use: it holds and says why."""
     lo, hi = engine_range(cfg)
-    cooldown = max(2, cfg.sizing.cooldown_steps)
+    cooldown = cfg.sizing.cooldown_steps
     last = rows[-1].get("step", 0) if rows else 0
     if engines > hi:
         return PoolDecision("retire", engines, f"placement.elastic: retiring an engine: {engines} engines is above "

@@ -19,9 +19,13 @@ from collections import deque
 
 import ray
 
-from orchestrator.placement.elastic import ENGINES_KEY, WINDOW_STEPS, decide_pool
+from orchestrator.placement.elastic import WINDOW_STEPS, decide_pool
 from orchestrator.placement.groups import PlacementError
 from orchestrator.placement.plan import engine_group
+
+
+ADD_BACKOFF_STEPS = 8  # after a failed add, steps before the next try (a group that cannot be placed costs
+# placement.timeout_s per try)
 
 
 class ElasticPool:
@@ -30,6 +34,8 @@ class ElasticPool:
     def __init__(self, job, rows: list[dict]):
         self.job = job
         self.rows: deque = deque(rows[-WINDOW_STEPS:], maxlen=WINDOW_STEPS)
+        self.step = 0
+        self.add_blocked_until = 0  # the step from which an add is tried again after a failed one
 
     def room_for_engine(self) -> bool:
         """Whether the cluster has the resources of one more engine's placement group free now (in total: the
@@ -39,10 +45,14 @@ class ElasticPool:
 
     def after_step(self, row: dict) -> dict:
         """Decide on the last WINDOW_STEPS rows, `row` (this step's) the last, and carry the decision out; returns
-        the `elastic/*` fields of the step's row."""
+        the `elastic/*` fields of the step's row. A failed add (its group not placed, its engine not started or not
+        verified: the job is left as it was) is counted and printed, and no add is tried for ADD_BACKOFF_STEPS steps
+        (the autoscaler is asked for the room meanwhile)."""
         self.rows.append(row)
-        engines = row[ENGINES_KEY]
-        decision = decide_pool(list(self.rows), self.job.cfg, engines, self.room_for_engine())
+        self.step = row.get("step", 0)
+        engines = len(self.job.actors.rollout)  # now: an engine may have left since the row was measured
+        room = self.room_for_engine() and self.step >= self.add_blocked_until
+        decision = decide_pool(list(self.rows), self.job.cfg, engines, room)
         print(decision.why, flush=True)
         fields = {"elastic/added": 0, "elastic/retired": 0}
         chosen = {"add": engines + 1, "retire": engines - 1}.get(decision.action, engines)
@@ -53,9 +63,13 @@ class ElasticPool:
             try:
                 self.job.add_rollout(decision.why.split(": ", 1)[-1])
                 fields["elastic/added"] = 1
-            except PlacementError as e:
-                print(f"placement.elastic: the new engine's placement group could not be placed: {e}", flush=True)
+            except Exception as e:  # noqa: BLE001 - an add is optional: the run goes on at its count
+                what = "could not be placed" if isinstance(e, PlacementError) else "failed"
+                print(f"placement.elastic: the new engine {what} ({type(e).__name__}: {e}); no add for "
+                      f"{ADD_BACKOFF_STEPS} steps", flush=True)
                 fields["elastic/add_failed"] = 1
+                self.add_blocked_until = self.step + ADD_BACKOFF_STEPS
+                decision.wants_room = True
         elif decision.action == "retire":
             self.job.retire_rollout(decision.why.split(": ", 1)[-1])
             fields["elastic/retired"] = 1

@@ -80,7 +80,15 @@ class SpareEngines:
         try:
             ray.get(ref)
             return True
-        except Exception:  # noqa: BLE001 - a spare that failed to start is not ready (restarted at `take`)
+        except Exception:  # noqa: BLE001 - a spare that failed to start is not ready (`take` starts it again)
+            return False
+
+    def _alive(self, j: int) -> bool:
+        """Whether warm spare j still answers (a spare's node may have gone while it waited)."""
+        try:
+            ray.get(self.handles[j].pid.remote(), timeout=10)
+            return True
+        except Exception:  # noqa: BLE001 - dead or not answering: started again at `refill`
             return False
 
     def take(self, k: int) -> Optional[Any]:
@@ -90,8 +98,13 @@ class SpareEngines:
         refs = [r for r in self.readies if r is not None]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
         for j, ref in enumerate(self.readies):
-            if ref is not None and ref in done and self._ok(ref):
+            if ref is None or ref not in done:
+                continue
+            if self._ok(ref) and self._alive(j):
                 return self._swap(j, k)
+            ray.kill(self.handles[j])  # failed to start, or died while it waited: a new one at `refill`
+            self.readies[j] = None
+            self.to_refill.append(j)
         return None
 
     def _swap(self, j: int, k: int) -> Any:

@@ -121,11 +121,16 @@ class WeightSyncer:
         tp = int(getattr(self.cfg.rollout, "tensor_parallel_size", 1) or 1)
         ctx = SyncContext(engines=len(self.engines), tensor_parallel_size=tp, timeout_s=self.ws.timeout_s,
                           dtype=self.dtype, options=self.strategy.options(self.ws))
+        if self.strategy.concurrent:  # a dead member would hold the new group (the trainer too) until its timeout:
+            # found first, EnginesLost names it (the job replaces it, then re-forms again)
+            gather_engines({k: call_engine(self.engines, k, "connect", "ready") for k in range(len(self.engines))},
+                           self.ws.timeout_s, "liveness check")
         self.info = self._get(self.trainer.weight_sync.remote(self.entry, "setup", ctx), "the sender's setup")
-        refs = [self.trainer.weight_sync.remote(self.entry, "connect", self.info)]
-        refs += [call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k)
-                 for k in range(len(self.engines))]
-        self._get(refs, f"connecting the trainer and {len(self.engines)} engines")
+        trainer = self.trainer.weight_sync.remote(self.entry, "connect", self.info)
+        engines = {k: call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k)
+                   for k in range(len(self.engines))}
+        gather_engines(engines, self.ws.timeout_s, "connect", hold_errors=True)
+        self._get(trainer, "connecting the trainer")
         self.reforms += 1
 
     def replace_engine(self, k: int, handle, version: Optional[int]) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from types import SimpleNamespace
+
 from orchestrator.config import ConfigError, load_config
 from orchestrator.placement.elastic import ADD_GAIN, decide_pool, steps_at_count
 
@@ -73,6 +75,8 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
     (["rollout.mode=one_step_off", "algo.max_staleness=1"], "needs rollout.mode=sync"),
     (["rollout.max_workers=1"], "nothing can change"),
     (["trainer.total_steps=2"], "the first decision would never run"),
+    (["placement.auto=true"], "placement.elastic=true with placement.auto=true"),
+    (["sizing.cooldown_steps=1"], "sizing.cooldown_steps=1 must be >= 2"),
     (["rollout.min_workers=2"], "rollout.min_workers=2 <= rollout.num_workers=1"),
 ])
 def test_elastic_configs_it_cannot_run_are_refused_naming_the_key(extra, match):
@@ -122,12 +126,15 @@ def test_the_pool_decides_on_a_window_of_the_last_steps_and_carries_the_decision
 
     class Job:
         cfg = _cfg()
+        actors = SimpleNamespace(rollout=["engine 0"])
 
         def add_rollout(self, why):
             calls.append(("add", why))
+            self.actors.rollout.append("engine 1")
 
         def retire_rollout(self, why):
             calls.append(("retire", why))
+            self.actors.rollout.pop()
 
     monkeypatch.setattr(elastic_pool, "decide_pool", decide)
     monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self: True)
@@ -139,3 +146,35 @@ def test_the_pool_decides_on_a_window_of_the_last_steps_and_carries_the_decision
     assert calls == [("add", "why"), False, ("retire", "why"), False]
     assert (first["elastic/added"], first["elastic/predicted_step_s"]) == (1, 7.0) and "elastic/change_s" in first
     assert (second["elastic/retired"], second["elastic/predicted_step_s"]) == (1, 9.0)
+
+
+def test_a_failed_add_is_counted_and_not_tried_again_for_a_while(monkeypatch):
+    import orchestrator.placement.elastic_pool as elastic_pool
+    from orchestrator.placement.elastic import PoolDecision
+
+    rooms, asked = [], []
+    monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: rooms.append(room) or
+                        PoolDecision("add" if room else "hold", engines, "placement.elastic: why"))
+    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self: True)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "ask_autoscaler", lambda self, one_more: asked.append(one_more))
+
+    class Job:
+        cfg, actors = _cfg(), SimpleNamespace(rollout=["engine 0"])
+
+        def add_rollout(self, why):
+            raise TimeoutError("the new engine did not start")  # not only PlacementError: any failed add
+
+    pool = elastic_pool.ElasticPool(Job(), [])
+    first = pool.after_step({"step": 5, "engines/active": 1})
+    assert first["elastic/add_failed"] == 1 and first["elastic/added"] == 0 and asked == [True]
+    for step in range(6, 6 + elastic_pool.ADD_BACKOFF_STEPS):
+        pool.after_step({"step": step, "engines/active": 1})
+    assert rooms == [True] + [False] * (elastic_pool.ADD_BACKOFF_STEPS - 1) + [True]  # the back-off, then a try
+
+
+def test_steps_that_lost_an_engine_are_left_out_of_the_fit():
+    from orchestrator.placement.elastic import predict_counts
+
+    rows = _rows((1, 3, 10.0, 2.0))
+    slow = dict(rows[-1], step=4, **{"timing/generate_s": 100.0, "rollout/worker_restarts": 1})
+    assert predict_counts(rows + [slow], _cfg(), [1])[0] == predict_counts(rows, _cfg(), [1])[0]
