@@ -6,7 +6,9 @@ membership without restarting the trainer or the healthy engines.
   re-formed, every engine synced; its groups reissued), rollout worker 0 as step 3's weight load reaches it (the
   broadcast fails for the whole group: the lost engine is replaced, the group re-formed, the sync redone).
 - placement.elastic: an engine is added after step 1 (it joins at version 1, verified, before it samples) and
-  retired after step 2; the decisions are scripted here (the rules are unit-tested in tests/unit/test_elastic.py).
+  retired after step 2, under gloo and (with a warm spare that takes rollout worker 0's place when it is killed in
+  step 3) under object_store, in one run each; the decisions are scripted here (the rules are unit-tested in
+  tests/unit/test_elastic.py).
 Every step trains whole groups, none twice; every engine holds the trainer's weights at the end.
 """
 from __future__ import annotations
@@ -99,9 +101,19 @@ def test_a_lost_engine_re_forms_the_gloo_group_and_the_run_goes_on(ray_local, ti
     _whole_groups(controller)
 
 
-@pytest.mark.parametrize("strategy", ["object_store", "nccl"])
-def test_an_engine_joins_at_the_next_version_and_leaves_without_losing_a_group(ray_local, tiny_model, tmp_path,
-                                                                               monkeypatch, strategy):
+class JoinLeaveKill(Recorded):
+    """Scripted decisions (an engine added after step 1, retired after step 2) and, with `kill_at`, rollout worker 0
+    SIGKILLed as that step's generate call reaches it."""
+
+    kill_at, killed = 0, False
+
+    def kill(self, window, k, handle):
+        if (self.at, window, k) == (self.kill_at, "generate", 0) and not self.killed:
+            self.killed = True
+            os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+
+
+def _scripted(monkeypatch) -> None:
     script = {1: "add", 2: "retire"}  # after step 1: a second engine; after step 2: back to one
 
     def scripted(rows, cfg, engines, room):
@@ -109,40 +121,47 @@ def test_an_engine_joins_at_the_next_version_and_leaves_without_losing_a_group(r
         return PoolDecision(action, engines, f"placement.elastic: {action} (scripted)")
 
     monkeypatch.setattr(elastic_pool, "decide_pool", scripted)
-    cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "placement.elastic=true",
-               "rollout.max_workers=2", "sizing.warmup_steps=1")
-    controller = Recorded(cfg)
-    rows = _run(controller)
+
+
+def _assert_joined_and_left(rows, controller) -> None:
     assert [r["engines/active"] for r in rows] == [1, 2, 1]  # step 2 generated on both engines
     assert [r.get("elastic/added") for r in rows] == [1, 0, None] and rows[1]["elastic/retired"] == 1
     assert "rollout/worker1_tokens_per_s" in rows[1] and "rollout/worker1_tokens_per_s" not in rows[2]
-    assert [r["sync/version"] for r in rows] == [1, 2, 3] and rows[-1]["faults/restarts_total"] == 0
-    assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
+    assert [r["sync/version"] for r in rows] == [1, 2, 3]
     _whole_groups(controller)
 
 
-def test_a_warm_spare_takes_a_lost_engines_place(ray_local, tiny_model, tmp_path):
-    """rollout.spare_workers=1: the spare started with the job takes rollout worker 0's place when it is killed in step
-    2's generate call (synced and verified before it samples); a new spare starts in the lost engine's slot."""
-    class KillAtStep2(Recorded):
-        killed = False
+def test_an_engine_joins_at_the_next_version_and_leaves_the_re_formed_gloo_group(ray_local, tiny_model, tmp_path,
+                                                                                 monkeypatch):
+    _scripted(monkeypatch)
+    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=nccl", "placement.elastic=true", "rollout.max_workers=2",
+               "sizing.warmup_steps=1")
+    controller = JoinLeaveKill(cfg)
+    rows = _run(controller)
+    _assert_joined_and_left(rows, controller)
+    assert rows[-1]["faults/restarts_total"] == 0 and controller.reforms == 3  # set up, joined, left
+    assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
 
-        def kill(self, window, k, handle):
-            if (self.at, window, k) == (2, "generate", 0) and not self.killed:
-                self.killed = True
-                os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
 
-    cfg = _cfg(tiny_model, tmp_path, "rollout.spare_workers=1", "weight_sync.strategy=nccl")
-    controller = KillAtStep2(cfg)
+def test_an_engine_joins_and_leaves_and_a_warm_spare_takes_a_lost_engines_place(ray_local, tiny_model, tmp_path,
+                                                                                 monkeypatch):
+    """object_store, placement.elastic and rollout.spare_workers=1 in one run: an engine joins after step 1 and leaves
+    after step 2; rollout worker 0 is killed in step 3's generate call and the spare started with the job takes its
+    place (synced and verified before it samples); a new spare starts in the lost engine's slot after the step."""
+    _scripted(monkeypatch)
+    cfg = _cfg(tiny_model, tmp_path, "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1",
+               "rollout.spare_workers=1")
+    controller = JoinLeaveKill(cfg)
+    controller.kill_at = 3
     controller.job.start()
     spare = controller.job.spares.handles[0]
     ray.get(controller.job.spares.readies)  # warm before the run: the test measures the swap, not the start
     controller.job.start = lambda resume_from=None: None  # run() on the job started above
     with fault_hook(controller.kill):
         rows = _run(controller)
-    assert controller.killed
-    assert [r["engines/spare"] for r in rows][0] == 1 and all(r["engines/active"] == 1 for r in rows)
-    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0] and rows[1]["rollout/groups_reissued"] == 2
+    _assert_joined_and_left(rows, controller)
+    assert controller.killed and [r["engines/spare"] for r in rows] == [1, 1, 0]  # the new one still starting
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 0, 1] and rows[2]["rollout/groups_reissued"] == 2
     assert controller.taken == 1 and controller.worker0 == spare  # the spare is worker 0 now
-    assert controller.spare_now is not None and controller.spare_now != spare  # a new spare, started after step 2
-    _whole_groups(controller)
+    assert controller.spare_now is not None and controller.spare_now != spare  # a new spare, started after step 3
+    assert controller.groups == (3, 3)  # the job's, engine 0's (the spare's before), the new spare's (engine 0's)
