@@ -20,7 +20,7 @@ from collections import deque
 import ray
 
 from orchestrator.placement.elastic import WINDOW_STEPS, decide_pool
-from orchestrator.placement.groups import PlacementError
+from orchestrator.placement.groups import PlacementError, missing_resources
 from orchestrator.placement.plan import engine_group
 
 
@@ -40,8 +40,11 @@ class ElasticPool:
     def room_for_engine(self) -> bool:
         """Whether the cluster has the resources of one more engine's placement group free now (in total: the
         reservation itself finds out whether one node holds them, within placement.timeout_s)."""
-        p, t = self.job.cfg.placement, self.job.cfg.rollout.tensor_parallel_size
-        return ray.available_resources().get(p.resource, 0.0) + 1e-9 >= t * p.rollout_per_worker
+        return not missing_resources(self._new_engine_bundles(), ray.available_resources())
+
+    def _new_engine_bundles(self) -> list[dict]:
+        """The bundles of one more engine's placement group (`engine_group`)."""
+        return [dict(b) for b in engine_group(self.job.cfg, len(self.job.actors.rollout), 0)[0].bundles]
 
     def after_step(self, row: dict) -> dict:
         """Decide on the last WINDOW_STEPS rows, `row` (this step's) the last, and carry the decision out; returns
@@ -87,5 +90,5 @@ class ElasticPool:
         plan = self.job.actors.plan
         bundles = [dict(b) for g in plan.groups for b in g.bundles]
         if one_more:
-            bundles += [dict(b) for b in engine_group(self.job.cfg, len(self.job.actors.rollout), 0)[0].bundles]
+            bundles += self._new_engine_bundles()
         request_resources(bundles=bundles)
