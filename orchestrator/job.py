@@ -9,7 +9,7 @@
     job.replace(new_cfg, folder)           # re-place: stop everything, start `new_cfg`'s actors from `folder`
     job.replace_rollout(k, why)            # a lost rollout worker: a fresh one in its bundle, synced (docs/faults.md)
     k = job.add_rollout(why)               # one more engine, in a group of its own, synced (docs/elastic.md)
-    job.retire_rollout(why)                # the last engine leaves, its group freed
+    job.retire_rollout(why, k)             # engine k (default: the last) leaves, its group freed
     job.shutdown()                         # every actor and placement group (Ray stays up)
     job.close()                            # shutdown(), then ray.shutdown() when the job started a local Ray
 
@@ -224,7 +224,8 @@ class Job:
         cluster cannot hold its group within placement.timeout_s; any failure leaves the job as it was (the engine
         and its group removed). Between steps only (nothing in flight on the engines)."""
         plan, pgs, k = self.actors.plan, self.actors.pgs, len(self.actors.rollout)
-        group, slot = engine_group(self.cfg, k, len(plan.groups), prefix="rl-orch-engine")
+        g = len(plan.groups)  # its name: the group's index, unique among live groups (an engine index is not)
+        group, slot = engine_group(self.cfg, g, g, prefix="rl-orch-engine")
         pgs.append(reserve_groups([group], self.cfg.placement.timeout_s, self.cfg.placement.resource)[0])
         plan.groups.append(group)
         plan.slots["rollout"].append(slot)
@@ -242,14 +243,18 @@ class Job:
         print(f"rollout worker {k} added ({why}): {k + 1} engines", flush=True)
         return k
 
-    def retire_rollout(self, why: str) -> int:
-        """The last rollout worker leaves: the weight syncer lets it go (a collective strategy re-forms its group
-        without it), then the actor is killed and its placement group removed. Returns its index. Raises ValueError
-        for the only engine. Between steps only (nothing in flight on the engines)."""
-        k = len(self.actors.rollout) - 1
+    def retire_rollout(self, why: str, k: Optional[int] = None) -> int:
+        """Rollout worker k (default: the last) leaves: the weight syncer lets it go (a collective strategy re-forms its
+        group without it; the last engine takes index k), then the actor is killed and its placement group removed.
+        Returns k. Raises ValueError for the only engine. Between steps only (nothing in flight on the engines)."""
+        last = len(self.actors.rollout) - 1
+        k = last if k is None else k
         self.syncer.remove_engine(k)
-        self._drop_last_engine(self.actors.rollout[k])
-        print(f"rollout worker {k} retired ({why}): {k} engines", flush=True)
+        rollout, slots = self.actors.rollout, self.actors.plan.slots["rollout"]
+        rollout[k], rollout[last] = rollout[last], rollout[k]  # the leaving engine last: its slot is dropped with it
+        slots[k], slots[last] = slots[last], slots[k]
+        self._drop_last_engine(rollout[last])
+        print(f"rollout worker {k} retired ({why}): {last} engines", flush=True)
         return k
 
     def _may_leave(self, k: int) -> bool:

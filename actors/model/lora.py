@@ -20,13 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import sys
+
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
-from peft.tuners.lora import Linear as LoraLinear
-from peft.tuners.lora import LoraLayer
-from peft.utils.other import transpose
 from safetensors.torch import load_file
+
+# peft is imported where LoRA is used (`apply_lora` and after): it pulls in transformers' quantizer integrations
+# (torchao), about 0.35 s of every trainer and reference process's start, with LoRA off
 
 ADAPTER_DIR = "policy_adapter"  # next to a checkpoint's `policy/` (merged weights, loadable by vLLM)
 _ADAPTER = "default"  # peft's adapter name
@@ -60,6 +60,9 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> Optional[torch.nn.Module]:
     """
     if lora_cfg.rank == 0:
         return None
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     targets = list(lora_cfg.target_modules)
     _check_targets(model, targets)
     config = PeftLoraConfig(r=int(lora_cfg.rank), lora_alpha=float(lora_cfg.alpha),
@@ -67,7 +70,12 @@ def apply_lora(model: torch.nn.Module, lora_cfg) -> Optional[torch.nn.Module]:
     return get_peft_model(model, config)
 
 
-def _lora_layers(model: torch.nn.Module) -> dict[str, LoraLayer]:
+def _lora_layers(model: torch.nn.Module) -> dict:
+    """{name: peft LoraLayer} of `model`; {} when peft's LoRA was never imported here (no layer can exist)."""
+    if "peft.tuners.lora" not in sys.modules:
+        return {}
+    from peft.tuners.lora import LoraLayer
+
     return {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
@@ -112,7 +120,12 @@ def merged_state_dict(model: torch.nn.Module, merge: bool = True,
 def check_linear_only(model: torch.nn.Module) -> None:
     """Raise ValueError naming trainer.lora.target_modules when a LoRA layer of `model` is not a Linear
     one (an untied embedding, a conv): FSDP2 ranks merge from gathered tensors with the Linear formula."""
-    other = sorted(n for n, m in _lora_layers(model).items() if not isinstance(m, LoraLinear))
+    layers = _lora_layers(model)
+    if not layers:
+        return
+    from peft.tuners.lora import Linear as LoraLinear
+
+    other = sorted(n for n, m in layers.items() if not isinstance(m, LoraLinear))
     if other:
         raise ValueError(f"trainer.lora.target_modules: {other[:3]} are not linear layers; with "
                          "trainer.num_workers > 1 only linear projections can be adapted")
@@ -120,6 +133,9 @@ def check_linear_only(model: torch.nn.Module) -> None:
 
 def _delta_from_state(name: str, layer, state: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """(base weight, delta) of LoRA layer `name` from full tensors in `state` (peft's formula, fp32)."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.utils.other import transpose
+
     if not isinstance(layer, LoraLinear):
         raise ValueError(f"LoRA layer {name} ({type(layer).__name__}): only Linear LoRA layers merge from a "
                          "gathered state dict (trainer.num_workers > 1); adapt linear projections only")
@@ -155,6 +171,8 @@ def _read_adapter(peft_model, folder: Path) -> dict[str, torch.Tensor]:
     path = Path(folder) / "adapter_model.safetensors"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: the checkpoint was not written with trainer.lora.rank > 0")
+    from peft import get_peft_model_state_dict
+
     saved = load_file(str(path))
     current = get_peft_model_state_dict(peft_model)
     if set(saved) != set(current) or any(saved[k].shape != current[k].shape for k in saved):
@@ -169,6 +187,8 @@ def load_adapter(peft_model, folder: Path) -> None:
     Raises FileNotFoundError when `folder` has no adapter (the checkpoint was written without LoRA) and
     ValueError when the saved adapter's tensors do not match this model's (another rank or targets).
     """
+    from peft import set_peft_model_state_dict
+
     saved = _read_adapter(peft_model, folder)
     result = set_peft_model_state_dict(peft_model, saved)
     if getattr(result, "unexpected_keys", None):

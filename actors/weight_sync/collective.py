@@ -136,14 +136,28 @@ def broadcast_stream(layout: list, bucket_mb: float, version: int, group: str, d
 
     thread = threading.Thread(target=receive, name="weight-sync-receive", daemon=True)
     thread.start()
-    for _ in buckets:
-        item = inbox.get()
-        if isinstance(item, BaseException):
-            thread.join()  # the receiving thread ends after handing its error over
-            on_broken()
-            raise item
-        bucket, buf = item
-        yield from unpack_bucket(buf, bucket)
+    try:
+        for _ in buckets:
+            item = inbox.get()
+            if isinstance(item, BaseException):
+                thread.join()  # the receiving thread ends after handing its error over
+                on_broken()
+                raise item
+            bucket, buf = item
+            yield from unpack_bucket(buf, bucket)
+        thread.join()
+    finally:
+        if thread.is_alive():  # the loader stopped early (closed here): the rest is received and dropped, so the
+            _drain(inbox, thread)  # broadcast completes for every member and the group stays whole
+
+
+def _drain(inbox: queue.Queue, thread: threading.Thread) -> None:
+    """Take and drop what the receiving thread hands over until it ends (all buckets received, or its error)."""
+    while thread.is_alive() or not inbox.empty():
+        try:
+            inbox.get(timeout=0.1)
+        except queue.Empty:
+            continue
     thread.join()
 
 
@@ -165,6 +179,16 @@ class CollectiveReceiver(WeightReceiver):
         group, layout, bucket_mb, device = self.group
         # a failed broadcast leaves the group at once: members waiting on this one get an error, not a hang
         return broadcast_stream(layout, bucket_mb, version, group, device, on_broken=self.close)
+
+    def receive(self, payload, version, load) -> None:
+        """`load(stream(...))`; a loader that raises part-way (a tensor it cannot take) closes the stream, which
+        receives and drops the rest of the broadcast: the trainer and the other engines finish theirs, and only
+        this engine's load fails (its error raised), instead of every member waiting out the group's timeout."""
+        pairs = self.stream(payload, version)
+        try:
+            load(pairs)
+        finally:
+            pairs.close()
 
     def close(self) -> None:
         if self.group is not None:

@@ -79,6 +79,7 @@ ROW_COUNTERS = {
     "elastic/added": ("rl_orch_elastic_decisions_total", {"action": "add"}),
     "elastic/retired": ("rl_orch_elastic_decisions_total", {"action": "retire"}),
     "elastic/add_failed": ("rl_orch_elastic_decisions_total", {"action": "add_failed"}),
+    "elastic/drained": ("rl_orch_elastic_decisions_total", {"action": "drain"}),
 }
 
 # metric name -> (type, help, labels besides `run`)

@@ -103,8 +103,8 @@ def engine_range(cfg) -> tuple[int, int]:
 
 def _check_elastic(cfg) -> None:
     """rollout.min_workers <= rollout.num_workers <= rollout.max_workers (each 0 = num_workers); placement.elastic
-    where it is built: disaggregated placement, rollout.mode=sync, single-turn rollouts, measured steps before the
-    run's last one, and a range that allows a change."""
+    where it is built: disaggregated placement, rollout.mode sync or one_step_off (nothing in flight between steps),
+    single-turn rollouts, measured steps before the run's last one, and a range that allows a change."""
     lo, hi = engine_range(cfg)
     if not lo <= cfg.rollout.num_workers <= hi:
         raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
@@ -116,14 +116,19 @@ def _check_elastic(cfg) -> None:
                          "rollout.spare_workers=0")
     if not cfg.placement.elastic:
         return
+    from orchestrator.config.rollout_mode import STREAM, mode_kind
+
     refused = {"placement.mode": (cfg.placement.mode, "disaggregated"),
-               "rollout.mode": (cfg.rollout.mode or "sync", "sync"),
                "env.name": (cfg.env.name or "", "")}
     for key, (value, wanted) in refused.items():
         if value != wanted:
             raise ValueError(f"placement.elastic=true needs {key}={wanted or '(empty: single-turn)'} (got {value!r}): "
-                             "engines join and leave between steps of a synchronous disaggregated single-turn run "
+                             "engines join and leave between steps of a disaggregated single-turn run "
                              "(docs/elastic.md); set placement.elastic=false")
+    if mode_kind(cfg) == STREAM:
+        raise ValueError(f"placement.elastic=true needs rollout.mode=sync or one_step_off (got {cfg.rollout.mode!r}: "
+                         "a streaming run's engines always hold requests, so none can leave between steps; "
+                         "docs/elastic.md); set placement.elastic=false")
     if cfg.placement.auto:
         raise ValueError("placement.elastic=true with placement.auto=true: the re-placement would start the engines "
                          "again at rollout.num_workers, outside what the elastic run decided; use one of them")

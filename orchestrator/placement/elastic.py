@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.placement.config import engine_range
+from orchestrator.rollout.modes import ONE_STEP_OFF, mode_kind
 from orchestrator.sizing.measurements import MeasurementError, fit_workload, measure_rows, role_gpus, timed_rows
 from orchestrator.sizing.workload import Split, evaluate
 
@@ -64,7 +65,9 @@ def steps_at_count(rows: list[dict], engines: int) -> int:
 
 def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, float], list[str]]:
     """({engine count: predicted seconds per step} for `counts`, the fit's notes) from the timed `rows` of a
-    synchronous disaggregated run (`cfg`), grouped by `engines/active`. Raises MeasurementError (no timed row) and
+    disaggregated run (`cfg`), grouped by `engines/active`: simulated as the sizer's "disaggregated" (rollout.mode
+    sync) or "async" (one_step_off, at algo.max_staleness: a one-step-off row's generation is `async/generate_s`,
+    the generation that ran during the step, on the step's engines). Raises MeasurementError (no timed row) and
     ValueError (the sizer cannot fit them)."""
     gpus, extra = role_gpus(cfg)
     tp = cfg.rollout.tensor_parallel_size
@@ -78,8 +81,9 @@ def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, 
         raise MeasurementError(f"placement.elastic: no timed row has {ENGINES_KEY}")
     runs = [measure_rows(rs, {**gpus, "rollout": n * tp}, f"steps at {n} engines", "the run's rows", extra)
             for n, rs in sorted(by_count.items())]
-    workload, notes = fit_workload(runs, rollout_unit=tp, variation=False)
-    return {n: evaluate(workload, Split("disaggregated", n * tp, gpus["trainer"], gpus["reference"])).step_s
+    mode = "async" if mode_kind(cfg) == ONE_STEP_OFF else "disaggregated"  # one_step_off: generation beside training
+    workload, notes = fit_workload(runs, rollout_unit=tp, variation=False, staleness=int(cfg.algo.max_staleness))
+    return {n: evaluate(workload, Split(mode, n * tp, gpus["trainer"], gpus["reference"])).step_s
             for n in counts}, notes
 
 

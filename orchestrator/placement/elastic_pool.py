@@ -11,16 +11,20 @@ decision's one line and returns the step's `elastic/*` fields: `elastic/added`, 
 (seconds the change took), `elastic/predicted_step_s` (the prediction at the count chosen). An engine more that would
 pay but finds no room asks Ray's autoscaler for its group (`ask_autoscaler`: KubeRay's worker group grows up to
 worker.maxReplicas, deploy/helm; the next decisions find the room).
+
+Before deciding, engines on nodes Ray is draining (orchestrator/placement/drain.py) leave, any index (the last engine
+takes the leaving one's index); at rollout.min_workers a new engine is added off those nodes first. That step makes no
+other change; `elastic/drained` counts them (also in `elastic/retired`, and `elastic/added` for the ones added first).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 
-import ray
-
+from orchestrator.placement.config import engine_range
+from orchestrator.placement.drain import draining_nodes, engines_on_nodes, room_for_group
 from orchestrator.placement.elastic import WINDOW_STEPS, decide_pool
-from orchestrator.placement.groups import PlacementError, missing_resources
+from orchestrator.placement.groups import PlacementError
 from orchestrator.placement.plan import engine_group
 
 
@@ -36,11 +40,13 @@ class ElasticPool:
         self.rows: deque = deque(rows[-WINDOW_STEPS:], maxlen=WINDOW_STEPS)
         self.step = 0
         self.add_blocked_until = 0  # the step from which an add is tried again after a failed one
+        self.drain_wants_room = False  # an engine on a drained node stays for want of room (the autoscaler is asked)
 
-    def room_for_engine(self) -> bool:
-        """Whether the cluster has the resources of one more engine's placement group free now (in total: the
-        reservation itself finds out whether one node holds them, within placement.timeout_s)."""
-        return not missing_resources(self._new_engine_bundles(), ray.available_resources())
+    def room_for_engine(self, draining=()) -> bool:
+        """Whether one node that is not being drained (`draining`: node ids) has the resources of one more engine's
+        placement group free now (Ray's per-node view: the reservation itself confirms it, within
+        placement.timeout_s)."""
+        return room_for_group(self._new_engine_bundles(), draining)
 
     def _new_engine_bundles(self) -> list[dict]:
         """The bundles of one more engine's placement group (`engine_group`)."""
@@ -48,38 +54,74 @@ class ElasticPool:
 
     def after_step(self, row: dict) -> dict:
         """Decide on the last WINDOW_STEPS rows, `row` (this step's) the last, and carry the decision out; returns
-        the `elastic/*` fields of the step's row. A failed add (its group not placed, its engine not started or not
-        verified: the job is left as it was) is counted and printed, and no add is tried for ADD_BACKOFF_STEPS steps
-        (the autoscaler is asked for the room meanwhile)."""
+        the `elastic/*` fields of the step's row. Engines on nodes being drained go first (`_drain`; no other change
+        that step). A failed add (its group not placed, its engine not started or not verified: the job is left as
+        it was) is counted and printed, and no add is tried for ADD_BACKOFF_STEPS steps (the autoscaler is asked for
+        the room meanwhile)."""
         self.rows.append(row)
         self.step = row.get("step", 0)
+        fields = {"elastic/added": 0, "elastic/retired": 0, "elastic/drained": 0}
+        draining, self.drain_wants_room = draining_nodes(), False
+        t0 = time.perf_counter()
+        if self._drain(draining, fields):
+            fields["elastic/change_s"] = time.perf_counter() - t0
+            self.ask_autoscaler(one_more=self.drain_wants_room)
+            return fields
         engines = len(self.job.actors.rollout)  # now: an engine may have left since the row was measured
-        room = self.room_for_engine() and self.step >= self.add_blocked_until
+        room = self.step >= self.add_blocked_until and self.room_for_engine(draining)
         decision = decide_pool(list(self.rows), self.job.cfg, engines, room)
         print(decision.why, flush=True)
-        fields = {"elastic/added": 0, "elastic/retired": 0}
         chosen = {"add": engines + 1, "retire": engines - 1}.get(decision.action, engines)
         if chosen in decision.predicted:
             fields["elastic/predicted_step_s"] = decision.predicted[chosen]
-        t0 = time.perf_counter()
         if decision.action == "add":
-            try:
-                self.job.add_rollout(decision.why.split(": ", 1)[-1])
-                fields["elastic/added"] = 1
-            except Exception as e:  # noqa: BLE001 - an add is optional: the run goes on at its count
-                what = "could not be placed" if isinstance(e, PlacementError) else "failed"
-                print(f"placement.elastic: the new engine {what} ({type(e).__name__}: {e}); no add for "
-                      f"{ADD_BACKOFF_STEPS} steps", flush=True)
-                fields["elastic/add_failed"] = 1
-                self.add_blocked_until = self.step + ADD_BACKOFF_STEPS
+            if not self._add(decision.why.split(": ", 1)[-1], fields):
                 decision.wants_room = True
         elif decision.action == "retire":
             self.job.retire_rollout(decision.why.split(": ", 1)[-1])
             fields["elastic/retired"] = 1
         if decision.action != "hold":
             fields["elastic/change_s"] = time.perf_counter() - t0
-        self.ask_autoscaler(one_more=decision.wants_room)
+        self.ask_autoscaler(one_more=decision.wants_room or self.drain_wants_room)
         return fields
+
+    def _add(self, why: str, fields: dict) -> bool:
+        """`Job.add_rollout(why)`; a failure is printed, counted (`elastic/add_failed`) and backs adds off."""
+        try:
+            self.job.add_rollout(why)
+            fields["elastic/added"] += 1
+            return True
+        except Exception as e:  # noqa: BLE001 - an add is optional: the run goes on at its count
+            what = "could not be placed" if isinstance(e, PlacementError) else "failed"
+            print(f"placement.elastic: the new engine {what} ({type(e).__name__}: {e}); no add for "
+                  f"{ADD_BACKOFF_STEPS} steps", flush=True)
+            fields["elastic/add_failed"] = 1
+            self.add_blocked_until = self.step + ADD_BACKOFF_STEPS
+            return False
+
+    def _drain(self, draining: dict[str, int], fields: dict) -> bool:
+        """Let the engines on nodes being drained go, the highest index first: above rollout.min_workers an engine
+        retires; at the minimum a new engine is added first (off the drained nodes: Ray places nothing new there),
+        and when that add fails the engine stays (it is handled as lost when its node goes). Returns whether an
+        engine was drained (`elastic/drained`, `elastic/retired`, `elastic/added` counted in `fields`)."""
+        on = engines_on_nodes(self.job.actors, draining) if draining else {}
+        for k in sorted(on, reverse=True):
+            node, deadline = on[k], draining[on[k]]
+            when = f", deadline in {deadline / 1e3 - time.time():.0f} s" if deadline else ""
+            why = f"its node {node[:12]} is being drained{when}"
+            if len(self.job.actors.rollout) <= engine_range(self.job.cfg)[0]:
+                room = self.step >= self.add_blocked_until and self.room_for_engine(draining)
+                print(f"placement.elastic: rollout worker {k}: {why}; at rollout.min_workers: "
+                      + ("adding an engine first" if room else "no room for another engine: it stays until its node "
+                         "goes (then handled as lost)"), flush=True)
+                if not (room and self._add(f"in place of rollout worker {k}, {why}", fields)):
+                    self.drain_wants_room = True
+                    continue
+            print(f"placement.elastic: retiring rollout worker {k}: {why}", flush=True)
+            self.job.retire_rollout(why, k)
+            fields["elastic/retired"] += 1
+            fields["elastic/drained"] += 1
+        return fields["elastic/drained"] > 0
 
     def ask_autoscaler(self, one_more: bool) -> None:
         """Tell Ray's autoscaler (KubeRay in-tree, a cluster launcher's; a hint, a no-op without one) the bundles the

@@ -4,23 +4,20 @@ and receivers (in every rollout engine), then verifies what each engine holds.
     syncer = make_syncer(cfg, trainer, engines)   # weight_sync.strategy: a registered name (registry.py)
     metrics = syncer.sync(version)                # raises WeightMismatchError / TimeoutError, never hangs
 
-The strategies themselves live in actors/weight_sync/<strategy>.py (sender, receiver and the small
-controller-side hooks of `WeightSyncStrategy`); this file holds what they share. Verification (every
-strategy): each engine reports its weight version and per-group checksums; a wrong version or a
-differing group raises `WeightMismatchError` naming the engine and the tensor group, so no rollout runs
-on stale or corrupted weights (redone up to weight_sync.retries times). Non-finite checksums of the trainer's
-own weights raise `NonFiniteWeightsError` at once, naming the first such group: no retry can fix them.
-Then (weight_sync.probe, every weight_sync.probe_every syncs) each engine
-scores a fixed token sequence and its logprobs must match the trainer's within weight_sync.probe_tolerance
-(orchestrator/weight_sync/probe.py): that checks what the engine computes with, which a backend that
-repacks weights into its own kernels can make differ from what it loaded. Every call waits at most
-`weight_sync.timeout_s`.
+The strategies live in actors/weight_sync/<strategy>.py (sender, receiver and the small controller-side hooks of
+`WeightSyncStrategy`); this file holds what they share. Verification (every strategy): each engine reports its weight
+version and per-group checksums; a wrong version or a differing group raises `WeightMismatchError` naming the engine
+and the tensor group (redone up to weight_sync.retries times). Non-finite checksums of the trainer's own weights raise
+`NonFiniteWeightsError` at once (no retry can fix them). Then (weight_sync.probe, every weight_sync.probe_every syncs)
+each engine scores a fixed token sequence whose logprobs must match the trainer's within weight_sync.probe_tolerance
+(orchestrator/weight_sync/probe.py): what the engine computes with, which a backend that repacks weights into its own
+kernels can make differ from what it loaded. Every call waits at most `weight_sync.timeout_s`.
 
 Overlapped syncs (`start` / `ready` / `finish_each`, driven by orchestrator/weight_sync/overlapped.py for streaming
 runs): `start` returns once the trainer has sent `version`; the engines generate on their verified weights during
 the send, then every engine's stream is held (it generates nothing more), then loads and, when due, scores the probe,
-in that order on the engine, while the trainer goes on
-(its own probe logprobs are computed right after its send, before any later call on it). `finish_each` verifies
+in that order on the engine, while the trainer goes on (its own probe logprobs are computed right after its send,
+before any later call on it). `finish_each` verifies
 each engine on its own and releases the ones verified; a failed or lost one stays held, its verified version
 forgotten, so the next sync sends it full weights and probes it. Not for a concurrent strategy.
 
@@ -30,7 +27,8 @@ Engines come and go (docs/faults.md, docs/elastic.md): an engine whose load dies
 `remove_engine` grow and shrink the set. A concurrent strategy (a collective group: nccl, gloo, vllm_nccl) re-forms
 its group for every change of membership (`reform`: a new group, the old one destroyed on the trainer and on every
 engine), and a member lost on the wire fails the broadcast for all: `EnginesLost` names the lost one, the job
-replaces it, the group is re-formed and the sync redone on every engine.
+replaces it, the group is re-formed and the sync redone on every engine. An engine that leaves from the middle hands
+its index to the last engine.
 """
 from __future__ import annotations
 
@@ -73,9 +71,9 @@ class PendingSync:
 class WeightSyncer:
     """Setup, transfer, verification, retries, timeouts and `sync/*` metrics of one strategy.
 
-    `strategy`: a registered name (default `weight_sync.strategy`; `auto` must be resolved first).
-    `setup()` (called by `make_syncer`) makes the trainer's sender and connects every engine's receiver.
-    `engine_versions[i]`: the version last verified on engine i (None before its first sync).
+    `strategy`: a registered name (default `weight_sync.strategy`; `auto` resolved first). `setup()` (`make_syncer`
+    calls it) makes the trainer's sender and connects every engine's receiver. `engine_versions[i]`: the version last
+    verified on engine i (None before its first sync).
     """
 
     def __init__(self, cfg, trainer, engines: list, strategy: Optional[str] = None):
@@ -142,8 +140,7 @@ class WeightSyncer:
         if self.strategy.concurrent:
             self.reform()
         else:
-            self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
-                      f"connecting rollout worker {k}")
+            self._connect_one(k)
         if version is None:
             return {}
         return self.sync(version, None if self.strategy.concurrent else [k])
@@ -156,15 +153,26 @@ class WeightSyncer:
         return self.replace_engine(len(self.engines) - 1, handle, version)
 
     def remove_engine(self, k: int) -> None:
-        """Engine k leaves (the last one: the others keep their indexes). A concurrent strategy re-forms its group
-        without it; the others need nothing (the engine's receiver goes with its actor). Raises ValueError for
-        another k or the only engine."""
-        if k != len(self.engines) - 1 or k == 0:
-            raise ValueError(f"remove_engine({k}): only the last of {len(self.engines)} engines can leave, never the only one")
+        """Engine k leaves; the last engine takes its index (the others keep theirs). A concurrent strategy re-forms
+        its group without it; otherwise the moved engine connects again at its new index (a fresh receiver: its
+        version is forgotten, so the next sync brings it the full weights, verified and probed). Raises ValueError
+        for the only engine or an index out of range."""
+        n = len(self.engines)
+        if n < 2 or not 0 <= k < n:
+            raise ValueError(f"remove_engine({k}): {n} engines; one of 0..{n - 1} may leave, never the only one")
+        moved = k != n - 1
+        if moved:
+            self.engines[k], self.engine_versions[k] = self.engines[-1], None
         self.engines.pop()
         self.engine_versions.pop()
         if self.strategy.concurrent:
             self.reform()
+        elif moved:
+            self._connect_one(k)
+
+    def _connect_one(self, k: int) -> None:
+        self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
+                  f"connecting rollout worker {k}")
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
         """Bring engines `engine_ids` (default: all) to `version`, verified, then probed when due (the first
@@ -254,12 +262,9 @@ class WeightSyncer:
         if self.cleanup_due is not None:  # the last overlapped sync's clean-up: the trainer is free now
             self._after_verified(self.cleanup_due)
             self.cleanup_due = None
-        ids = list(range(len(self.engines)))
-        due = self.probe_ids is not None and (any(v is None for v in self.engine_versions)
-                                              or probe_due(self.syncs, self.ws.probe_every))
-        versions = {i: self.engine_versions[i] for i in ids}
-        payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version,
-                                                                                     versions)
+        ids, versions = list(range(len(self.engines))), dict(enumerate(self.engine_versions))
+        due = self.probe_ids is not None and (None in versions.values() or probe_due(self.syncs, self.ws.probe_every))
+        payload, meta_ref = self.trainer.weight_sync.options(num_returns=2).remote(self.entry, "send", version, versions)
         trainer_probe = self._trainer_probe() if due else None
         meta = self._get(meta_ref, "the trainer's send")
         check_finite_checksums(meta.get("groups", {}))

@@ -6,9 +6,9 @@ membership without restarting the trainer or the healthy engines.
   re-formed, every engine synced; its groups reissued), rollout worker 0 as step 3's weight load reaches it (the
   broadcast fails for the whole group: the lost engine is replaced, the group re-formed, the sync redone).
 - placement.elastic: an engine is added after step 1 (it joins at version 1, verified, before it samples) and
-  retired after step 2, under gloo and (with a warm spare that takes rollout worker 0's place when it is killed in
-  step 3) under object_store, in one run each; the decisions are scripted here (the rules are unit-tested in
-  tests/unit/test_elastic.py).
+  retired after step 2, under gloo in a one-step-off run and (with a warm spare that takes rollout worker 0's place
+  when it is killed in step 3) under object_store in a synchronous one, in one run each; the decisions are scripted
+  here (the rules are unit-tested in tests/unit/test_elastic.py).
 Every step trains whole groups, none twice; every engine holds the trainer's weights at the end.
 """
 from __future__ import annotations
@@ -123,22 +123,29 @@ def _scripted(monkeypatch) -> None:
     monkeypatch.setattr(elastic_pool, "decide_pool", scripted)
 
 
-def _assert_joined_and_left(rows, controller) -> None:
-    assert [r["engines/active"] for r in rows] == [1, 2, 1]  # step 2 generated on both engines
+def _assert_joined_and_left(rows, controller, trained_from_two: int = 1) -> None:
+    """`trained_from_two`: the row whose batch both engines generated (sync: step 2's; one_step_off: step 3's, the
+    batch generated during step 2)."""
+    assert [r["engines/active"] for r in rows] == [1, 2, 1]  # step 2 ran on both engines
     assert [r.get("elastic/added") for r in rows] == [1, 0, None] and rows[1]["elastic/retired"] == 1
-    assert "rollout/worker1_tokens_per_s" in rows[1] and "rollout/worker1_tokens_per_s" not in rows[2]
+    assert ["rollout/worker1_tokens_per_s" in r for r in rows] == [k == trained_from_two for k in range(3)]
     assert [r["sync/version"] for r in rows] == [1, 2, 3]
     _whole_groups(controller)
 
 
-def test_an_engine_joins_at_the_next_version_and_leaves_the_re_formed_gloo_group(ray_local, tiny_model, tmp_path,
-                                                                                 monkeypatch):
+def test_an_engine_joins_and_leaves_the_re_formed_gloo_group_in_a_one_step_off_run(ray_local, tiny_model, tmp_path,
+                                                                                   monkeypatch):
+    """rollout.mode=one_step_off: the next step's batch is generated beside training and waited for before the weight
+    sync, so nothing is in flight between steps. Batches 1 and 2 are generated in step 1 on one engine; the engine
+    added after step 1 generates batch 3 with the first one during step 2 (trained in step 3, one version stale), and
+    leaves after step 2 with that batch already returned."""
     _scripted(monkeypatch)
     cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=nccl", "placement.elastic=true", "rollout.max_workers=2",
-               "sizing.warmup_steps=1")
+               "sizing.warmup_steps=1", "rollout.mode=one_step_off", "algo.max_staleness=1")
     controller = JoinLeaveKill(cfg)
     rows = _run(controller)
-    _assert_joined_and_left(rows, controller)
+    _assert_joined_and_left(rows, controller, trained_from_two=2)
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1]
     assert rows[-1]["faults/restarts_total"] == 0 and controller.reforms == 3  # set up, joined, left
     assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
 

@@ -65,6 +65,20 @@ def test_decisions_wait_for_the_cool_down_and_the_warm_up_and_respect_the_maximu
     assert decide_pool(_rows((4, 3, 10.0, 2.0)), _cfg(), engines=4, room=True).action == "retire"
 
 
+def test_a_one_step_off_run_is_modelled_with_its_generation_beside_training():
+    # generation 10 s of the 12 s train (async/generate_s; timing/generate_s is the exposed wait, 0 here): a
+    # synchronous run adds an engine (12 + 10 -> 12 + 5), a one-step-off run is trainer-bound and does not
+    rows = [dict(r, **{"async/generate_s": 10.0, "timing/generate_s": 0.0}) for r in _rows((1, 3, 10.0, 12.0))]
+    off = _cfg("rollout.mode=one_step_off", "algo.max_staleness=1")
+    held = decide_pool(rows, off, engines=1, room=True)
+    assert held.action == "hold" and held.predicted[2] == pytest.approx(held.predicted[1])
+    assert decide_pool(_rows((1, 3, 10.0, 12.0)), _cfg(), engines=1, room=True).action == "add"
+    # rollout-bound even beside training (generation 20 s against a 12 s train): one more engine pays
+    rows = [dict(r, **{"async/generate_s": 20.0, "timing/generate_s": 8.0}) for r in _rows((1, 3, 20.0, 12.0))]
+    d = decide_pool(rows, off, engines=1, room=True)
+    assert d.action == "add" and d.predicted[2] < d.predicted[1] * (1 - ADD_GAIN)
+
+
 def test_rows_the_sizer_cannot_use_hold_and_say_why():
     d = decide_pool([{"step": 5, "engines/active": 1}] * 3, _cfg(), engines=1, room=True)
     assert d.action == "hold" and "the sizer cannot model this run" in d.why
@@ -72,7 +86,7 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
 
 @pytest.mark.parametrize("extra, match", [
     (["placement.mode=colocated"], "placement.elastic=true needs placement.mode=disaggregated"),
-    (["rollout.mode=one_step_off", "algo.max_staleness=1"], "needs rollout.mode=sync"),
+    (["rollout.mode=stream", "algo.max_staleness=1"], "needs rollout.mode=sync or one_step_off"),
     (["rollout.max_workers=1"], "nothing can change"),
     (["trainer.total_steps=2"], "the first decision would never run"),
     (["placement.auto=true"], "placement.elastic=true with placement.auto=true"),
@@ -137,7 +151,8 @@ def test_the_pool_decides_on_a_window_of_the_last_steps_and_carries_the_decision
             self.actors.rollout.pop()
 
     monkeypatch.setattr(elastic_pool, "decide_pool", decide)
-    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self: True)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self, draining=(): True)
+    monkeypatch.setattr(elastic_pool, "draining_nodes", dict)
     monkeypatch.setattr(elastic_pool.ElasticPool, "ask_autoscaler", lambda self, one_more: calls.append(one_more))
     pool = elastic_pool.ElasticPool(Job(), _rows((1, WINDOW_STEPS + 10, 10.0, 2.0)))
     first = pool.after_step({"step": 100, "engines/active": 1})
@@ -155,7 +170,8 @@ def test_a_failed_add_is_counted_and_not_tried_again_for_a_while(monkeypatch):
     rooms, asked = [], []
     monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: rooms.append(room) or
                         PoolDecision("add" if room else "hold", engines, "placement.elastic: why"))
-    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self: True)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self, draining=(): True)
+    monkeypatch.setattr(elastic_pool, "draining_nodes", dict)
     monkeypatch.setattr(elastic_pool.ElasticPool, "ask_autoscaler", lambda self, one_more: asked.append(one_more))
 
     class Job:
@@ -178,3 +194,83 @@ def test_steps_that_lost_an_engine_are_left_out_of_the_fit():
     rows = _rows((1, 3, 10.0, 2.0))
     slow = dict(rows[-1], step=4, **{"timing/generate_s": 100.0, "rollout/worker_restarts": 1})
     assert predict_counts(rows + [slow], _cfg(), [1])[0] == predict_counts(rows, _cfg(), [1])[0]
+
+
+class _DrainJob:
+    """A job stand-in for the pool's drain: records add_rollout / retire_rollout(why, k)."""
+
+    def __init__(self, engines: int, *extra):
+        self.cfg, self.calls = _cfg(*extra), []
+        self.actors = SimpleNamespace(rollout=[f"engine {k}" for k in range(engines)])
+
+    def add_rollout(self, why):
+        self.calls.append(("add", why))
+        self.actors.rollout.append("new engine")
+
+    def retire_rollout(self, why, k=None):
+        self.calls.append(("retire", k, why))
+        last = self.actors.rollout.pop()
+        if k < len(self.actors.rollout):
+            self.actors.rollout[k] = last  # the last engine takes the leaving one's index
+
+
+def _drain_pool(monkeypatch, job, on: dict, room: bool):
+    import orchestrator.placement.elastic_pool as elastic_pool
+    from orchestrator.placement.elastic import PoolDecision
+
+    decided, asked = [], []
+    monkeypatch.setattr(elastic_pool, "draining_nodes", lambda: {node: 0 for node in on.values()})
+    monkeypatch.setattr(elastic_pool, "engines_on_nodes", lambda actors, nodes: dict(on))
+    monkeypatch.setattr(elastic_pool.ElasticPool, "room_for_engine", lambda self, draining=(): room)
+    monkeypatch.setattr(elastic_pool.ElasticPool, "ask_autoscaler", lambda self, one_more: asked.append(one_more))
+    monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: decided.append(engines) or
+                        PoolDecision("hold", engines, "placement.elastic: hold"))
+    return elastic_pool.ElasticPool(job, []), decided, asked
+
+
+def test_engines_on_a_drained_node_leave_before_the_decision_any_index(monkeypatch):
+    job = _DrainJob(3)
+    pool, decided, asked = _drain_pool(monkeypatch, job, {0: "node-a", 2: "node-a"}, room=True)
+    row = pool.after_step({"step": 5, "engines/active": 3})
+    assert [c[:2] for c in job.calls] == [("retire", 2), ("retire", 0)]  # the highest index first
+    assert "its node node-a is being drained" in job.calls[0][2]
+    assert job.actors.rollout == ["engine 1"] and decided == [] and asked == [False]  # no other change that step
+    assert (row["elastic/drained"], row["elastic/retired"], row["elastic/added"]) == (2, 2, 0)
+
+
+def test_a_drained_engine_at_the_minimum_is_replaced_first_or_stays_without_room(monkeypatch):
+    job = _DrainJob(1)
+    pool, decided, asked = _drain_pool(monkeypatch, job, {0: "node-a"}, room=True)
+    row = pool.after_step({"step": 5, "engines/active": 1})
+    assert [c[:2] for c in job.calls] == [("add", "in place of rollout worker 0, its node node-a is being drained"),
+                                          ("retire", 0)]
+    assert job.actors.rollout == ["new engine"] and (row["elastic/added"], row["elastic/drained"]) == (1, 1)
+    job = _DrainJob(1)
+    pool, decided, asked = _drain_pool(monkeypatch, job, {0: "node-a"}, room=False)
+    row = pool.after_step({"step": 5, "engines/active": 1})
+    assert job.calls == [] and row["elastic/drained"] == 0  # it stays: handled as lost when its node goes
+    assert decided == [1] and asked == [True]  # the decision still runs; the autoscaler is asked for a node
+
+
+def test_room_is_a_node_not_being_drained_that_holds_the_whole_group(monkeypatch):
+    from ray._private import state
+
+    from orchestrator.placement.drain import room_for_group
+
+    free = {"a": {"slot": 1.0}, "b": {"slot": 0.5, "CPU": 1.0}}
+    monkeypatch.setattr(state, "available_resources_per_node", lambda: free)
+    assert room_for_group([{"slot": 1.0}]) and not room_for_group([{"slot": 1.0}], draining={"a": 0})
+    assert not room_for_group([{"slot": 0.5}] * 2, draining={"a"})  # STRICT_PACK: one node holds every bundle
+    assert room_for_group([{"slot": 0.5}, {"CPU": 1.0}], draining={"a"})
+
+
+def test_engines_on_nodes_reads_each_engines_group(monkeypatch):
+    import orchestrator.placement.drain as drain
+
+    slots = [SimpleNamespace(group=g) for g in (1, 2, 3)]
+    actors = SimpleNamespace(plan=SimpleNamespace(slots={"rollout": slots}), pgs=["job", "pg1", "pg2", "pg3"],
+                             rollout=["e0", "e1", "e2"])
+    where = {"pg1": {"a"}, "pg2": {"b"}, "pg3": {"a", "c"}}
+    monkeypatch.setattr(drain, "group_nodes", lambda pg: where[pg])
+    assert drain.engines_on_nodes(actors, {"a": 0}) == {0: "a", 2: "a"}
+    assert drain.engines_on_nodes(actors, {}) == {}

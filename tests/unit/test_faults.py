@@ -190,7 +190,13 @@ def test_a_collective_strategy_reforms_its_group_for_a_fresh_engine_and_syncs_ev
     syncer.remove_engine(2)
     assert [who for who, m, _ in log if m == "weight_sync"] == ["trainer", "trainer", "e0", "e1-new"]
     assert len(syncer.engines) == len(syncer.engine_versions) == 2 and syncer.reforms == 3
-    with pytest.raises(ValueError, match="only the last of 2 engines can leave"):
+    # an engine leaves from the middle (its node drained): the last takes its index, the group re-formed so
+    log.clear()
+    syncer.remove_engine(0)
+    assert [who for who, m, args in log if m == "weight_sync"] == ["trainer", "trainer", "e1-new"]
+    assert [who for who, m, args in log if m == "weight_sync" and args[1] == "connect"][-1:] == ["e1-new"]
+    assert [e.name for e in syncer.engines] == ["e1-new"] and syncer.engine_versions == [None]
+    with pytest.raises(ValueError, match="never the only one"):
         syncer.remove_engine(0)
 
 
@@ -204,6 +210,16 @@ def test_a_per_engine_strategy_connects_only_the_fresh_engine_and_syncs_only_it(
     assert [(who, args[1]) for who, _, args in log] == [("e2", "connect")] and syncer.synced == [(7, [1])]
     syncer.remove_engine(2)
     assert log[-1][0] == "e2" and len(syncer.engines) == 2  # nothing re-formed
+    # from the middle: the last engine connects again at the index it takes (a delta receiver keys its payload by
+    # it), its verified version forgotten (its next sync: the full weights, verified and probed)
+    syncer.add_engine(Recorder("e2", log), None)
+    syncer.engine_versions = [7, 7, 7]
+    log.clear()
+    syncer.remove_engine(0)
+    assert [(who, args[1], args[-1]) for who, _, args in log] == [("e2", "connect", 0)]
+    assert [e.name for e in syncer.engines] == ["e2", "e1-new"] and syncer.engine_versions == [None, 7]
+    with pytest.raises(ValueError, match="one of 0..1 may leave"):
+        syncer.remove_engine(2)
 
 
 def test_a_second_batch_on_a_worker_already_replaced_goes_to_the_replacement_without_a_new_restart():
