@@ -60,6 +60,7 @@ class Job:
         self.version: Optional[int] = None  # the weight version every engine holds (None before the first sync)
         self.resume_from: Optional[Path] = None
         self.started_ray = False  # whether start() started a local Ray (close() shuts it down)
+        self.reform_restarts = 0  # engines replaced when found lost while another one's replacement re-formed the group
 
     # ---- lifecycle -------------------------------------------------------------------------------------
     def start(self, resume_from: Optional[Path] = None) -> None:
@@ -133,7 +134,8 @@ class Job:
         weight_sync.timeout_s is replaced (`replace_rollout`) and the sync redone. overlap: return once the trainer
         has sent (orchestrator/weight_sync/overlapped.py: the engines load, are verified and released while the next
         step trains; `pump_sync`, `settle_sync`). Returns `sync/*` metrics with `sync/engine_restarts` (engines
-        replaced during this sync) and `faults/restarts_total` (over the run). Raises RestartsExhausted past
+        replaced during this sync, and since the last one while a replacement re-formed a collective group) and
+        `faults/restarts_total` (over the run). Raises RestartsExhausted past
         run.max_restarts."""
         replaced, overlap = 0, overlap and not self.syncer.strategy.concurrent  # a collective: synchronous
         if not overlap:
@@ -148,6 +150,7 @@ class Job:
                     self.replace_rollout(k, e.reasons[k], sync=False)  # the redone sync brings it to `version`
                 replaced += len(e.engines)
         self.version = version
+        replaced, self.reform_restarts = replaced + self.reform_restarts, 0
         metrics.update({"sync/engine_restarts": replaced, "faults/restarts_total": self.restarts.used})
         return metrics
 
@@ -216,6 +219,7 @@ class Job:
                     raise
                 for j in sorted(others, reverse=True):
                     self.replace_rollout(j, e.reasons[j], sync=False)
+                self.reform_restarts += len(others)  # reported with the next sync's sync/engine_restarts
 
     def add_rollout(self, why: str) -> int:
         """One more rollout worker (index R, the next) in a placement group of its own (`engine_group`), started from

@@ -2,13 +2,14 @@
 and on the collective one (weight_sync.strategy=nccl: our gloo group on CPU), whose group is re-formed for each new
 membership without restarting the trainer or the healthy engines.
 
-- A lost engine under gloo: rollout worker 1 is killed as step 2's generate call reaches it (replaced, the group
-  re-formed, every engine synced; its groups reissued), rollout worker 0 as step 3's weight load reaches it (the
-  broadcast fails for the whole group: the lost engine is replaced, the group re-formed, the sync redone).
 - placement.elastic: an engine is added after step 1 (it joins at version 1, verified, before it samples) and
   retired after step 2, under gloo in a one-step-off run and (with a warm spare that takes rollout worker 0's place
   when it is killed in step 3) under object_store in a synchronous one, in one run each; the decisions are scripted
   here (the rules are unit-tested in tests/unit/test_elastic.py).
+- Lost engines under gloo, in the one-step-off run: rollout worker 1 is killed as step 2's generate call reaches it
+  (replaced, the group re-formed, every engine synced; its groups reissued), rollout worker 0 as the weight load of
+  that sync reaches it (the broadcast fails for the whole group: the lost engine is replaced, the group re-formed, the
+  sync redone).
 Every step trains whole groups, none twice; every engine holds the trainer's weights at the end.
 """
 from __future__ import annotations
@@ -79,28 +80,6 @@ def _whole_groups(controller) -> None:
         assert sorted(groups) == [2 * step, 2 * step + 1] and set(groups.values()) == {4}, step
 
 
-def test_a_lost_engine_re_forms_the_gloo_group_and_the_run_goes_on(ray_local, tiny_model, tmp_path):
-    class KillTwo(Recorded):
-        schedule = {(2, "generate"): 1, (3, "load"): 0}  # (step, window) -> the worker killed there
-
-        def kill(self, window, k, handle):
-            if self.schedule.get((self.at, window)) == k:
-                del self.schedule[self.at, window]
-                os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
-
-    cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=nccl", "rollout.num_workers=2", "run.max_restarts=2")
-    controller = KillTwo(cfg)
-    with fault_hook(controller.kill):
-        rows = _run(controller)
-    assert controller.schedule == {}  # both kills happened
-    assert [r["rollout/worker_restarts"] for r in rows] == [0, 1, 0]
-    assert [r["rollout/groups_reissued"] for r in rows] == [0, 1, 0]  # worker 1's group of step 2
-    assert [r["sync/engine_restarts"] for r in rows] == [0, 0, 1]
-    assert [r["sync/version"] for r in rows] == [1, 2, 3] and rows[-1]["faults/restarts_total"] == 2
-    assert controller.reforms == 3  # set up once, re-formed for each replacement
-    _whole_groups(controller)
-
-
 class JoinLeaveKill(Recorded):
     """Scripted decisions (an engine added after step 1, retired after step 2) and, with `kill_at`, rollout worker 0
     SIGKILLed as that step's generate call reaches it."""
@@ -133,20 +112,41 @@ def _assert_joined_and_left(rows, controller, trained_from_two: int = 1) -> None
     _whole_groups(controller)
 
 
-def test_an_engine_joins_and_leaves_the_re_formed_gloo_group_in_a_one_step_off_run(ray_local, tiny_model, tmp_path,
-                                                                                   monkeypatch):
+def test_engines_join_are_lost_and_leave_the_re_formed_gloo_group_in_a_one_step_off_run(ray_local, tiny_model,
+                                                                                         tmp_path, monkeypatch):
     """rollout.mode=one_step_off: the next step's batch is generated beside training and waited for before the weight
-    sync, so nothing is in flight between steps. Batches 1 and 2 are generated in step 1 on one engine; the engine
-    added after step 1 generates batch 3 with the first one during step 2 (trained in step 3, one version stale), and
-    leaves after step 2 with that batch already returned."""
+    sync, so nothing is in flight between steps. Batches 1 and 2 are generated in step 1 on one engine; an engine is
+    added after step 1 (scripted) and generates batch 3 with the first one during step 2, where rollout worker 1 is
+    killed as its generate call reaches it (replaced, the group re-formed, every engine synced; its group reissued)
+    and rollout worker 0 as step 2's first weight load reaches it, the sync of that re-formed group (the broadcast
+    fails for the whole group and the healthy engine fails at once instead of waiting out the group's timeout: the
+    lost engine is replaced, the group re-formed, the sync redone). The second engine leaves after step 2, batch 3
+    already returned."""
+    class KillTwo(JoinLeaveKill):
+        schedule = {(2, "generate"): 1, (2, "load"): 0}  # (step, window) -> the worker killed there
+
+        def kill(self, window, k, handle):
+            if self.schedule.get((self.at, window)) == k:
+                del self.schedule[self.at, window]
+                os.kill(ray.get(handle.pid.remote()), signal.SIGKILL)
+
     _scripted(monkeypatch)
     cfg = _cfg(tiny_model, tmp_path, "weight_sync.strategy=nccl", "placement.elastic=true", "rollout.max_workers=2",
-               "sizing.warmup_steps=1", "rollout.mode=one_step_off", "algo.max_staleness=1")
-    controller = JoinLeaveKill(cfg)
-    rows = _run(controller)
+               "sizing.warmup_steps=1", "rollout.mode=one_step_off", "algo.max_staleness=1", "run.max_restarts=2")
+    controller = KillTwo(cfg)
+    with fault_hook(controller.kill):
+        rows = _run(controller)
+    assert controller.schedule == {}  # both kills happened
     _assert_joined_and_left(rows, controller, trained_from_two=2)
     assert [r["async/staleness"] for r in rows] == [0, 1, 1]
-    assert rows[-1]["faults/restarts_total"] == 0 and controller.reforms == 3  # set up, joined, left
+    # worker 1's loss is reported with the batch it generated (batch 3, trained in step 3); worker 0 died in the
+    # weight load that followed its replacement (the re-formed group's sync of every engine), reported with step 2's
+    # sync; then the group was re-formed again and the load redone
+    assert [r["rollout/worker_restarts"] for r in rows] == [0, 0, 1]
+    assert [r["rollout/groups_reissued"] for r in rows] == [0, 0, 1]  # worker 1's group of batch 3
+    assert [r["sync/engine_restarts"] for r in rows] == [0, 1, 0] and rows[-1]["faults/restarts_total"] == 2
+    # set up; joined; worker 1's replacement; worker 0's; worker 1's connection redone after it (with the sync); left
+    assert controller.reforms == 6
     assert controller.groups == (2, 2)  # the job's + engine 0's: the retired engine's group was removed
 
 
