@@ -21,3 +21,21 @@ def crashed_copy(whole_out, out, step: int) -> None:
     rows = [line for line in (Path(whole_out) / "metrics.jsonl").read_text().splitlines()
             if line.strip() and json.loads(line).get("step", 0) <= step]
     (Path(out) / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+
+
+LOSS_KEYS = ("actor/entropy", "actor/clip_frac", "actor/clip_frac_low", "actor/clip_frac_high", "actor/clip_frac_dual",
+             "actor/approx_kl_old", "actor/loss", "actor/grad_norm")
+
+
+def assert_loss_metrics(rows: list[dict], mini_batches: int = 1) -> None:
+    """Every row carries the metrics every policy loss reports (issue 19: entropy, clip fractions by side, dual-clip
+    fraction, approximate KL to the old policy), finite; with 2+ mini-batches the later ones see a moved policy."""
+    import math
+
+    for row in rows:
+        for key in LOSS_KEYS:
+            assert key in row and math.isfinite(row[key]), key
+        assert 0 < row["actor/entropy"] and row["actor/grad_norm"] > 0
+        assert abs(row["actor/clip_frac_low"] + row["actor/clip_frac_high"] - row["actor/clip_frac"]) < 1e-9
+    if mini_batches > 1:
+        assert any(r["actor/approx_kl_old"] > 0 for r in rows)

@@ -3,7 +3,8 @@
 The trainer trains only adapters; every weight sync sends merged weights W + (alpha/r) B A under the base
 model's names, and the engine must then hold exactly them (checksums) and sample from the trainer's
 LoRA policy (logprobs). The checkpoint's policy/ is a full HF model of the merged weights, the adapter
-sits beside it, and a resume continues from it.
+sits beside it, and a resume continues from it. The run trains with CISPO over two mini-batches (issue 19's loss: its
+row metrics checked; the losses' math is unit-tested).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from orchestrator.controller import GRPOController
 from orchestrator.rollout import PromptRequest
 from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
+from tests.integration.helpers import assert_loss_metrics
 
 pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
@@ -26,7 +28,7 @@ REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', we
 def _cfg(tiny_model, out, *extra):
     return load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, out) + [
         REWARD, "trainer.lora.rank=8", "trainer.lora.alpha=16", "trainer.lr=1e-2", "checkpoint.every_steps=1",
-        *extra])
+        "algo.policy_loss=cispo", "trainer.mini_batches=2", *extra])  # issue 19's CISPO, over two mini-batches
 
 
 def test_lora_run_syncs_merged_weights_and_resumes(ray_local, tiny_model, tmp_path):
@@ -46,6 +48,7 @@ def test_lora_run_syncs_merged_weights_and_resumes(ray_local, tiny_model, tmp_pa
             assert max(abs(a - b) for a, b in zip(t.logprobs, lp)) < 2e-3
     finally:
         controller.shutdown()
+    assert_loss_metrics(result.rows, mini_batches=2)
     initial = load_file(str(tiny_model / "model.safetensors"))
     # LoRA moved exactly the adapted projections; embeddings and norms are the base model's
     changed = {k for k, v in initial.items() if k in merged and not torch.equal(v, merged[k])}
@@ -59,7 +62,7 @@ def test_lora_run_syncs_merged_weights_and_resumes(ray_local, tiny_model, tmp_pa
     second = GRPOController(_cfg(tiny_model, tmp_path, "trainer.total_steps=3", "checkpoint.resume=latest"))
     try:
         resumed = second.run()
-        assert ray.get(second.actors.trainer.get_step.remote()) == 3
+        assert ray.get(second.actors.trainer.get_step.remote()) == 3 * 2  # optimizer steps: two mini-batches a step
     finally:
         second.shutdown()
     assert second.start_step == 2 and resumed.rows[-1]["sync/version"] == 3
