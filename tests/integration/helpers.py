@@ -1,5 +1,5 @@
 """Reward functions for integration tests on a random tiny model (accuracy would always be 0 there), and
-`crashed_copy` for the resume tests."""
+`crashed_copy` for the resume tests, and small checks several tests share."""
 
 
 def length_reward(completions: list[str], answers: list[str]) -> list[float]:
@@ -39,3 +39,18 @@ def assert_loss_metrics(rows: list[dict], mini_batches: int = 1) -> None:
         assert abs(row["actor/clip_frac_low"] + row["actor/clip_frac_high"] - row["actor/clip_frac"]) < 1e-9
     if mini_batches > 1:
         assert any(r["actor/approx_kl_old"] > 0 for r in rows)
+
+
+def engine_cores(pid: int) -> list[int]:
+    """The vLLM engine-core processes whose parent is `pid` (their command line reads VLLM::EngineCore)."""
+    from pathlib import Path
+
+    out = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid \
+                    and b"EngineCore" in (proc / "cmdline").read_bytes():
+                out.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out

@@ -1,15 +1,11 @@
 """rollout.engine=async_llm's engine core (vLLM's AsyncLLM, a process of its own) dying on its own (docs/faults.md):
 a call in flight into it raises within seconds instead of waiting forever, and the rollout worker's actor ends its
-own process, so that the job replaces it as any lost worker (tests/integration/test_rollout_restart.py: that path).
+own process, so that the job replaces it as any lost worker (tests/integration/test_rollout_restart.py: that path;
+the actor's end is checked on an engine of tests/integration/test_weight_sync.py's async_llm run).
 
     .venv/bin/python -m pytest tests/integration/test_async_llm_engine.py -q
 """
 from __future__ import annotations
-
-import os
-import signal
-import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -65,39 +61,3 @@ def test_a_dead_async_llm_engine_core_fails_the_calls_instead_of_hanging(ray_loc
     assert out["cores"] >= 1
     assert "engine core process died" in out["load"] and out["load_s"] < 30, out
     assert out["drain"] != "returned" and "engine" in out["drain"].lower(), out
-
-
-
-def _engine_cores(pid: int) -> list[int]:
-    """The vLLM engine-core processes whose parent is `pid` (their command line reads VLLM::EngineCore)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid \
-                    and b"EngineCore" in (proc / "cmdline").read_bytes():
-                out.append(int(proc.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def test_a_rollout_workers_actor_ends_with_its_engine_core(ray_local, tiny_model):
-    """The actor (RolloutWorkerActor) ends its process when its engine core dies, so Ray reports it as died (the job's
-    recovery of a lost worker takes over); its engine's core ends when the actor is gone (nothing left over)."""
-    from actors.rollout.worker import RolloutWorkerActor
-    from orchestrator.config import load_config
-
-    cfg = load_config(None, ["rollout.kv_cache_space_gib=1", "rollout.engine=async_llm",
-                             "weight_sync.strategy=disk"]).rollout
-    worker = RolloutWorkerActor.options(num_cpus=1).remote(str(tiny_model), cfg)
-    ray.get(worker.ready.remote())
-    pid = ray.get(worker.pid.remote())
-    cores = _engine_cores(pid)
-    assert len(cores) == 1, cores
-    os.kill(cores[0], signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(ray.exceptions.RayActorError):
-        while time.monotonic() - t0 < 60:
-            ray.get(worker.ready.remote(), timeout=60)
-            time.sleep(0.2)
-    assert time.monotonic() - t0 < 30

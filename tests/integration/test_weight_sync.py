@@ -120,7 +120,8 @@ def _check_delta_above_threshold_sends_full(tiny_model: Path, out: Path, trainer
 # then (disk) a corrupted bucket caught and retried, (delta) a syncer whose threshold the changes pass sending full
 # weights. nccl (gloo on CPU) gets actors of its own: its collective group ends broken by the last check, a
 # broadcast nobody receives timing out, after a corrupted bucket caught and retried. rollout.engine=async_llm (vLLM's
-# AsyncLLM, its engine core in a process of its own: the payloads cross into it) takes object_store and disk.
+# AsyncLLM, its engine core in a process of its own: the payloads cross into it) takes object_store and disk, then
+# its second engine's core is killed: the actor ends with it.
 @pytest.mark.parametrize("strategies,engine", [(("object_store", "disk", "delta"), "in_process"), (("nccl",), "in_process"),
                                                (("object_store", "disk"), "async_llm")], ids=["shared", "nccl", "async_llm"])
 def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, tmp_path, strategies, engine):
@@ -133,8 +134,32 @@ def test_strategy_leaves_engines_bit_exact_across_steps(ray_local, tiny_model, t
             cfg = _cfg(tiny_model, tmp_path, f"weight_sync.strategy={strategy}", "weight_sync.bucket_mb=1",
                        "weight_sync.delta.max_changed_fraction=1.0", *over[:-1])
             first = _check_strategy(cfg, strategy, tiny_model, tmp_path, trainer, engines, first)
+        if engine == "async_llm":
+            _check_the_actor_ends_with_its_engine_core(engines[1])
     finally:
         _kill(trainer, *engines)
+
+
+def _check_the_actor_ends_with_its_engine_core(worker) -> None:
+    """rollout.engine=async_llm (docs/faults.md): the engine core, a process of its own, SIGKILLed on its own; the
+    rollout worker's actor ends its process within seconds, so Ray reports it as died and the job's recovery of a
+    lost worker takes over (tests/integration/test_rollout_restart.py: that path; a call in flight into the dead
+    core: tests/integration/test_async_llm_engine.py). Before: a test with an engine of its own."""
+    import os
+    import signal
+    import time
+
+    from tests.integration.helpers import engine_cores
+
+    cores = engine_cores(ray.get(worker.pid.remote()))
+    assert len(cores) == 1, cores
+    os.kill(cores[0], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(ray.exceptions.RayActorError):
+        while time.monotonic() - t0 < 60:
+            ray.get(worker.ready.remote(), timeout=60)
+            time.sleep(0.2)
+    assert time.monotonic() - t0 < 30
 
 
 def _check_strategy(cfg, strategy: str, tiny_model: Path, out: Path, trainer, engines, first: int) -> int:
