@@ -1,7 +1,8 @@
 """Command line: `rl-orch run <config.yaml> [key=value ...]` (also `python -m orchestrator ...`; run.py),
 `rl-orch plan sync ...` and `rl-orch plan memory ...` (predictions before a run; plan_sync.py, plan_memory.py)
-`rl-orch size ...` (the GPU split from measured phase times; size.py) and `rl-orch eval ...` (held-out eval of a
-checkpoint or the base model, no training; eval.py). One module per command.
+`rl-orch size ...` (the GPU split from measured phase times; size.py), `rl-orch eval ...` (held-out eval of a
+checkpoint or the base model, no training; eval.py) and `rl-orch drain ...` (Ray nodes about to go: an elastic run's
+engines there leave first; drain.py). One module per command.
 
 Any config key can be overridden as an OmegaConf dotlist (`rollout.n=8 algo.kl_coef=0.01`); an unknown
 key or a bad value fails at once with the key path and the allowed values.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator.cli.drain import add_drain_parser
 from orchestrator.cli.eval import add_eval_parser
 from orchestrator.cli.plan_sync import add_plan_parser
 from orchestrator.cli.run import add_run_parser
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     add_size_parser(sub)
     add_eval_parser(sub)
+    add_drain_parser(sub)
     return parser
 
 
@@ -32,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     orchestrator/cli/watchdog.py), or `main([...])` from Python (in-process, e.g. tests)."""
     from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in ("run", "plan", "size", "eval", "-h", "--help"):
+    if argv and argv[0] not in ("run", "plan", "size", "eval", "drain", "-h", "--help"):
         argv = ["run", *argv]  # `python -m orchestrator cfg.yaml ...` is `rl-orch run cfg.yaml ...`
     try:
         args = build_parser().parse_args(argv)

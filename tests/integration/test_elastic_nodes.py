@@ -6,8 +6,8 @@ bundle asks one `slot`).
 A node joins before step 2: the cluster has room for one more engine's placement group, so after step 2 an engine is
 added there (the decision is scripted to "add when there is room": the rules are unit-tested in
 tests/unit/test_elastic.py); it joins the re-formed group at version 2, verified, and step 3 generates on both
-engines. During step 3 the FIRST engine's node is drained (Ray's drain API, as `ray drain-node` or KubeRay's
-autoscaler calls it, a preemption with a deadline): after step 3 that engine leaves ahead of its node (the second
+engines. During step 3 the FIRST engine's node is drained (`rl-orch drain --node-id`: Ray's drain request, as
+`ray drain-node` or Ray's autoscaler makes it, a preemption with a deadline): after step 3 that engine leaves ahead of its node (the second
 engine takes index 0; the group re-formed) and no other change is made that step. A third node joins before step 4
 and an engine is added on it after step 4. That node leaves as step 5's generate call reaches its engine (found
 there, or at the step's weight sync when the generation had already returned): its group cannot be placed again, so
@@ -22,9 +22,9 @@ from collections import Counter
 
 import pytest
 import ray
-from ray.core.generated.autoscaler_pb2 import DrainNodeReason
 
 import orchestrator.placement.elastic_pool as elastic_pool
+from orchestrator.cli import main
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
 from orchestrator.placement.drain import group_nodes
@@ -57,12 +57,10 @@ class JoinDrainLeave(GRPOController):
         if step in (2, 4):
             self.node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
             _wait_alive(self.node.node_id)  # not Cluster.wait_for_nodes: the drained node ends once idle
-        if step == 3:
+        if step == 3:  # `rl-orch drain` (what the Slurm join job runs before its allocation ends)
             self.drained = self.engine_nodes()[0]
-            gcs = ray._raylet.GcsClient(address=self.cluster.address)
-            accepted, why = gcs.drain_node(self.drained, DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-                                           "a preemption notice (test)", int(time.time() * 1000) + 600_000)
-            assert accepted, why
+            assert main(["drain", "--address", self.cluster.address, "--node-id", self.drained,
+                         "--deadline-s", "600"]) == 0
         return super().step(step)
 
     def engine_nodes(self) -> list[str]:

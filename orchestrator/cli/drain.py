@@ -1,0 +1,99 @@
+"""`rl-orch drain`: tell a running Ray cluster that some of its nodes are going, so that an elastic run lets the
+rollout engines there go between steps instead of losing them mid-step (docs/elastic.md, "A node drained").
+
+    rl-orch drain --address 10.0.0.1:6379 --host node17 --host node18 --deadline-s 300
+    rl-orch drain --address 10.0.0.1:6379 --node-id 3f2a9c1b...            # Ray's hex node id
+
+Each node matched (by Ray node id, or by host name or IP: the nodes of a Slurm allocation) gets Ray's drain request
+with reason preemption and the deadline (`ray drain-node` does the same for one node id): the node takes no new work,
+an elastic run retires (or first replaces) its engines after the step it is in, and the node's raylet exits once
+nothing runs on it. deploy/slurm/rl_orch_join.sbatch calls it when its allocation is about to end. Needs the
+cluster's token in RAY_AUTH_TOKEN (with RAY_AUTH_MODE=token) when the cluster uses token authentication.
+
+Exit codes: 0 every matched node accepted the request; 1 a node refused it; 2 bad input (no node matches, an
+unreachable address), with a message naming the option.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def add_drain_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("drain", help="drain Ray nodes ahead of their end (an elastic run's engines leave first)",
+                       description=__doc__.split("\n\n")[2], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                   help="the cluster's GCS address <ip>:<port>; default: RAY_ADDRESS")
+    p.add_argument("--node-id", action="append", default=[], help="a Ray node id (hex) to drain; repeatable")
+    p.add_argument("--host", action="append", default=[], help="drain the live nodes on this host name or IP; "
+                                                                  "repeatable")
+    p.add_argument("--deadline-s", type=float, default=0.0,
+                   help="seconds until the nodes go (told to the run; 0: no deadline). Nothing is killed then")
+    p.add_argument("--reason-message", default="rl-orch drain", help="recorded with the request")
+    p.set_defaults(func=run_drain)
+
+
+def matching_nodes(nodes: dict[str, dict], node_ids: list[str], hosts: list[str]) -> dict[str, dict]:
+    """The live nodes of `nodes` ({hex id: {"address", "hostname", "alive"}}) named by id or whose host name / IP
+    is one of `hosts` (a short name matches the node's full name too). Raises ValueError naming the option for an
+    id that is not a live node."""
+    live = {k: v for k, v in nodes.items() if v["alive"]}
+    missing = [n for n in node_ids if n not in live]
+    if missing:
+        raise ValueError(f"--node-id {missing[0]}: not a live node of this cluster ({len(live)} live)")
+    wanted = {h.lower() for h in hosts}
+    out = {k: live[k] for k in node_ids}
+    for k, v in live.items():
+        names = {v["address"].lower(), v["hostname"].lower(), v["hostname"].lower().split(".")[0]}
+        if names & wanted:
+            out[k] = v
+    return out
+
+
+def _cluster_nodes(gcs) -> dict[str, dict]:
+    from ray.core.generated.gcs_pb2 import GcsNodeInfo
+
+    alive = GcsNodeInfo.GcsNodeState.Value("ALIVE")
+    return {k.hex(): {"address": v.node_manager_address, "hostname": v.node_manager_hostname,
+                      "alive": v.state == alive} for k, v in gcs.get_all_node_info().items()}
+
+
+def run_drain(args) -> int:
+    if not args.address:
+        print("rl-orch drain: --address is required (or set RAY_ADDRESS): the cluster's GCS <ip>:<port>",
+              file=sys.stderr)
+        return 2
+    if not args.node_id and not args.host:
+        print("rl-orch drain: name the nodes with --node-id or --host", file=sys.stderr)
+        return 2
+    if args.deadline_s < 0:
+        print(f"rl-orch drain: --deadline-s must be >= 0 (got {args.deadline_s:g})", file=sys.stderr)
+        return 2
+    from ray._raylet import GcsClient  # Ray's GCS client, as `ray drain-node` uses it
+    from ray.core.generated.autoscaler_pb2 import DrainNodeReason
+
+    try:
+        gcs = GcsClient(address=args.address)
+        nodes = matching_nodes(_cluster_nodes(gcs), args.node_id, args.host)
+    except ValueError as e:
+        print(f"rl-orch drain: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - an unreachable GCS, a refused token: said, exit 2
+        print(f"rl-orch drain: --address {args.address}: cannot read the cluster's nodes ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 2
+    if not nodes:
+        print(f"rl-orch drain: --host {' '.join(args.host)}: no live node of this cluster is on these hosts",
+              file=sys.stderr)
+        return 2
+    deadline_ms = int(time.time() * 1000 + args.deadline_s * 1000) if args.deadline_s else 0
+    rc = 0
+    for node_id, node in sorted(nodes.items()):
+        accepted, why = gcs.drain_node(node_id, DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+                                       args.reason_message, deadline_ms)
+        where = f"{node['hostname']} ({node['address']}, node {node_id[:12]})"
+        print(f"rl-orch drain: {where}: " + ("draining" if accepted else f"refused: {why}"), flush=True)
+        rc = rc if accepted else 1
+    return rc

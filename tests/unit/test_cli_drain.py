@@ -1,0 +1,33 @@
+"""`rl-orch drain` (orchestrator/cli/drain.py): which nodes it drains, and bad input refused before any request,
+exit code 2 with a message naming the option. (Against a real cluster: tests/integration/test_elastic_nodes.py.)"""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.cli.drain import matching_nodes
+
+NODES = {"a1": {"address": "10.0.0.1", "hostname": "node17.cluster.local", "alive": True},
+         "b2": {"address": "10.0.0.2", "hostname": "node18.cluster.local", "alive": True},
+         "c3": {"address": "10.0.0.3", "hostname": "node18.cluster.local", "alive": False},  # a dead raylet
+         "d4": {"address": "10.0.0.4", "hostname": "node19", "alive": True}}
+
+
+def test_nodes_are_matched_by_id_host_name_short_name_or_ip_and_only_live_ones():
+    assert set(matching_nodes(NODES, [], ["node18"])) == {"b2"}  # the short name; the dead one left out
+    assert set(matching_nodes(NODES, [], ["NODE17.cluster.local", "10.0.0.4"])) == {"a1", "d4"}
+    assert set(matching_nodes(NODES, ["d4"], ["node17"])) == {"a1", "d4"}
+    assert matching_nodes(NODES, [], ["node20"]) == {}
+    with pytest.raises(ValueError, match="--node-id c3: not a live node"):
+        matching_nodes(NODES, ["c3"], [])
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["drain", "--host", "x"], "--address is required"),
+    (["drain", "--address", "10.0.0.1:6379"], "name the nodes with --node-id or --host"),
+    (["drain", "--address", "10.0.0.1:6379", "--host", "x", "--deadline-s", "-1"], "--deadline-s must be >= 0"),
+])
+def test_bad_input_exits_2_naming_the_option(argv, match, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(argv) == 2
+    assert match in capsys.readouterr().err
