@@ -97,6 +97,7 @@ class Job:
         if self.actors is not None:
             self.actors.shutdown()
         self.actors, self.syncer, self.overlapped, self.spares = None, None, None, None
+        self.reform_restarts = 0
 
     def close(self) -> None:
         """`shutdown()`, then `ray.shutdown()` when `start` started a local Ray: its raylet, GCS and agent
@@ -145,10 +146,8 @@ class Job:
                 metrics = (self.overlapped.start(version) if overlap
                            else self.syncer.sync_with_retries(version, self.cfg.weight_sync.retries))
                 break
-            except EnginesLost as e:
-                for k in sorted(e.engines, reverse=True):  # the last first: under placement.elastic it may leave
-                    self.replace_rollout(k, e.reasons[k], sync=False)  # the redone sync brings it to `version`
-                replaced += len(e.engines)
+            except EnginesLost as e:  # the redone sync brings the replacements to `version`
+                replaced += self._replace_lost(e, sync=False)
         self.version = version
         replaced, self.reform_restarts = replaced + self.reform_restarts, 0
         metrics.update({"sync/engine_restarts": replaced, "faults/restarts_total": self.restarts.used})
@@ -178,8 +177,8 @@ class Job:
         connect it to the weight syncer; with `sync`, bring it to the engines' current version (verified).
         Returns the new handle. Raises RestartsExhausted past the budget,
         PlacementError when its bundle is not placed within placement.timeout_s, except for an engine that may leave
-        (placement.elastic, the last engine, above rollout.min_workers): it leaves the job (`retire_rollout`'s way) and
-        the first worker's handle is returned (its calls' groups go to the others). A collective strategy (nccl, gloo)
+        (placement.elastic, above rollout.min_workers): it leaves the job (`retire_rollout`'s way: the last engine
+        takes index k) and the handle now at k (else the first) is returned (its calls' groups go there). A collective strategy (nccl, gloo)
         re-forms its group with the fresh engine and syncs every engine (orchestrator/weight_sync/syncer.py)."""
         self.overlapped.forget(k)
         self.restarts.spend(f"rollout worker {k}", why)
@@ -191,12 +190,13 @@ class Job:
             if new is None:
                 new = self._start_rollout_worker(k)
         except PlacementError as e:
-            if not self._may_leave(k):
+            if not self._may_leave():
                 raise
-            self._drop_last_engine(old)  # placement.elastic: the job goes on with one engine fewer
+            self._remove_engine(k)  # placement.elastic: the job goes on with one engine fewer
+            n = len(self.actors.rollout)
             print(f"rollout worker {k} lost ({why}) and its placement group cannot be placed again ({e}); "
-                  f"placement.elastic: going on with {k} engines", flush=True)
-            return self.actors.rollout[0]
+                  f"placement.elastic: going on with {n} engines", flush=True)
+            return self.actors.rollout[k if k < n else 0]  # the engine that took index k, else the first
         self.actors.rollout[k] = new
         self.actors.all.remove(old)
         if new not in self.actors.all:
@@ -214,12 +214,23 @@ class Job:
                 self.syncer.replace_engine(k, handle, version)
                 return
             except EnginesLost as e:
-                others = [j for j in e.engines if j != k and j < len(self.actors.rollout)]
-                if not others:
+                if not [j for j in e.engines if j != k and j < len(self.actors.rollout)]:
                     raise
-                for j in sorted(others, reverse=True):
-                    self.replace_rollout(j, e.reasons[j], sync=False)
-                self.reform_restarts += len(others)  # reported with the next sync's sync/engine_restarts
+                # reported with the next sync's sync/engine_restarts
+                self.reform_restarts += self._replace_lost(e, sync=False, keep=handle)
+
+    def _replace_lost(self, e: EnginesLost, sync: bool, keep=None) -> int:
+        """Replace the engines `e` names, the highest index first (under placement.elastic an engine may leave and
+        the last one take its index), skipping `keep` and any engine replaced since `e` was raised (inside another
+        one's re-formation: counted there). Returns how many were replaced here."""
+        rollout = self.actors.rollout
+        held = {k: rollout[k] for k in e.engines if k < len(rollout)}
+        done = 0
+        for k in sorted(held, reverse=True):
+            if k < len(rollout) and rollout[k] is held[k] and held[k] is not keep:
+                self.replace_rollout(k, e.reasons[k], sync=sync)
+                done += 1
+        return done
 
     def add_rollout(self, why: str) -> int:
         """One more rollout worker (index R, the next) in a placement group of its own (`engine_group`), started from
@@ -248,38 +259,53 @@ class Job:
         return k
 
     def retire_rollout(self, why: str, k: Optional[int] = None) -> int:
-        """Rollout worker k (default: the last) leaves: the weight syncer lets it go (a collective strategy re-forms its
-        group without it; the last engine takes index k), then the actor is killed and its placement group removed.
-        Returns k. Raises ValueError for the only engine. Between steps only (nothing in flight on the engines)."""
-        last = len(self.actors.rollout) - 1
-        k = last if k is None else k
-        self.syncer.remove_engine(k)
-        rollout, slots = self.actors.rollout, self.actors.plan.slots["rollout"]
-        rollout[k], rollout[last] = rollout[last], rollout[k]  # the leaving engine last: its slot is dropped with it
-        slots[k], slots[last] = slots[last], slots[k]
-        self._drop_last_engine(rollout[last])
-        print(f"rollout worker {k} retired ({why}): {last} engines", flush=True)
+        """Rollout worker k (default: the last) leaves (`_remove_engine`: the last engine takes index k; a collective
+        strategy re-forms its group without it). Returns k. Raises ValueError for the only engine. Between steps only
+        (nothing in flight on the engines)."""
+        k = len(self.actors.rollout) - 1 if k is None else k
+        self._remove_engine(k)
+        print(f"rollout worker {k} retired ({why}): {len(self.actors.rollout)} engines", flush=True)
         return k
 
-    def _may_leave(self, k: int) -> bool:
-        """Whether engine k may leave the job when it cannot be restarted: placement.elastic, k the last engine
-        (engines leave last-in first-out), and more than rollout.min_workers engines."""
-        n = len(self.actors.rollout)
-        return bool(self.cfg.placement.elastic) and k == n - 1 and n > engine_range(self.cfg)[0]
+    def _may_leave(self) -> bool:
+        """Whether a lost engine may leave the job when it cannot be restarted: placement.elastic and more than
+        rollout.min_workers engines."""
+        return bool(self.cfg.placement.elastic) and len(self.actors.rollout) > engine_range(self.cfg)[0]
+
+    def _remove_engine(self, k: int) -> None:
+        """Engine k leaves: the last engine takes index k (actor list and slot swapped; the syncer does the same),
+        then `_drop_last_engine`. Raises ValueError for the only engine."""
+        rollout, slots = self.actors.rollout, self.actors.plan.slots["rollout"]
+        if len(rollout) < 2:
+            raise ValueError(f"rollout worker {k} cannot leave: it is the only engine")
+        last = len(rollout) - 1
+        rollout[k], rollout[last] = rollout[last], rollout[k]
+        slots[k], slots[last] = slots[last], slots[k]
+        self._drop_last_engine(rollout[last])
 
     def _drop_last_engine(self, handle) -> None:
         """Undo the last engine: out of the syncer and the actor lists, killed, its own placement group removed (an
-        engine whose bundle is in the job group leaves the bundle reserved)."""
-        plan, pgs = self.actors.plan, self.actors.pgs
+        engine whose bundle is in the job group leaves the bundle reserved). Engines that a collective group's
+        re-formation without it finds lost are replaced (and synced) after it is gone."""
+        plan, lost = self.actors.plan, None
         if handle is not None:
-            if handle in self.syncer.engines:
-                self.syncer.remove_engine(self.syncer.engines.index(handle))
-            for handles in (self.actors.rollout, self.actors.all):
-                if handle in handles:
-                    handles.remove(handle)
-            ray.kill(handle)
-        if len(plan.slots["rollout"]) == len(self.actors.rollout):
-            return  # its slot was never planned
+            try:
+                if handle in self.syncer.engines:
+                    self.syncer.remove_engine(self.syncer.engines.index(handle))
+            except EnginesLost as e:
+                lost = e
+            finally:
+                for handles in (self.actors.rollout, self.actors.all):
+                    if handle in handles:
+                        handles.remove(handle)
+                ray.kill(handle)
+        if len(plan.slots["rollout"]) > len(self.actors.rollout):  # else its slot was never planned
+            self._drop_last_slot()
+        if lost is not None:
+            self.reform_restarts += self._replace_lost(lost, sync=True)
+
+    def _drop_last_slot(self) -> None:
+        plan, pgs = self.actors.plan, self.actors.pgs
         slot = plan.slots["rollout"].pop()
         if slot.group == 0 or slot.group in {s.group for slots in plan.slots.values() for s in slots}:
             return  # a bundle of the job group (or of a group another actor uses) stays reserved

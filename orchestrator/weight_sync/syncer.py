@@ -167,12 +167,12 @@ class WeightSyncer:
         self.engine_versions.pop()
         if self.strategy.concurrent:
             self.reform()
-        elif moved:
-            self._connect_one(k)
+        elif moved:  # a dead moved engine: EnginesLost naming it (the job replaces it)
+            gather_engines({k: self._connect_one(k, wait=False)}, self.ws.timeout_s, "connect")
 
-    def _connect_one(self, k: int) -> None:
-        self._get(call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k),
-                  f"connecting rollout worker {k}")
+    def _connect_one(self, k: int, wait: bool = True):
+        ref = call_engine(self.engines, k, "connect", "weight_sync", self.entry, "connect", self.info, k)
+        return self._get(ref, f"connecting rollout worker {k}") if wait else ref
 
     def sync(self, version: int, engine_ids: Optional[list[int]] = None) -> dict:
         """Bring engines `engine_ids` (default: all) to `version`, verified, then probed when due (the first

@@ -126,11 +126,13 @@ class FakeSyncer:
 def test_the_job_replaces_engines_lost_in_a_sync_and_redoes_it():
     job = Job(CFG, "model", 0)
     job.syncer = FakeSyncer([{1: "hung"}, {0: "ActorDiedError", 1: "hung again"}])
+    job.actors = SimpleNamespace(rollout=["e0", "e1"])
     replaced = []
 
     def replace(k, why, sync=True):
         job.restarts.spend(f"rollout worker {k}", why)
         replaced.append((k, why, sync))
+        job.actors.rollout[k] = f"{job.actors.rollout[k]}+"  # a fresh handle
 
     job.replace_rollout = replace
     metrics = job.sync_weights(7)
@@ -141,6 +143,28 @@ def test_the_job_replaces_engines_lost_in_a_sync_and_redoes_it():
     job.syncer = FakeSyncer([{0: "x"}])
     with pytest.raises(RestartsExhausted, match="rollout worker 0 failed"):  # the 4th restart of max_restarts=3
         job.sync_weights(8)
+
+
+def test_an_engine_replaced_inside_another_ones_re_formation_is_not_replaced_again():
+    """A collective sync loses engines 0 and 1 (a node with both went): replacing 1 re-forms the group, which finds
+    the old 0 dead and replaces it there (counted with the sync); the loop then leaves the fresh 0 alone."""
+    job = Job(CFG, "model", 0)
+    job.syncer = FakeSyncer([{0: "node lost", 1: "node lost"}])
+    job.actors = SimpleNamespace(rollout=["e0", "e1"])
+    replaced = []
+
+    def replace(k, why, sync=True):
+        replaced.append(k)
+        job.actors.rollout[k] = f"{job.actors.rollout[k]}+"
+        if k == 1:  # its re-formation finds the old engine 0 dead: replaced inside (`_connect_engine`)
+            replaced.append(0)
+            job.actors.rollout[0] = "e0+"
+            job.reform_restarts += 1
+
+    job.replace_rollout = replace
+    metrics = job.sync_weights(3)
+    assert replaced == [1, 0] and job.actors.rollout == ["e0+", "e1+"]
+    assert metrics["sync/engine_restarts"] == 2
 
 
 class Recorder:
@@ -272,3 +296,49 @@ def test_engines_lost_keeps_what_the_other_engines_answered():
     e = EnginesLost({1: "lost during its logprob probe: ActorDiedError"}, {0: [-1.0, -2.0]})
     assert e.engines == [1] and e.answered == {0: [-1.0, -2.0]} and "rollout worker 1: lost during" in str(e)
     assert EnginesLost({0: "x"}).answered == {}
+
+
+def _elastic_job(monkeypatch, engines: int):
+    """A Job over fake actors: engines k in groups 1..engines of their own (group 0: the job's), `ray.kill` and the
+    group removal recorded."""
+    import orchestrator.job as job_module
+    from orchestrator.placement.plan import ActorSlot, GroupPlan, JobPlan
+
+    killed, removed = [], []
+    monkeypatch.setattr(job_module.ray, "kill", killed.append)
+    monkeypatch.setattr(job_module, "remove_groups", lambda pgs: removed.extend(pgs))
+    plan = JobPlan("disaggregated", [GroupPlan("rl-orch-job", [{"CPU": 1}], "PACK")]
+                   + [GroupPlan(f"rl-orch-rollout-{k}", [{"CPU": 1}], "STRICT_PACK") for k in range(engines)],
+                   {"trainer": [ActorSlot("trainer", 0, 0, {})],
+                    "rollout": [ActorSlot("rollout", k + 1, 0, {}) for k in range(engines)]})
+    job = Job(load_config("configs/grpo_arith_cpu.yaml", ["placement.elastic=true", "rollout.max_workers=3",
+                                                          "trainer.total_steps=20"]), "model", 0)
+    rollout = [f"e{k}" for k in range(engines)]
+    job.actors = SimpleNamespace(rollout=rollout, all=["trainer", *rollout], plan=plan,
+                                 pgs=["pg-job"] + [f"pg{k}" for k in range(engines)])
+    return job, killed, removed
+
+
+def test_an_engine_leaves_from_the_middle_and_one_found_lost_meanwhile_is_replaced_after(monkeypatch):
+    """retire_rollout(why, 0) of three engines: the last takes index 0 (actors, slots and syncer alike), its group
+    goes; the collective group's re-formation without it finds engine 1 dead: the actor lists and groups are still
+    cleaned, then engine 1 is replaced (synced) and counted with the next sync."""
+    job, killed, removed = _elastic_job(monkeypatch, 3)
+
+    class Syncer:
+        engines = ["e0", "e1", "e2"]
+
+        def remove_engine(self, k):
+            self.engines[k] = self.engines.pop()  # the last takes index k
+            raise EnginesLost({1: "ActorDiedError"})
+
+    job.syncer, replaced = Syncer(), []
+    job.replace_rollout = lambda k, why, sync=True: replaced.append((k, why, sync))
+    assert job.retire_rollout("its node is being drained", 0) == 0
+    assert job.actors.rollout == ["e2", "e1"] and job.syncer.engines == ["e2", "e1"] and killed == ["e0"]
+    assert [s.group for s in job.actors.plan.slots["rollout"]] == [3, 2] and removed == ["pg0"]
+    assert job.actors.plan.groups[1].bundles == [] and "e0" not in job.actors.all  # a middle group: kept, empty
+    assert replaced == [(1, "ActorDiedError", True)] and job.reform_restarts == 1
+    with pytest.raises(ValueError, match="the only engine"):
+        job.actors.rollout[1:] = []
+        job.retire_rollout("why")
