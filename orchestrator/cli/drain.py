@@ -23,14 +23,17 @@ import time
 
 def add_drain_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("drain", help="drain Ray nodes ahead of their end (an elastic run's engines leave first)",
-                       description=__doc__.split("\n\n")[2], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description=__doc__.split("\n\n")[2], epilog=__doc__.split("\n\n")[3],
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
-                   help="the cluster's GCS address <ip>:<port>; default: RAY_ADDRESS")
+                   help="the cluster's GCS address <ip>:<port> (the head's port, 6379 by default; not the dashboard "
+                        "URL); default: RAY_ADDRESS")
     p.add_argument("--node-id", action="append", default=[], help="a Ray node id (hex) to drain; repeatable")
     p.add_argument("--host", action="append", default=[], help="drain the live nodes on this host name or IP; "
                                                                   "repeatable")
     p.add_argument("--deadline-s", type=float, default=0.0,
-                   help="seconds until the nodes go (told to the run; 0: no deadline). Nothing is killed then")
+                   help="seconds until the nodes go (told to the run; 0: no deadline). Ray kills nothing at the "
+                        "deadline: the node's owner does")
     p.add_argument("--reason-message", default="rl-orch drain", help="recorded with the request")
     p.set_defaults(func=run_drain)
 
@@ -43,13 +46,23 @@ def matching_nodes(nodes: dict[str, dict], node_ids: list[str], hosts: list[str]
     missing = [n for n in node_ids if n not in live]
     if missing:
         raise ValueError(f"--node-id {missing[0]}: not a live node of this cluster ({len(live)} live)")
-    wanted = {h.lower() for h in hosts}
     out = {k: live[k] for k in node_ids}
     for k, v in live.items():
-        names = {v["address"].lower(), v["hostname"].lower(), v["hostname"].lower().split(".")[0]}
-        if names & wanted:
+        if any(_same_host(h, v) for h in hosts):
             out[k] = v
     return out
+
+
+def _same_host(host: str, node: dict) -> bool:
+    """`host` (a name or IP) names `node`: its IP, its host name, or the same short name (node17 and
+    node17.cluster.local match either way)."""
+    host, name = host.lower(), node["hostname"].lower()
+    return host in (node["address"].lower(), name) or host.split(".")[0] == name.split(".")[0] != ""
+
+
+def unmatched_hosts(nodes: dict[str, dict], hosts: list[str]) -> list[str]:
+    """The `hosts` that name no live node of `nodes`."""
+    return [h for h in hosts if not any(_same_host(h, v) for v in nodes.values() if v["alive"])]
 
 
 def _cluster_nodes(gcs) -> dict[str, dict]:
@@ -76,7 +89,8 @@ def run_drain(args) -> int:
 
     try:
         gcs = GcsClient(address=args.address)
-        nodes = matching_nodes(_cluster_nodes(gcs), args.node_id, args.host)
+        cluster = _cluster_nodes(gcs)
+        nodes = matching_nodes(cluster, args.node_id, args.host)
     except ValueError as e:
         print(f"rl-orch drain: {e}", file=sys.stderr)
         return 2
@@ -88,6 +102,8 @@ def run_drain(args) -> int:
         print(f"rl-orch drain: --host {' '.join(args.host)}: no live node of this cluster is on these hosts",
               file=sys.stderr)
         return 2
+    for host in unmatched_hosts(cluster, args.host):
+        print(f"rl-orch drain: --host {host}: no live node of this cluster is on it (left out)", file=sys.stderr)
     deadline_ms = int(time.time() * 1000 + args.deadline_s * 1000) if args.deadline_s else 0
     rc = 0
     for node_id, node in sorted(nodes.items()):

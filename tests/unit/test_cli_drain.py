@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.cli.drain import matching_nodes
+from orchestrator.cli.drain import matching_nodes, unmatched_hosts
 
 NODES = {"a1": {"address": "10.0.0.1", "hostname": "node17.cluster.local", "alive": True},
          "b2": {"address": "10.0.0.2", "hostname": "node18.cluster.local", "alive": True},
@@ -18,6 +18,8 @@ def test_nodes_are_matched_by_id_host_name_short_name_or_ip_and_only_live_ones()
     assert set(matching_nodes(NODES, [], ["NODE17.cluster.local", "10.0.0.4"])) == {"a1", "d4"}
     assert set(matching_nodes(NODES, ["d4"], ["node17"])) == {"a1", "d4"}
     assert matching_nodes(NODES, [], ["node20"]) == {}
+    assert set(matching_nodes(NODES, [], ["node19.cluster.local"])) == {"d4"}  # Slurm's full name, Ray's short one
+    assert unmatched_hosts(NODES, ["node17", "node20", "10.0.0.3"]) == ["node20", "10.0.0.3"]  # 10.0.0.3: dead
     with pytest.raises(ValueError, match="--node-id c3: not a live node"):
         matching_nodes(NODES, ["c3"], [])
 
