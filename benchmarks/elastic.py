@@ -8,13 +8,14 @@ group is re-formed at each change), on a local Ray of this machine's cores; ever
 placement.rollout_per_worker=0.25 CPU so that the spare fits. Printed and written to <out>/elastic_report.json:
 
 - grow: each run's engine count per step, its median step time over the last --tail steps, and the elastic run's
-  median against the fixed run at the count it ended with (target: within 10%) and against staying at one engine;
-  the elastic run's decision lines.
+  median against the run fixed at one engine (the count it ends with on one 2-core host: two engines only compete for
+  its cores; target: within 10%), in --repeats interleaved pairs, with the median ratio; the run fixed at two engines
+  once (when an elastic run ended there, or with one repeat); the elastic runs' changes and predictions.
 - spare: rollout worker 0 is SIGKILLed as step --kill-at's generate call reaches it; the time lost is that step's
   time minus the run's median clean step, without a spare (a new engine starts) and with one (the spare takes its
   place).
 
-    .venv/bin/python benchmarks/elastic.py [--steps 12] [--tail 5] [--kill-at 4] [--out DIR]
+    .venv/bin/python benchmarks/elastic.py [--steps 12] [--tail 5] [--kill-at 4] [--repeats 1] [--only grow] [--out DIR]
 
 Takes about 10 minutes on 2 cores. Do not run it beside the integration tests (Ray's memory monitor).
 """
@@ -86,23 +87,34 @@ def tail_median(rows: list[dict], tail: int) -> float:
     return statistics.median(r["timing/step_s"] for r in rows[-tail:])
 
 
-def grow(out: Path, steps: int, tail: int) -> dict:
-    runs = {"fixed_1": run_once(out / "fixed_1", steps),
-            "fixed_2": run_once(out / "fixed_2", steps, 0, False, "rollout.num_workers=2"),
-            "elastic": run_once(out / "elastic", steps, 0, False, "placement.elastic=true", "rollout.max_workers=2",
-                                "sizing.warmup_steps=2", "sizing.cooldown_steps=2")}
-    report = {name: {"engines": [r["engines/active"] for r in run["rows"]],
-                     "median_step_s_tail": round(tail_median(run["rows"], tail), 3),
-                     "wall_s": round(run["wall_s"], 1)} for name, run in runs.items()}
-    el = runs["elastic"]["rows"]
-    final = el[-1]["engines/active"]
-    same = report[f"fixed_{final}"]["median_step_s_tail"]
-    report["elastic"].update({
-        "ended_with": final, "changes": [(r["step"], "add" if r.get("elastic/added") else "retire")
-                                         for r in el if r.get("elastic/added") or r.get("elastic/retired")],
-        "predicted_step_s": [round(r["elastic/predicted_step_s"], 3) for r in el if "elastic/predicted_step_s" in r],
-        "vs_fixed_at_final_count": round(report["elastic"]["median_step_s_tail"] / same, 3),
-        "vs_fixed_1": round(report["elastic"]["median_step_s_tail"] / report["fixed_1"]["median_step_s_tail"], 3)})
+ELASTIC = ("placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=2", "sizing.cooldown_steps=2")
+
+
+def _summary(run: dict, tail: int) -> dict:
+    rows = run["rows"]
+    out = {"engines": [r["engines/active"] for r in rows], "median_step_s_tail": round(tail_median(rows, tail), 3),
+           "wall_s": round(run["wall_s"], 1)}
+    if any("elastic/added" in r for r in rows):
+        out["changes"] = [(r["step"], "add" if r.get("elastic/added") else "retire")
+                          for r in rows if r.get("elastic/added") or r.get("elastic/retired")]
+        out["predicted_step_s"] = [round(r["elastic/predicted_step_s"], 3) for r in rows
+                                   if "elastic/predicted_step_s" in r]
+    return out
+
+
+def grow(out: Path, steps: int, tail: int, repeats: int = 1) -> dict:
+    """`repeats` pairs (the run fixed at one engine, then the elastic run), interleaved so that the machine's drift
+    hits both alike; the run fixed at two engines once, when an elastic run ended at two (or with one repeat)."""
+    report: dict = {"pairs": []}
+    for i in range(repeats):
+        fixed = _summary(run_once(out / f"fixed_1_{i}", steps), tail)
+        el = _summary(run_once(out / f"elastic_{i}", steps, 0, False, *ELASTIC), tail)
+        report["pairs"].append({"fixed_1": fixed, "elastic": el, "elastic_ended_with": el["engines"][-1],
+                                "elastic_vs_fixed_1": round(el["median_step_s_tail"] / fixed["median_step_s_tail"], 3)})
+    if repeats == 1 or any(p["elastic_ended_with"] == 2 for p in report["pairs"]):
+        report["fixed_2"] = _summary(run_once(out / "fixed_2", steps, 0, False, "rollout.num_workers=2"), tail)
+    ratios = [p["elastic_vs_fixed_1"] for p in report["pairs"]]
+    report["elastic_vs_fixed_1_median"] = round(statistics.median(ratios), 3)
     return report
 
 
@@ -125,11 +137,13 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-at", type=int, default=4)
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("grow", "spare"), default=None)
+    ap.add_argument("--repeats", type=int, default=1, help="grow: pairs of (fixed at one engine, elastic) runs, "
+                                                           "interleaved")
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="elastic_bench_"))
     result = {}
     if args.only in (None, "grow"):
-        result["grow"] = grow(out, args.steps, args.tail)
+        result["grow"] = grow(out, args.steps, args.tail, args.repeats)
     if args.only in (None, "spare"):
         result["spare"] = spare(out, min(args.steps, args.kill_at + 3), args.kill_at)
     (out / "elastic_report.json").write_text(json.dumps(result, indent=2))
