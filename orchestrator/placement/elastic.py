@@ -119,9 +119,11 @@ def decide_pool(rows: list[dict], cfg, engines: int, room: bool) -> PoolDecision
                                              "room for another engine's placement group (asking Ray's autoscaler "
                                              "for it)", predicted, wants_room=True)
     if fewer is not None and fewer <= now * (1 + RETIRE_LOSS):
+        why = (f"within {RETIRE_LOSS:.0%}: the step is not rollout-bound" if fewer >= now else
+               "faster: the engines compete for what they share, or the step is not rollout-bound")
         return PoolDecision("retire", engines, f"placement.elastic: retiring an engine: {engines - 1} engines predicted "
-                                               f"{fewer:.3g} s per step against {now:.3g} s at {engines} (within "
-                                               f"{RETIRE_LOSS:.0%}: the step is not rollout-bound)", predicted)
+                                               f"{fewer:.3g} s per step against {now:.3g} s at {engines} ({why})",
+                            predicted)
     return PoolDecision("hold", engines, f"placement.elastic: holding {engines} engines: predicted {now:.3g} s per "
                                          f"step; {_others(predicted, engines)}", predicted)
 

@@ -43,6 +43,12 @@ def test_an_engine_that_did_not_pay_is_retired_on_the_next_fit():
     d = decide_pool(rows, _cfg(), engines=2, room=True)
     assert d.action == "retire" and d.predicted[1] == pytest.approx(d.predicted[2], rel=1e-6)
     assert "not rollout-bound" in d.why
+    # one engine fewer is faster: the weight sync grew with its receivers (3 s at 2 engines against 1 s at 1) and the
+    # generation did not shrink (as benchmarks/elastic.py measures on one 2-core host)
+    rows = [dict(r, **{"timing/weight_sync_s": 1.0 + 2.0 * (r["engines/active"] - 1)})
+            for r in _rows((1, 3, 10.0, 2.0), (2, 3, 10.0, 2.0))]
+    d = decide_pool(rows, _cfg(), engines=2, room=True)
+    assert d.action == "retire" and d.predicted[1] < d.predicted[2] and "(faster: the engines compete" in d.why
 
 
 def test_a_trainer_bound_run_retires_down_to_the_minimum_and_no_further():
