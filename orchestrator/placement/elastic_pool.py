@@ -40,7 +40,6 @@ class ElasticPool:
         self.rows: deque = deque(rows[-WINDOW_STEPS:], maxlen=WINDOW_STEPS)
         self.step = 0
         self.add_blocked_until = 0  # the step from which an add is tried again after a failed one
-        self.drain_wants_room = False  # an engine on a drained node stays for want of room (the autoscaler is asked)
 
     def room_for_engine(self, draining=()) -> bool:
         """Whether one node that is not being drained (`draining`: node ids) has the resources of one more engine's
@@ -61,11 +60,12 @@ class ElasticPool:
         self.rows.append(row)
         self.step = row.get("step", 0)
         fields = {"elastic/added": 0, "elastic/retired": 0, "elastic/drained": 0}
-        draining, self.drain_wants_room = draining_nodes(), False
+        draining = draining_nodes()
         t0 = time.perf_counter()
-        if self._drain(draining, fields):
+        drained, drain_wants_room = self._drain(draining, fields)
+        if drained:
             fields["elastic/change_s"] = time.perf_counter() - t0
-            self.ask_autoscaler(one_more=self.drain_wants_room)
+            self.ask_autoscaler(one_more=drain_wants_room)
             return fields
         engines = len(self.job.actors.rollout)  # now: an engine may have left since the row was measured
         room = self.step >= self.add_blocked_until and self.room_for_engine(draining)
@@ -82,7 +82,7 @@ class ElasticPool:
             fields["elastic/retired"] = 1
         if decision.action != "hold":
             fields["elastic/change_s"] = time.perf_counter() - t0
-        self.ask_autoscaler(one_more=decision.wants_room or self.drain_wants_room)
+        self.ask_autoscaler(one_more=decision.wants_room or drain_wants_room)
         return fields
 
     def _add(self, why: str, fields: dict) -> bool:
@@ -99,12 +99,13 @@ class ElasticPool:
             self.add_blocked_until = self.step + ADD_BACKOFF_STEPS
             return False
 
-    def _drain(self, draining: dict[str, int], fields: dict) -> bool:
+    def _drain(self, draining: dict[str, int], fields: dict) -> tuple[bool, bool]:
         """Let the engines on nodes being drained go, the highest index first: above rollout.min_workers an engine
         retires; at the minimum a new engine is added first (off the drained nodes: Ray places nothing new there),
-        and when that add fails the engine stays (it is handled as lost when its node goes). Returns whether an
-        engine was drained (`elastic/drained`, `elastic/retired`, `elastic/added` counted in `fields`)."""
-        on = engines_on_nodes(self.job.actors, draining) if draining else {}
+        and when that add fails the engine stays (it is handled as lost when its node goes). Returns (whether an
+        engine was drained: `elastic/drained`, `elastic/retired`, `elastic/added` counted in `fields`; whether one
+        stays for want of room: the autoscaler is asked for it)."""
+        on, wants_room = (engines_on_nodes(self.job.actors, draining) if draining else {}), False
         for k in sorted(on, reverse=True):
             node, deadline = on[k], draining[on[k]]
             when = f", deadline in {deadline / 1e3 - time.time():.0f} s" if deadline else ""
@@ -115,13 +116,13 @@ class ElasticPool:
                       + ("adding an engine first" if room else "no room for another engine: it stays until its node "
                          "goes (then handled as lost)"), flush=True)
                 if not (room and self._add(f"in place of rollout worker {k}, {why}", fields)):
-                    self.drain_wants_room = True
+                    wants_room = True
                     continue
             print(f"placement.elastic: retiring rollout worker {k}: {why}", flush=True)
             self.job.retire_rollout(why, k)
             fields["elastic/retired"] += 1
             fields["elastic/drained"] += 1
-        return fields["elastic/drained"] > 0
+        return fields["elastic/drained"] > 0, wants_room
 
     def ask_autoscaler(self, one_more: bool) -> None:
         """Tell Ray's autoscaler (KubeRay in-tree, a cluster launcher's; a hint, a no-op without one) the bundles the
