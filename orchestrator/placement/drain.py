@@ -34,19 +34,22 @@ def draining_nodes() -> dict[str, int]:
         return {}
 
 
-def group_nodes(pg) -> set[str]:
-    """The node ids (hex) that a placement group's bundles are placed on (empty while it is not placed)."""
+def group_nodes(pg, bundles=None) -> set[str]:
+    """The node ids (hex) that a placement group's bundles (`bundles`: these bundle indexes; None: all) are placed
+    on (empty while it is not placed)."""
     table = ray.util.placement_group_table(pg)
-    return {str(n) for n in (table.get("bundles_to_node_id") or {}).values() if n}
+    where = table.get("bundles_to_node_id") or {}
+    return {str(n) for b, n in where.items() if n and (bundles is None or int(b) in bundles)}
 
 
 def engines_on_nodes(actors, nodes) -> dict[int, str]:
-    """{rollout worker index: a node id of `nodes` its placement group uses} for the job's engines (`actors`:
-    orchestrator/placement/start.py Actors) that have a bundle on one of `nodes`."""
+    """{rollout worker index: a node id of `nodes` its bundles are on} for the job's engines (`actors`:
+    orchestrator/placement/start.py Actors) that have a bundle on one of `nodes`. Only the engine's own bundles count:
+    a colocated engine's are in the job group, whose other bundles hold other actors."""
     found: dict[int, str] = {}
     slots, pgs = actors.plan.slots["rollout"], actors.pgs
     for k, slot in enumerate(slots[: len(actors.rollout)]):
-        hit = sorted(group_nodes(pgs[slot.group]) & set(nodes))
+        hit = sorted(group_nodes(pgs[slot.group], set(slot.worker_bundles or [slot.bundle])) & set(nodes))
         if hit:
             found[k] = hit[0]
     return found

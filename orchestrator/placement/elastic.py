@@ -64,11 +64,12 @@ def steps_at_count(rows: list[dict], engines: int) -> int:
 
 
 def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, float], list[str]]:
-    """({engine count: predicted seconds per step} for `counts`, the fit's notes) from the timed `rows` of a
-    disaggregated run (`cfg`), grouped by `engines/active`: simulated as the sizer's "disaggregated" (rollout.mode
-    sync) or "async" (one_step_off, at algo.max_staleness: a one-step-off row's generation is `async/generate_s`,
-    the generation that ran during the step, on the step's engines). Raises MeasurementError (no timed row) and
-    ValueError (the sizer cannot fit them)."""
+    """({engine count: predicted seconds per step} for `counts`, the fit's notes) from the timed `rows` of a run
+    (`cfg`), grouped by `engines/active`: simulated as the sizer's "disaggregated" (rollout.mode sync; a colocated
+    run's steps too: generate, reward and reference, train and sync in sequence, the sleep and wake inside the measured
+    train and sync phases, added engines beside the shared devices) or "async" (one_step_off, at algo.max_staleness: a
+    one-step-off row's generation is `async/generate_s`, the generation that ran during the step, on the step's
+    engines). Raises MeasurementError (no timed row) and ValueError (the sizer cannot fit them)."""
     gpus, extra = role_gpus(cfg)
     tp = cfg.rollout.tensor_parallel_size
     by_count: dict[int, list[dict]] = {}

@@ -175,6 +175,13 @@ def _plan_colocated(cfg) -> JobPlan:
     return JobPlan(p.mode, [job], slots)
 
 
+def shares_device(cfg, slot: ActorSlot) -> bool:
+    """Whether a rollout engine's slot shares its devices with trainer ranks: placement.mode=colocated and a bundle of
+    the job group (group 0). Such an engine sleeps while the trainer trains (orchestrator/placement/modes.py); an
+    engine added by placement.elastic has a group of its own, holds no device another role needs, and does not."""
+    return cfg.placement.mode == "colocated" and slot.group == 0
+
+
 def reference_ranks(cfg) -> int:
     """Reference actors the job starts: 0 without KL (algo.kl_coef = 0), else trainer.context_parallel_size (one,
     or c ranks splitting every row as the trainer does: actors/reference_cp.py)."""

@@ -21,7 +21,7 @@ import ray
 from actors.pinning import CORES_ENV, engine_env
 from orchestrator.algo.sampler_support import SamplerSettings
 from orchestrator.placement.groups import env_actor_options, remove_groups, reserve_groups, slot_options
-from orchestrator.placement.plan import ActorSlot, JobPlan, on_gpu, plan_job
+from orchestrator.placement.plan import ActorSlot, JobPlan, on_gpu, plan_job, shares_device
 from orchestrator.runtime.malloc_env import tunables_env
 from orchestrator.runtime.ray_connect import QUIET_ENV, connect_ray
 
@@ -103,7 +103,7 @@ def start_rollout_worker(cfg, plan: JobPlan, pgs: list, k: int, model_path: Path
     from actors.rollout.worker import RolloutWorkerActor
 
     engine_path = str(resume_from / "policy") if resume_from else str(model_path)
-    colocated = cfg.placement.mode == "colocated"  # engines sleep while the trainer trains (GPU)
+    colocated = shares_device(cfg, plan.slots[role][k])  # it sleeps while the trainer trains (GPU)
     env_slots = plan.slots.get("env", []) if role == "rollout" else []  # env.placement=actor: the worker's own
     env_actors = env_actor_options(env_slots, pgs, k, cfg.env.num_actors)
     seed = cfg.rollout.seed + k + (SPARE_SEED_OFFSET if role == "spare" else 0)

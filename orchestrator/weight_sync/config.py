@@ -85,9 +85,13 @@ def check_strategy_fits(entry, cfg) -> None:
                          f"(got placement.mode={mode}): vllm_ipc hands the engines handles to the trainer's GPU memory "
                          "(colocated only), vllm_nccl puts trainer and engines in one NCCL group, which refuses two "
                          "ranks on one GPU (not colocated); otherwise use nccl, disk, delta or object_store")
-    gpus = int(cfg.rollout.num_workers) * int(getattr(cfg.rollout, "tensor_parallel_size", 1) or 1)
+    r = cfg.rollout
+    elastic = bool(getattr(cfg.placement, "elastic", False))
+    engines, key = ((max(r.num_workers, getattr(r, "max_workers", 0)), "rollout.max_workers (placement.elastic)")
+                    if elastic else (r.num_workers, "rollout.num_workers"))
+    gpus = int(engines) * int(getattr(r, "tensor_parallel_size", 1) or 1)
     if entry.max_engine_gpus and gpus > entry.max_engine_gpus:
         raise ValueError(f"weight_sync.strategy={entry.name} serves at most {entry.max_engine_gpus} engine GPU(s) "
-                         f"(the trainer's rank 0 shares one GPU's copy); rollout.num_workers x "
+                         f"(the trainer's rank 0 shares one GPU's copy); {key} x "
                          f"rollout.tensor_parallel_size = {gpus}: use one engine with tensor_parallel_size 1, or "
                          "another strategy")

@@ -123,12 +123,19 @@ def test_colocated_actors_share_a_bundle_and_see_their_cores(ray_fake_gpus):
     assert seen[("reference", 0)][2] == {"fake_gpu": 0.3333} and seen[("trainer", 1)][2] == {"fake_gpu": 0.5}
 
 
-# The same run serves the colocated fault window: rollout worker 0 is killed (SIGKILL) as step 2's sleep call
-# reaches it (orchestrator/runtime/faults.py fault_hook); it is replaced in its bundle, synced to version 1, put to sleep,
-# and the run goes on.
-def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_model, tmp_path):
+# The same run serves the colocated fault window and colocated elastic rollout (docs/elastic.md): an engine is added
+# after step 1 (scripted decision) in a placement group of its own; it generates in step 2 and never sleeps. Rollout
+# worker 0 is killed (SIGKILL) as step 2's sleep call reaches it (orchestrator/runtime/faults.py fault_hook); it is
+# replaced in its bundle, synced to version 1, put to sleep, and the run goes on.
+def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_model, tmp_path, monkeypatch):
+    import orchestrator.placement.elastic_pool as elastic_pool
+    from orchestrator.placement.elastic import PoolDecision
+
     cfg = _cfg("placement.mode=colocated", "placement.fake_gpus=1", "algo.kl_coef=0.05",
-               "weight_sync.strategy=object_store", model=tiny_model, out=tmp_path)
+               "weight_sync.strategy=object_store", "placement.elastic=true", "rollout.max_workers=2",
+               "sizing.warmup_steps=1", model=tiny_model, out=tmp_path)
+    monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: PoolDecision(
+        "add" if room else "hold", engines, f"placement.elastic: {'add' if room else 'hold'} (scripted)"))
     controller = GRPOController(cfg)
     sleeps, killed = [], []
 
@@ -141,16 +148,21 @@ def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_mo
     try:
         with fault_hook(kill_at_second_sleep):
             result = controller.run()
-        worker = controller.actors.rollout[0]
-        events = ray.get(worker.sleep_events.remote())
+        worker, added = controller.actors.rollout
+        events, added_events = ray.get([worker.sleep_events.remote(), added.sleep_events.remote()])
         affinity = ray.get(worker.cpu_affinity.remote())
         new_pid = ray.get(worker.pid.remote())
+        groups = _live_groups()
     finally:
         controller.shutdown()
     assert [r["step"] for r in result.rows] == [1, 2]
     assert all(r["colocate/sleep_s"] >= 0 and r["colocate/wake_s"] >= 0 for r in result.rows)
     assert killed and new_pid != killed[0] and [r["faults/restarts_total"] for r in result.rows] == [0, 1]
     assert affinity == sorted(os.sched_getaffinity(0))[:1]  # the engine is pinned to fake GPU 0's core
+    assert sleeps == [0, 0, 0]  # only the engine sharing the trainer's device sleeps (its replacement: step 2)
+    assert [r["engines/active"] for r in result.rows] == [1, 2] and result.rows[0]["elastic/added"] == 1
+    assert "rollout/worker1_tokens_per_s" in result.rows[1]  # step 2 generated on both engines
+    assert sorted(groups.values()) == ["rl-orch-engine-1", "rl-orch-job"]
     kinds = [e[0] if e[0] != "wake_up" else f"wake_up:{','.join(e[1])}" for e in events]
     kinds = ["probe" if e == ("generate", "probe") else k for e, k in zip(events, kinds)]
     step = ["sleep", "wake_up:weights", "load", "wake_up:kv_cache", "probe"]
@@ -158,3 +170,5 @@ def test_colocated_grpo_two_steps_sleep_and_wake_in_order(ray_fake_gpus, tiny_mo
     # cache (weight_sync.probe; without it the next generate does). The replacement (step 2) is synced to version 1
     # and probed first, then sleeps for step 2's training.
     assert kinds == ["load", "probe"] + step, events
+    # the added engine: synced to version 1 and probed when it joined, generated step 2, loaded version 2; no sleep
+    assert [e[0] for e in added_events if e[0] in ("sleep", "wake_up", "load")] == ["load", "load"], added_events

@@ -3,7 +3,7 @@
 Factors are generated, not hand-listed: the choice keys take their allowed values from the schema and the registries
 (`CHOICES`: a newly registered estimator or loss, a new placement mode, joins the matrix by itself); the switches
 that are not choice keys (truncated sampling, multi-turn, dynamic sampling, LoRA, packing, the
-shared-prompt forward, context parallelism) are listed with their overrides. `pairwise_cases()` covers every pair
+shared-prompt forward, context parallelism, elastic rollout) are listed with their overrides. `pairwise_cases()` covers every pair
 of levels of every two factors at least once (allpairspy: a greedy all-pairs generator).
 """
 from __future__ import annotations
@@ -26,13 +26,15 @@ SWITCHES = {
     "packing": {"off": [], "on": ["trainer.packing=true", "trainer.micro_batch_tokens=512"]},
     "shared_prefix": {"on": [], "off": ["trainer.shared_prefix=false"]},
     "context_parallel": {"off": [], "on": ["trainer.context_parallel_size=2", "trainer.num_workers=2"]},
+    "elastic": {"off": [], "on": ["placement.elastic=true", "rollout.max_workers=2"]},
 }
 # what a switch sets, for the refusal check: an error must name a key of each side
 SWITCH_KEYS = {"sampling": ("rollout.top_p", "rollout.top_k"),
                "multi_turn": ("env.name", "env."), "dynamic_sampling": ("algo.dynamic_sampling",),
                "lora": ("trainer.lora",), "packing": ("trainer.packing", "trainer.micro_batch_tokens"),
                "shared_prefix": ("trainer.shared_prefix",),
-               "context_parallel": ("trainer.context_parallel_size", "trainer.num_workers")}
+               "context_parallel": ("trainer.context_parallel_size", "trainer.num_workers"),
+               "elastic": ("placement.elastic", "rollout.max_workers")}
 
 
 def factors() -> dict[str, dict[str, list[str]]]:

@@ -5,7 +5,8 @@ loss, on-policy ratios within fp32 noise of 1 on the first mini-batch (the engin
 under the run's sampling distribution, truncations included) and no token masked by a mismatch correction. (Every
 sample counted once through lost workers, reissues and resumes: the integration tier's fault and resume tests.)
 
-Orchestration-only switches (placement mode, streaming, multi-turn, dynamic sampling, context parallelism) are
+Orchestration-only switches (placement mode, streaming, multi-turn, dynamic sampling, context parallelism, elastic
+rollout) are
 checked at load here; their one-step runs on Ray live in the integration tier (docs/configuration.md, the matrix).
 """
 from __future__ import annotations

@@ -91,7 +91,8 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["placement.mode=colocated"], "placement.elastic=true needs placement.mode=disaggregated"),
+    (["env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}"], "placement.elastic=true needs env.name="),
+    (["placement.mode=colocated", "weight_sync.strategy=vllm_ipc"], r"rollout.max_workers \(placement.elastic\) x "),
     (["rollout.mode=stream", "algo.max_staleness=1"], "needs rollout.mode=sync or one_step_off"),
     (["rollout.max_workers=1"], "nothing can change"),
     (["trainer.total_steps=2"], "the first decision would never run"),
@@ -126,6 +127,56 @@ def test_elastic_engines_get_placement_groups_of_their_own_so_a_retired_one_free
     tp = _cfg("rollout.tensor_parallel_size=2", "placement.rollout_per_worker=0.5")
     group, slot = engine_group(tp, 0, 1)
     assert group.bundles == [{"CPU": 0.5}] * 2 and slot.resources == {} and slot.worker_bundles == [0, 1]
+
+
+def test_a_colocated_elastic_run_adds_engines_in_groups_of_their_own_that_do_not_sleep():
+    """placement.mode=colocated: the starting engines share the trainer ranks' devices (the job group) and sleep while
+    the trainer trains; an added engine has a group of its own (orchestrator/placement/modes.py)."""
+    from orchestrator.placement.plan import engine_group, plan_job, shares_device
+
+    cfg = _cfg("placement.mode=colocated", "placement.resource=fake_gpu", "placement.fake_gpus=2",
+               "trainer.num_workers=2", "rollout.num_workers=2", "rollout.max_workers=3", "rollout.min_workers=1")
+    plan = plan_job(cfg, pin=False)
+    assert [g.name for g in plan.groups] == ["rl-orch-job"]
+    assert [(s.group, s.bundle, shares_device(cfg, s)) for s in plan.slots["rollout"]] == [(0, 0, True), (0, 1, True)]
+    group, slot = engine_group(cfg, 1, 1, prefix="rl-orch-engine")
+    assert group.bundles == [{"fake_gpu": cfg.placement.rollout_per_worker}] and not shares_device(cfg, slot)
+    assert not shares_device(_cfg(), plan_job(_cfg(), pin=False).slots["rollout"][0])  # disaggregated: never
+    rollout_bound = decide_pool(_rows((2, 3, 10.0, 2.0)), cfg, engines=2, room=True)  # generate 10 s, train 2 s
+    assert rollout_bound.action == "add" and rollout_bound.predicted[3] < rollout_bound.predicted[2]
+    assert decide_pool(_rows((2, 3, 0.2, 20.0)), cfg, engines=2, room=True).action == "retire"  # trainer-bound
+
+
+def test_time_slice_sleeps_only_the_engines_that_share_a_device_and_replaces_a_lost_one(monkeypatch):
+    import orchestrator.placement.modes as modes
+    from orchestrator.runtime.faults import EnginesLost
+
+    slots = [SimpleNamespace(group=0), SimpleNamespace(group=2), SimpleNamespace(group=0)]
+    cfg = SimpleNamespace(placement=SimpleNamespace(mode="colocated"), run=SimpleNamespace(phase_timeout_s=5.0))
+    job = SimpleNamespace(cfg=cfg, actors=SimpleNamespace(rollout=["e0", "e1", "e2"],
+                                                          plan=SimpleNamespace(slots={"rollout": slots})))
+    calls, lost = [], {"e2"}
+
+    def replace_rollout(k, why):
+        job.actors.rollout[k] = f"{job.actors.rollout[k]}'"
+
+    def gather(refs, timeout, method, key):
+        dead = [k for k, (h, _) in refs.items() if h in lost]
+        lost.clear()
+        if dead:
+            raise EnginesLost({k: "died" for k in dead}, {k: h for k, (h, _) in refs.items() if k not in dead})
+        return {k: h for k, (h, _) in refs.items()}
+
+    job.replace_rollout = replace_rollout
+    monkeypatch.setattr(modes, "call_engine", lambda workers, k, window, method, *a: (workers[k], calls.append(
+        (window, workers[k]))))
+    monkeypatch.setattr(modes, "gather_engines", gather)
+    row = {}
+    modes.time_slice(job, "train", row)
+    assert calls == [("sleep", "e0"), ("sleep", "e2"), ("sleep", "e2'")] and "colocate/sleep_s" in row
+    cfg.placement.mode = "disaggregated"
+    modes.time_slice(job, "weight_sync", row)
+    assert len(calls) == 3 and "colocate/wake_s" not in row
 
 
 def test_spare_engines_are_refused_where_they_have_no_group_of_their_own():
@@ -270,13 +321,18 @@ def test_room_is_a_node_not_being_drained_that_holds_the_whole_group(monkeypatch
     assert room_for_group([{"slot": 0.5}, {"CPU": 1.0}], draining={"a"})
 
 
-def test_engines_on_nodes_reads_each_engines_group(monkeypatch):
+def test_engines_on_nodes_reads_each_engines_own_bundles(monkeypatch):
+    """An engine is on a node when one of its own bundles is: a colocated engine's bundle in the job group (whose other
+    bundles hold the trainer ranks), a TP engine's worker bundles."""
     import orchestrator.placement.drain as drain
 
-    slots = [SimpleNamespace(group=g) for g in (1, 2, 3)]
-    actors = SimpleNamespace(plan=SimpleNamespace(slots={"rollout": slots}), pgs=["job", "pg1", "pg2", "pg3"],
+    slots = [SimpleNamespace(group=0, bundle=1, worker_bundles=[]), SimpleNamespace(group=1, bundle=0, worker_bundles=[]),
+             SimpleNamespace(group=2, bundle=0, worker_bundles=[0, 1])]
+    actors = SimpleNamespace(plan=SimpleNamespace(slots={"rollout": slots}), pgs=["job", "pg1", "pg2"],
                              rollout=["e0", "e1", "e2"])
-    where = {"pg1": {"a"}, "pg2": {"b"}, "pg3": {"a", "c"}}
-    monkeypatch.setattr(drain, "group_nodes", lambda pg: where[pg])
-    assert drain.engines_on_nodes(actors, {"a": 0}) == {0: "a", 2: "a"}
+    where = {"job": {0: "a", 1: "b", 2: "c"}, "pg1": {0: "a"}, "pg2": {0: "c", 1: "a"}}
+    monkeypatch.setattr(drain.ray.util, "placement_group_table", lambda pg: {"bundles_to_node_id": where[pg]})
+    assert drain.engines_on_nodes(actors, {"a": 0}) == {1: "a", 2: "a"}  # not engine 0: the job group's bundle 0
+    assert drain.engines_on_nodes(actors, {"b": 0}) == {0: "b"}
+    assert drain.group_nodes("job") == {"a", "b", "c"}
     assert drain.engines_on_nodes(actors, {}) == {}
