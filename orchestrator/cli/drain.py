@@ -3,15 +3,19 @@ rollout engines there go between steps instead of losing them mid-step (docs/ela
 
     rl-orch drain --address 10.0.0.1:6379 --host node17 --host node18 --deadline-s 300
     rl-orch drain --address 10.0.0.1:6379 --node-id 3f2a9c1b...            # Ray's hex node id
+    rl-orch drain --address $FQ_RAY_IP:6379 --host $(hostname) --deadline-s 600 --wait   # a pod's preStop hook
 
 Each node matched (by Ray node id, or by host name or IP: the nodes of a Slurm allocation) gets Ray's drain request
 with reason preemption and the deadline (`ray drain-node` does the same for one node id): the node takes no new work,
 an elastic run retires (or first replaces) its engines after the step it is in, and the node's raylet exits once
-nothing runs on it. deploy/slurm/rl_orch_join.sbatch calls it when its allocation is about to end. Needs the
-cluster's token in RAY_AUTH_TOKEN (with RAY_AUTH_MODE=token) when the cluster uses token authentication.
+nothing runs on it. With --wait it returns once those nodes have left the cluster, or at the deadline. The Slurm
+join job (deploy/slurm/rl_orch_join.sbatch) calls it when its allocation is about to end, the Helm chart's worker pods
+from their preStop hook (`worker.drainOnStop`). Needs the cluster's token in RAY_AUTH_TOKEN (with RAY_AUTH_MODE=token)
+when the cluster uses token authentication.
 
-Exit codes: 0 every matched node accepted the request; 1 a node refused it; 2 bad input (no node matches, an
-unreachable address), with a message naming the option.
+Exit codes: 0 every matched node accepted the request (--wait: and left); 1 a node refused it; 2 bad input (no node
+matches, an unreachable address), with a message naming the option; 3 --wait: the deadline passed with a node still in
+the cluster.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ def add_drain_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds until the nodes go (told to the run; 0: no deadline). Ray kills nothing at the "
                         "deadline: the node's owner does")
     p.add_argument("--reason-message", default="rl-orch drain", help="recorded with the request")
+    p.add_argument("--wait", action="store_true",
+                   help="return once the drained nodes have left the cluster (their raylets exit when nothing runs "
+                        "there), at most --deadline-s (needs one)")
     p.set_defaults(func=run_drain)
 
 
@@ -81,8 +88,9 @@ def run_drain(args) -> int:
     if not args.node_id and not args.host:
         print("rl-orch drain: name the nodes with --node-id or --host", file=sys.stderr)
         return 2
-    if args.deadline_s < 0:
-        print(f"rl-orch drain: --deadline-s must be >= 0 (got {args.deadline_s:g})", file=sys.stderr)
+    if args.deadline_s < 0 or (args.wait and args.deadline_s <= 0):
+        need = "> 0 with --wait" if args.wait and args.deadline_s == 0 else ">= 0"
+        print(f"rl-orch drain: --deadline-s must be {need} (got {args.deadline_s:g})", file=sys.stderr)
         return 2
     from ray._raylet import GcsClient  # Ray's GCS client, as `ray drain-node` uses it
     from ray.core.generated.autoscaler_pb2 import DrainNodeReason
@@ -105,11 +113,35 @@ def run_drain(args) -> int:
     for host in unmatched_hosts(cluster, args.host):
         print(f"rl-orch drain: --host {host}: no live node of this cluster is on it (left out)", file=sys.stderr)
     deadline_ms = int(time.time() * 1000 + args.deadline_s * 1000) if args.deadline_s else 0
-    rc = 0
+    rc, draining = 0, []
     for node_id, node in sorted(nodes.items()):
         accepted, why = gcs.drain_node(node_id, DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
                                        args.reason_message, deadline_ms)
         where = f"{node['hostname']} ({node['address']}, node {node_id[:12]})"
         print(f"rl-orch drain: {where}: " + ("draining" if accepted else f"refused: {why}"), flush=True)
         rc = rc if accepted else 1
+        draining += [node_id] if accepted else []
+    if args.wait and draining:
+        left = wait_gone(lambda: _cluster_nodes(gcs), draining, args.deadline_s)
+        print("rl-orch drain: " + (f"still in the cluster at the deadline: {', '.join(n[:12] for n in left)}" if left
+                                   else "the drained nodes have left the cluster"), flush=True)
+        rc = rc or (3 if left else 0)
     return rc
+
+
+def wait_gone(read_nodes, node_ids: list[str], timeout_s: float, poll_s: float = 2.0, sleep=time.sleep,
+              clock=time.monotonic) -> list[str]:
+    """Poll `read_nodes()` ({hex id: {"alive", ...}}) every `poll_s` seconds until none of `node_ids` is alive, at
+    most `timeout_s` seconds. Returns the ids still alive then ([] when every node left); a failed read counts as
+    nothing learned (a GCS that stopped answering is retried until the timeout)."""
+    end = clock() + timeout_s
+    left = list(node_ids)
+    while True:
+        try:
+            nodes = read_nodes()
+            left = [n for n in node_ids if nodes.get(n, {}).get("alive", False)]
+        except Exception:  # noqa: BLE001 - the head may be busy or restarting: try again until the timeout
+            pass
+        if not left or clock() >= end:
+            return left
+        sleep(min(poll_s, max(end - clock(), 0.0)))

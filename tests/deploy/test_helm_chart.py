@@ -430,3 +430,28 @@ def test_the_autoscaler_scales_the_worker_group_between_its_bounds(rayjob_valida
     fixed = one(render(), "RayJob")["spec"]["rayClusterSpec"]  # off (the default): fixed at worker.replicas
     assert "enableInTreeAutoscaling" not in fixed
     assert {fixed["workerGroupSpecs"][0][k] for k in ("replicas", "minReplicas", "maxReplicas")} == {1}
+
+
+def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_for_it(rayjob_validator):
+    """worker.drainOnStop: a stopped worker pod drains its own Ray node (`rl-orch drain --host <pod> --wait`) so an
+    elastic run's engines leave between steps; the pod's grace period outlasts the drain's deadline."""
+    from orchestrator.cli import build_parser
+
+    objects = render({"worker": {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}}})
+    validate_all(objects, rayjob_validator)
+    worker = pod_templates(one(objects, "RayJob"))["gpu"]
+    assert worker["spec"]["terminationGracePeriodSeconds"] == 330
+    shell, flag, script = ray_container(worker)["lifecycle"]["preStop"]["exec"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    pod_env = {"$FQ_RAY_IP": "demo-raycluster-head-svc.rl.svc.cluster.local", "$(hostname)": "demo-gpu-worker-x7k"}
+    for var, value in pod_env.items():
+        script = script.replace(var, value)
+    argv = shlex.split(script)
+    assert argv[:3] == ["python", "-m", "orchestrator"]
+    args = build_parser().parse_args(argv[3:])  # what the pod runs parses as `rl-orch drain`
+    assert (args.address, args.host, args.deadline_s, args.wait) == (
+        "demo-raycluster-head-svc.rl.svc.cluster.local:6379", ["demo-gpu-worker-x7k"], 300.0, True)
+    assert "pod demo-gpu-worker-x7k is stopping" == args.reason_message
+    off = pod_templates(one(render(), "RayJob"))["gpu"]  # off (the default): no hook, Kubernetes' grace period
+    assert "lifecycle" not in ray_container(off) and "terminationGracePeriodSeconds" not in off["spec"]
+    assert "lifecycle" not in ray_container(pod_templates(one(objects, "RayJob"))["head"])

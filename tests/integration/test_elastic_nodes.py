@@ -6,9 +6,10 @@ bundle asks one `slot`).
 A node joins before step 2: the cluster has room for one more engine's placement group, so after step 2 an engine is
 added there (the decision is scripted to "add when there is room": the rules are unit-tested in
 tests/unit/test_elastic.py); it joins the re-formed group at version 2, verified, and step 3 generates on both
-engines. During step 3 the FIRST engine's node is drained (`rl-orch drain --node-id`: Ray's drain request, as
-`ray drain-node` or Ray's autoscaler makes it, a preemption with a deadline): after step 3 that engine leaves ahead of its node (the second
-engine takes index 0; the group re-formed) and no other change is made that step. A third node joins before step 4
+engines. During step 3 the FIRST engine's node is drained (`rl-orch drain --node-id --wait`, in a thread: Ray's drain
+request, as `ray drain-node` or Ray's autoscaler makes it, a preemption with a deadline): after step 3 that engine
+leaves ahead of its node (the second engine takes index 0; the group re-formed) and no other change is made that step;
+the node's raylet then exits and the drain returns 0 before step 4. A third node joins before step 4
 and an engine is added on it after step 4. That node leaves as step 5's generate call reaches its engine (found
 there, or at the step's weight sync when the generation had already returned): its group cannot be placed again, so
 the engine leaves the job (above rollout.min_workers) instead of stopping the run; its groups go to the other engine
@@ -17,6 +18,7 @@ and the group is re-formed without it. Every step trains its whole groups, none 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 
@@ -51,16 +53,22 @@ class JoinDrainLeave(GRPOController):
     def __init__(self, cfg, cluster):
         super().__init__(cfg)
         self.cluster, self.node, self.at, self.trained, self.removed, self.drained = cluster, None, 0, {}, False, None
+        self.waiter, self.drain_rc = None, []
 
     def step(self, step: int):
         self.at = step
+        if step == 4:  # the drain's --wait returned once the drained node left (its engine retired after step 3)
+            self.waiter.join(timeout=60)
+            assert self.drain_rc == [0]
         if step in (2, 4):
             self.node = self.cluster.add_node(num_cpus=0, resources={"slot": 1})
             _wait_alive(self.node.node_id)  # not Cluster.wait_for_nodes: the drained node ends once idle
-        if step == 3:  # `rl-orch drain` (what the Slurm join job runs before its allocation ends)
+        if step == 3:  # `rl-orch drain --wait` (what the Slurm join job and the Helm chart's preStop hook run)
             self.drained = self.engine_nodes()[0]
-            assert main(["drain", "--address", self.cluster.address, "--node-id", self.drained,
-                         "--deadline-s", "600"]) == 0
+            argv = ["drain", "--address", self.cluster.address, "--node-id", self.drained, "--deadline-s", "600",
+                    "--wait"]
+            self.waiter = threading.Thread(target=lambda: self.drain_rc.append(main(argv)), daemon=True)
+            self.waiter.start()
         return super().step(step)
 
     def engine_nodes(self) -> list[str]:

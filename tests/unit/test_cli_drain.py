@@ -33,3 +33,29 @@ def test_bad_input_exits_2_naming_the_option(argv, match, capsys, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert main(argv) == 2
     assert match in capsys.readouterr().err
+
+
+def test_wait_returns_when_the_drained_nodes_left_or_at_the_deadline_naming_those_still_there():
+    from orchestrator.cli.drain import wait_gone
+
+    now, reads = [0.0], []
+
+    def sleep(s):
+        now[0] += s
+
+    def read():  # a1 leaves at t=4; d4 never; the GCS fails once
+        reads.append(now[0])
+        if len(reads) == 2:
+            raise ConnectionError("GCS busy")
+        return {**NODES, "a1": {**NODES["a1"], "alive": now[0] < 4}}
+
+    assert wait_gone(read, ["a1"], 30, poll_s=2, sleep=sleep, clock=lambda: now[0]) == []
+    assert reads == [0, 2, 4]
+    now[0] = 0.0
+    assert wait_gone(read, ["a1", "d4"], 7, poll_s=2, sleep=sleep, clock=lambda: now[0]) == ["d4"]
+    assert now[0] == 7
+
+
+def test_wait_needs_a_deadline(capsys):
+    assert main(["drain", "--address", "10.0.0.1:6379", "--host", "x", "--wait"]) == 2
+    assert "--deadline-s must be > 0 with --wait (got 0)" in capsys.readouterr().err
