@@ -9,15 +9,27 @@ from actors.weight_sync.base import WeightReceiver
 
 class ChunkLoader:
     """The model vLLM's engine is given: `load_weights(chunk)` hands each unpacked chunk to `load`, set per update
-    (our transfer engine's checksumming loader into the real model)."""
+    (our transfer engine's checksumming loader into the real model). A chunk whose load raises is kept in `error`
+    and the chunks after it are dropped, not loaded: vLLM's engine goes on receiving them, so a broadcast group's
+    other members (the trainer, the other engines) finish theirs instead of waiting on this one until
+    weight_sync.timeout_s; the receiver raises `error` once the transfer is over (`VLLMEngineReceiver.receive`)."""
 
     def __init__(self):
         self.load: Optional[Callable[[Any], Any]] = None
+        self.error: Optional[BaseException] = None
+        self.dropped = 0  # chunks received and dropped after a failed load, this update
 
     def load_weights(self, weights):
         if self.load is None:
             raise RuntimeError("weight sync: a chunk from vLLM's transfer engine arrived outside an update")
-        return self.load(weights)
+        if self.error is not None:
+            self.dropped += 1
+            return None
+        try:
+            return self.load(weights)
+        except Exception as e:  # noqa: BLE001 - kept and raised after the transfer (the class docstring)
+            self.error = e
+            return None
 
 
 class VLLMEngineReceiver(WeightReceiver):
@@ -44,12 +56,19 @@ class VLLMEngineReceiver(WeightReceiver):
         raise NotImplementedError
 
     def receive(self, payload, version, load) -> None:
+        """vLLM's engine receives the update and hands each chunk to `load`. Raises the first chunk's load error (its
+        own type, with a note of the chunks dropped after it) once the whole transfer was received (`ChunkLoader`)."""
         info = self.update_info(payload)
-        self.loader.load = load
+        self.loader.load, self.loader.error, self.loader.dropped = load, None, 0
         try:
             self.native.receive_weights(self.native.parse_update_info(info))
         finally:
             self.loader.load = None
+        if self.loader.error is not None:
+            error, self.loader.error = self.loader.error, None
+            error.add_note(f"weight sync (vLLM's {self.vllm_backend} engine): the rest of the transfer was received "
+                           f"and dropped ({self.loader.dropped} chunks after the one that failed)")
+            raise error
 
     def close(self) -> None:
         if self.native is not None:

@@ -185,3 +185,33 @@ def test_vllm_engines_refuse_placements_they_cannot_serve():
     assert cfg.weight_sync.strategy == "vllm_ipc"
     with pytest.raises(ConfigError, match="vllm_nccl works with placement.mode in .*got placement.mode=colocated"):
         load_config(None, ["weight_sync.strategy=vllm_nccl", "placement.mode=colocated"])
+
+
+def test_a_failed_chunk_load_receives_the_rest_of_the_broadcast_then_raises(wire):
+    """A chunk whose load raises does not stop vLLM's engine mid-broadcast (on GPUs the trainer and the other engines
+    would wait on this one until weight_sync.timeout_s): the chunks after it are received and dropped, the error is
+    raised after the transfer, and the next update loads normally."""
+    engine = make_engine()
+    engine.init_transfer_engine(StrategyInitInfo("vllm_nccl", info(1, 1), 0))
+    seen, model_load = [], engine.model.load_weights
+
+    def fail_first(chunk):
+        chunk = list(chunk)
+        seen.append([n for n, _ in chunk])
+        if len(seen) == 1:
+            raise ValueError("shape mismatch in a.weight")
+        return model_load(chunk)
+
+    engine.model.load_weights = fail_first
+    wire["sent"] = weights(1)
+    engine.start_weight_update()
+    with pytest.raises(ValueError, match="shape mismatch") as err:
+        engine.update_weights({"strategy": "vllm_nccl", "payload": None, "version": 1})
+    assert "received and dropped (1 chunks after the one that failed)" in "".join(err.value.__notes__)
+    assert seen == [["a.weight", "a.bias"]]  # the second chunk was received (the wire went on) and not loaded
+    engine.finish_weight_update()
+    wire["sent"] = weights(2)
+    engine.start_weight_update()
+    engine.update_weights({"strategy": "vllm_nccl", "payload": None, "version": 2})
+    engine.finish_weight_update()
+    assert engine.version == 2 and engine.loaded_checksums == group_checksums(weights(2))
