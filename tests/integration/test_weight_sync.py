@@ -95,6 +95,22 @@ def _check_a_corrupted_bucket_is_caught(syncer, engines, version: int) -> None:
     assert [ray.get(e.checksums.remote())["version"] for e in engines] == [version, version]
 
 
+def _check_engines_leave_and_join(syncer, trainer, engines, version: int) -> None:
+    """placement.elastic's per-engine path (docs/elastic.md): engine 0 leaves (engine 1 takes index 0, its version
+    forgotten), a version is synced to the one left, engine 0 joins again at index 1 (connected, synced alone on that
+    version, verified); the same with their roles swapped, which restores the order. Both bit-exact each time."""
+    for v, leaving in ((version, engines[0]), (version + 1, engines[1])):
+        _train_once(trainer, v)
+        syncer.remove_engine(0)
+        assert len(syncer.engines) == 1 and syncer.engines[0] is not leaving
+        assert syncer.sync(v)["sync/version"] == v
+        syncer.add_engine(leaving, v)
+        assert syncer.engines[1] is leaving
+        _assert_bit_exact(trainer, engines, "float32")
+        assert [ray.get(e.checksums.remote())["version"] for e in engines] == [v, v]
+    assert syncer.engines == list(engines)
+
+
 def _check_a_broadcast_without_receivers_times_out(trainer, version: int) -> None:
     """A peer that never joins a broadcast ends in an error naming the timeout (weight_sync.timeout_s=5), not a
     hang. Last: the collective group is broken afterwards."""
@@ -118,7 +134,7 @@ def _check_delta_above_threshold_sends_full(tiny_model: Path, out: Path, trainer
 # One trainer and two engines serve every check of object_store, disk and delta, one strategy after the other (each
 # bit-exact across three versions on engines the previous strategy synced; before, each started its own actors);
 # then (disk) a corrupted bucket caught and retried, (delta) a syncer whose threshold the changes pass sending full
-# weights. nccl (gloo on CPU) gets actors of its own: its collective group ends broken by the last check, a
+# weights, (disk, delta) engines leaving and joining the syncer as placement.elastic makes them. nccl (gloo on CPU) gets actors of its own: its collective group ends broken by the last check, a
 # broadcast nobody receives timing out, after a corrupted bucket caught and retried. rollout.engine=async_llm (vLLM's
 # AsyncLLM, its engine core in a process of its own: the payloads cross into it) takes object_store and disk, then
 # its second engine's core is killed: the actor ends with it.
@@ -181,6 +197,9 @@ def _check_strategy(cfg, strategy: str, tiny_model: Path, out: Path, trainer, en
     if strategy in ("nccl", "disk"):
         _check_a_corrupted_bucket_is_caught(syncer, engines, after)
         after += 1
+    if strategy in ("disk", "delta"):  # object_store's join and leave: tests/integration/test_elastic_engines.py
+        _check_engines_leave_and_join(syncer, trainer, engines, after)
+        after += 2
     if strategy == "nccl":
         _check_a_broadcast_without_receivers_times_out(trainer, after)
         after += 1
