@@ -33,6 +33,7 @@ from orchestrator.metrics.registry import build_sinks
 from orchestrator.metrics.samples import ScoredBatch, log_completion_samples
 from orchestrator.utils.models import resolve_model_path
 from orchestrator.placement.elastic import ENGINES_KEY
+from orchestrator.placement.drain import draining_nodes
 from orchestrator.placement.elastic_pool import ElasticPool
 from orchestrator.placement.modes import time_slice
 from orchestrator.placement import replace
@@ -215,7 +216,7 @@ class GRPOController:
         row["timing/step_s"] = time.perf_counter() - t0
         row[ENGINES_KEY] = len(self.actors.rollout)  # the engine count at the end of the step (placement.elastic)
         if self.job.spares is not None:  # rollout.spare_workers: new ones where spares were taken; the warm ones
-            self.job.spares.refill()
+            self.job.spares.refill(draining_nodes())  # and spares on nodes being drained start again off them
             row["engines/spare"] = self.job.spares.ready()
         roles = tuple(r for r in ROLE_PHASES if r != "reference" or self.actors.reference is not None)
         row.update(role_utilisation(row, roles, row.pop("rollout/worker_generate_s_mean", None)))

@@ -4,7 +4,7 @@ placement group of its own, that take a lost engine's place at once (docs/elasti
     spares = SpareEngines(cfg, actors, model_path)
     spares.start()                       # reserve their groups, start the engines (not waited for)
     handle = spares.take(k)              # a warm spare becomes rollout worker k, or None when none is ready
-    spares.refill()                      # between steps: new spares in the slots taken
+    spares.refill(draining)              # between steps: new spares in the slots taken, spares off drained nodes
     spares.ready()                       # how many are warm now (row key engines/spare)
 
 Most of a replacement's time is a new vLLM engine starting (17-39 s on CPU, minutes for a large model on GPUs); a
@@ -12,7 +12,10 @@ spare has started already. Taking it swaps its slot with the lost engine's: the 
 group, and after the step (`refill`) a new spare starts in the lost engine's slot (its bundle, which Ray places again
 where the cluster has room), not waited for: started at once, it competed with that step for the host's CPUs. The job then connects and syncs the spare as it does any replacement (verified, probed),
 so a spare holds the current weights before it samples; it is not synced while it waits (that would cost every sync
-one more receiver). A spare whose group cannot be reserved at start is left out, with a warning.
+one more receiver). A spare whose group cannot be reserved at start is left out, with a warning. A spare in a group of
+its own on a node Ray is draining (orchestrator/placement/drain.py) starts again off it at `refill`: its group is
+removed and made again, placed by Ray where there is room (never on a draining node), and it is not taken until its
+engine is up there.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from typing import Any, Optional
 
 import ray
 
-from orchestrator.placement.groups import PlacementError, reserve_groups
+from orchestrator.placement.drain import group_nodes
+from orchestrator.placement.groups import PlacementError, remove_groups, reserve_groups
 from orchestrator.placement.plan import engine_group
 from orchestrator.placement.start import start_rollout_worker
 
@@ -116,11 +120,38 @@ class SpareEngines:
         self.to_refill.append(j)
         return handle
 
-    def refill(self) -> int:
+    def refill(self, draining=()) -> int:
         """Start a new spare in each slot taken since the last call (the lost engines' slots: Ray places their bundles
-        again where the cluster has room), not waited for; the job calls it between steps, so that a new engine's
-        start does not compete with the step that lost an engine. Returns how many were started."""
+        again where the cluster has room), and move the spares on nodes being drained (`draining`: node ids;
+        `move_off`); not waited for. The job calls it between steps, so that a new engine's start does not compete
+        with the step that lost an engine. Returns how many were started."""
+        moved = self.move_off(draining) if draining else 0
         started, self.to_refill = self.to_refill, []
         for j in started:
             self._launch(j)
-        return len(started)
+        return len(started) + moved
+
+    def move_off(self, draining) -> int:
+        """Spares whose own placement group has a bundle on one of the `draining` nodes: killed, the group removed and
+        made again (pending until Ray places it, never on a draining node) and the engine started in it, not waited
+        for (`take` skips it until it is up). A spare in a bundle that other actors' group holds (a lost engine's
+        old slot in the job group) stays: when its node goes it is found dead and started again. Returns how many
+        moved."""
+        from ray.util.placement_group import placement_group
+
+        plan, pgs, moved = self.actors.plan, self.actors.pgs, 0
+        for j, slot in enumerate(plan.slots.get("spare", [])[: len(self.handles)]):
+            shared = any(s.group == slot.group for ss in plan.slots.values() for s in ss if s is not slot)
+            if j in self.to_refill or shared or not group_nodes(pgs[slot.group]) & set(draining):
+                continue
+            ray.kill(self.handles[j])
+            if self.handles[j] in self.actors.all:
+                self.actors.all.remove(self.handles[j])
+            remove_groups([pgs[slot.group]])
+            group = plan.groups[slot.group]
+            pgs[slot.group] = placement_group(group.bundles, strategy=group.strategy, name=group.name)
+            self._launch(j)
+            moved += 1
+            print(f"rollout.spare_workers: spare engine {j} was on a node being drained; starting it again off it",
+                  flush=True)
+        return moved

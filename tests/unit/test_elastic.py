@@ -336,3 +336,37 @@ def test_engines_on_nodes_reads_each_engines_own_bundles(monkeypatch):
     assert drain.engines_on_nodes(actors, {"b": 0}) == {0: "b"}
     assert drain.group_nodes("job") == {"a", "b", "c"}
     assert drain.engines_on_nodes(actors, {}) == {}
+
+
+def test_spares_on_a_drained_node_start_again_off_it_and_a_spare_in_a_shared_bundle_stays(monkeypatch):
+    import sys
+
+    import orchestrator.placement.spares as spares_mod
+    from orchestrator.placement.plan import GroupPlan
+
+    rollout_slot = SimpleNamespace(group=0, bundle=1)  # a lost engine's old slot in the job group, now spare 2's
+    slots = {"trainer": [SimpleNamespace(group=0, bundle=0)], "rollout": [SimpleNamespace(group=1, bundle=0)],
+             "spare": [SimpleNamespace(group=2, bundle=0), SimpleNamespace(group=3, bundle=0), rollout_slot]}
+    groups = [GroupPlan("rl-orch-job", [{"CPU": 1}] * 2, "PACK")] + [
+        GroupPlan(f"g{i}", [{"CPU": 0.5}], "STRICT_PACK") for i in (1, 2, 3)]
+    actors = SimpleNamespace(plan=SimpleNamespace(slots=slots, groups=groups), pgs=["pg0", "pg1", "pg2", "pg3"],
+                             all=["s0", "s1", "s2"])
+    where = {"pg0": {"a"}, "pg1": {"b"}, "pg2": {"a"}, "pg3": {"c"}}
+    killed, removed, made, started = [], [], [], []
+    monkeypatch.setattr(spares_mod, "group_nodes", lambda pg: where.get(pg, set()))
+    monkeypatch.setattr(spares_mod.ray, "kill", killed.append)
+    monkeypatch.setattr(spares_mod, "remove_groups", removed.extend)
+    monkeypatch.setattr(sys.modules["ray.util.placement_group"], "placement_group", lambda bundles, strategy, name: made.append(name) or f"new-{name}")
+
+    class Handle(str):
+        ready = SimpleNamespace(remote=lambda: "ref")
+
+    monkeypatch.setattr(spares_mod, "start_rollout_worker", lambda cfg, plan, pgs, j, path, start, role: started.append(
+        (j, pgs[plan.slots[role][j].group], role)) or Handle(f"s{j}'"))
+    spares = spares_mod.SpareEngines(SimpleNamespace(), actors, "/m")
+    spares.handles, spares.readies = ["s0", "s1", "s2"], ["r0", "r1", "r2"]
+    assert spares.refill({"a": 0}) == 1  # spare 0 (its own group on a); spare 2 shares the job group on a: stays
+    assert killed == ["s0"] and removed == ["pg2"] and made == ["g2"]
+    assert started == [(0, "new-g2", "spare")] and actors.pgs[2] == "new-g2" and spares.handles[0] == "s0'"
+    assert "s0" not in actors.all and "s0'" in actors.all
+    assert spares.refill({}) == 0 and spares.refill({"z": 0}) == 0
