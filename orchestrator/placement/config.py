@@ -104,7 +104,8 @@ def engine_range(cfg) -> tuple[int, int]:
 def _check_elastic(cfg) -> None:
     """rollout.min_workers <= rollout.num_workers <= rollout.max_workers (each 0 = num_workers); placement.elastic
     where it is built: rollout.mode sync or one_step_off (nothing in flight between steps; colocated placement is
-    sync only, orchestrator/config/rollout_mode.py), single-turn rollouts, measured steps before the run's last one, and a range that allows a change."""
+    sync only, orchestrator/config/rollout_mode.py), env actors in threads (multi-turn), measured steps before the
+    run's last one, and a range that allows a change."""
     lo, hi = engine_range(cfg)
     if not lo <= cfg.rollout.num_workers <= hi:
         raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
@@ -118,10 +119,10 @@ def _check_elastic(cfg) -> None:
         return
     from orchestrator.config.rollout_mode import STREAM, mode_kind
 
-    if cfg.env.name:
-        raise ValueError(f"placement.elastic=true needs env.name=(empty: single-turn) (got {cfg.env.name!r}): "
-                         "engines join and leave between steps of a single-turn run (multi-turn's sticky router is "
-                         "built for a fixed count; docs/elastic.md); set placement.elastic=false")
+    if cfg.env.name and getattr(cfg.env, "placement", "thread") == "actor":
+        raise ValueError("placement.elastic=true needs env.placement=thread with a multi-turn env (got 'actor': a "
+                         "rollout worker's env actors are bundles of the job group, planned for the engines it starts "
+                         "with; docs/elastic.md); set env.placement=thread or placement.elastic=false")
     if mode_kind(cfg) == STREAM:
         raise ValueError(f"placement.elastic=true needs rollout.mode=sync or one_step_off (got {cfg.rollout.mode!r}: "
                          "a streaming run's engines always hold requests, so none can leave between steps; "

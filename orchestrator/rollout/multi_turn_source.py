@@ -65,11 +65,23 @@ class MultiTurnSource(RolloutSource):
 
     def route(self, requests: list[PromptRequest]) -> dict[int, list[dict]]:
         """{worker index: [group dicts]}; every group's n samples (and all their turns) on one worker."""
+        self._fit_router()
         shards: dict[int, list[dict]] = {}
         for r in requests:
             w = self.router.assign(r.group_id)
             shards.setdefault(w, []).append(dataclasses.asdict(group_request(r, self.cfg.rollout.n)))
         return shards
+
+    def _fit_router(self) -> None:
+        """The router's workers are the job's engines now (placement.elastic adds engines last, and an engine that
+        leaves takes the last index with it): indexes past the end are removed (their placed groups, none between
+        the steps of a synchronous run, re-placed), new ones added. Groups stay sticky within a batch."""
+        n = len(self.workers)
+        for w in [w for w in self.router.workers if w >= n]:
+            self.router.remove_worker(w)
+        for w in range(n):
+            if w not in self.router.loads():
+                self.router.add_worker(w)
 
     def launch(self, requests: list[PromptRequest]) -> Launched:
         shards = self.route(requests)

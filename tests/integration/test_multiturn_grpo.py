@@ -1,4 +1,6 @@
-"""Multi-turn GRPO on Ray (local, CPU): 2 rollout workers with vLLM, a user env by dotted path, 2 steps.
+"""Multi-turn GRPO on Ray (local, CPU): rollout workers with vLLM, a user env by dotted path, 2 steps. The run is
+elastic (docs/elastic.md): it starts with one engine and a second is added after step 1 (a scripted decision), so
+step 2's groups are routed over both by the sticky router.
 
 Checks: trajectories have several turns; every sample and turn of a group ran on one rollout worker;
 the loss mask covers exactly the sampled ids (observation ids masked, logprob 0.0, one logprob per
@@ -13,14 +15,17 @@ import json
 import pytest
 import ray
 
+import orchestrator.placement.elastic_pool as elastic_pool
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
+from orchestrator.placement.elastic import PoolDecision
 from orchestrator.weight_sync import compare_checksums
 from tests.integration.conftest import tiny_overrides
 
 pytestmark = pytest.mark.integration
 ENV = ["env.name=tests.integration.multiturn_envs:ChattyEnv", "env.max_turns=3", "env.max_tokens=320",
-       "rollout.num_workers=2", "rollout.block_size=32", "rollout.max_new_tokens=8", "env.step_timeout_s=20"]
+       "rollout.num_workers=1", "rollout.block_size=32", "rollout.max_new_tokens=8", "env.step_timeout_s=20",
+       "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1"]
 
 
 class RecordingController(GRPOController):
@@ -31,7 +36,9 @@ class RecordingController(GRPOController):
         return super().train(trajs, advantages, ref)
 
 
-def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
+def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: PoolDecision(
+        "add" if room else "hold", engines, f"placement.elastic: {'add' if room else 'hold'} (scripted)"))
     cfg = load_config("configs/grpo_guessing_cpu.yaml", tiny_overrides(tiny_model, tmp_path) + ENV)
     controller = RecordingController(cfg)
     try:
@@ -68,6 +75,7 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
         assert runs == t.multiturn.num_turns - 1
         assert t.multiturn.reward == pytest.approx(sum(t.multiturn.turn_rewards))
     assert all(len(workers_of_group) == 1 for workers_of_group in by_group.values())  # sticky
+    assert [{t.multiturn.rollout_worker for t in step} for step in controller.seen] == [{0}, {0, 1}]  # the added one
     assert max(t.multiturn.num_turns for t in trajs) == 3 and min(t.multiturn.num_turns for t in trajs) >= 1
     errors = [t for t in trajs if t.multiturn.stop_reason == "env_error"]
     assert errors and all("injected failure" in t.multiturn.env_error for t in errors)
@@ -75,6 +83,7 @@ def test_multiturn_grpo_two_steps(ray_local, tiny_model, tmp_path):
 
     rows = [json.loads(line) for line in open(result.metrics)]
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["sync/version"] == 2
+    assert [r["engines/active"] for r in rows] == [1, 2] and rows[0]["elastic/added"] == 1
     for key in ("rollout/turns_mean", "env/step_s", "env/errors", "rollout/truncated_frac", "reward/mean",
                 "rollout/prefix_cache_hit_rate", "rollout/prefill_tokens_requested", "rollout/prefill_tokens_computed",
                 "actor/grad_norm", "timing/generate_s"):

@@ -91,7 +91,8 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}"], "placement.elastic=true needs env.name="),
+    (["env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}", "env.placement=actor"],
+     "placement.elastic=true needs env.placement=thread"),
     (["placement.mode=colocated", "weight_sync.strategy=vllm_ipc"], r"rollout.max_workers \(placement.elastic\) x "),
     (["rollout.mode=stream", "algo.max_staleness=1"], "needs rollout.mode=sync or one_step_off"),
     (["rollout.max_workers=1"], "nothing can change"),
@@ -370,3 +371,27 @@ def test_spares_on_a_drained_node_start_again_off_it_and_a_spare_in_a_shared_bun
     assert started == [(0, "new-g2", "spare")] and actors.pgs[2] == "new-g2" and spares.handles[0] == "s0'"
     assert "s0" not in actors.all and "s0'" in actors.all
     assert spares.refill({}) == 0 and spares.refill({"z": 0}) == 0
+
+
+def test_the_multi_turn_router_follows_the_engines_between_steps():
+    """placement.elastic with a multi-turn env: the sticky router's workers are the job's engines at each launch (an
+    engine added is routed to; the last index goes with an engine that left)."""
+    from orchestrator.rollout.multi_turn_source import MultiTurnSource
+    from orchestrator.rollout.types import PromptRequest
+
+    cfg = _cfg("env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}")
+    workers = ["e0"]
+    source = MultiTurnSource(cfg, workers, wait=lambda refs: refs)
+    requests = [PromptRequest(group_id=g, prompt_ids=[1, 2], answer="a", prompt="p", seed=g) for g in range(8)]
+
+    def routed():
+        shards = source.route(requests)
+        for r in requests:
+            source.router.release(r.group_id)
+        return sorted(shards)
+
+    assert routed() == [0]
+    workers.append("e1")  # an engine added after the step
+    assert routed() == [0, 1] and source.router.workers == [0, 1]
+    workers.pop()  # one retired
+    assert routed() == [0] and source.router.workers == [0]
