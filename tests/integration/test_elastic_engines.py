@@ -1,10 +1,10 @@
-"""Engines join and leave a running job (docs/elastic.md, docs/faults.md), on a per-engine strategy (object_store)
+"""Engines join and leave a running job (docs/elastic.md, docs/faults.md), on a per-engine strategy (delta)
 and on the collective one (weight_sync.strategy=nccl: our gloo group on CPU), whose group is re-formed for each new
 membership without restarting the trainer or the healthy engines.
 
 - placement.elastic: an engine is added after step 1 (it joins at version 1, verified, before it samples) and
   retired after step 2, under gloo in a one-step-off run and (with a warm spare that takes rollout worker 0's place
-  when it is killed in step 3) under object_store in a synchronous one, in one run each; the decisions are scripted
+  when it is killed in step 3) under delta in a synchronous one, in one run each; the decisions are scripted
   here (the rules are unit-tested in tests/unit/test_elastic.py).
 - Lost engines under gloo, in the one-step-off run: rollout worker 1 is killed as step 2's generate call reaches it
   (replaced, the group re-formed, every engine synced; its groups reissued), rollout worker 0 as the weight load of
@@ -152,12 +152,14 @@ def test_engines_join_are_lost_and_leave_the_re_formed_gloo_group_in_a_one_step_
 
 def test_an_engine_joins_and_leaves_and_a_warm_spare_takes_a_lost_engines_place(ray_local, tiny_model, tmp_path,
                                                                                  monkeypatch):
-    """object_store, placement.elastic and rollout.spare_workers=1 in one run: an engine joins after step 1 and leaves
+    """delta (a strategy that keeps each engine's version: a joined, moved or spare engine holds none and gets the full
+    weights), placement.elastic and rollout.spare_workers=1 in one run: an engine joins after step 1 and leaves
     after step 2; rollout worker 0 is killed in step 3's generate call and the spare started with the job takes its
-    place (synced and verified before it samples); a new spare starts in the lost engine's slot after the step."""
+    place (synced and verified before it samples); a new spare starts in the lost engine's slot after the step.
+    (object_store: the same paths, tests/integration/test_rollout_node_loss.py and test_placement_modes.py.)"""
     _scripted(monkeypatch)
     cfg = _cfg(tiny_model, tmp_path, "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1",
-               "rollout.spare_workers=1")
+               "rollout.spare_workers=1", "weight_sync.strategy=delta", "weight_sync.delta.max_changed_fraction=1.0")
     controller = JoinLeaveKill(cfg)
     controller.kill_at = 3
     controller.job.start()
@@ -172,3 +174,7 @@ def test_an_engine_joins_and_leaves_and_a_warm_spare_takes_a_lost_engines_place(
     assert controller.taken == 1 and controller.worker0 == spare  # the spare is worker 0 now
     assert controller.spare_now is not None and controller.spare_now != spare  # a new spare, started after step 3
     assert controller.groups == (3, 3)  # the job's, engine 0's (the spare's before), the new spare's (engine 0's)
+    # delta (every change sent as one: an Adam step moves nearly every element): step 1 full (no base yet); step 2 a
+    # delta to both, the joined engine included (synced in full to version 1 when it joined); step 3 a delta to the
+    # spare (synced in full to version 2 when it took worker 0's place)
+    assert [r["sync/delta_engines"] for r in rows] == [0, 2, 1]
