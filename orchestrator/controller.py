@@ -216,10 +216,12 @@ class GRPOController:
         row["timing/step_s"] = time.perf_counter() - t0
         row[ENGINES_KEY] = len(self.actors.rollout)  # the engine count at the end of the step (placement.elastic)
         if self.job.spares is not None:  # rollout.spare_workers: new ones where spares were taken; the warm ones
-            self.job.spares.refill(draining_nodes())  # and spares on nodes being drained start again off them
+            # and spares on nodes being drained start again off them (an elastic run: after its engines left them)
+            self.job.spares.refill(() if self.cfg.placement.elastic else draining_nodes())
             row["engines/spare"] = self.job.spares.ready()
         roles = tuple(r for r in ROLE_PHASES if r != "reference" or self.actors.reference is not None)
-        row.update(role_utilisation(row, roles, row.pop("rollout/worker_generate_s_mean", None)))
+        # kept in the row: the sizer reads a stream run's generation from it (orchestrator/sizing/measurements.py)
+        row.update(role_utilisation(row, roles, row.get("rollout/worker_generate_s_mean")))
         return row, ckpt
 
     # ---- phases ---------------------------------------------------------------------------------

@@ -237,7 +237,8 @@ class Job:
         the weights the job started from, then connected to the weight syncer and synced to the engines' current
         version (verified, probed) before any rollout reaches it. Returns its index. Raises PlacementError when the
         cluster cannot hold its group within placement.timeout_s; any failure leaves the job as it was (the engine
-        and its group removed). Between steps only (nothing in flight on the engines)."""
+        and its group removed). Between steps (a stream generates on: it sends the engine groups from the next poll on)."""
+        self.settle_sync(keep=True)  # a stream's overlapped sync in flight: verified first (its engines by index)
         plan, pgs, k = self.actors.plan, self.actors.pgs, len(self.actors.rollout)
         g = len(plan.groups)  # its name: the group's index, unique among live groups (an engine index is not)
         group, slot = engine_group(self.cfg, g, g, prefix="rl-orch-engine")
@@ -260,9 +261,11 @@ class Job:
 
     def retire_rollout(self, why: str, k: Optional[int] = None) -> int:
         """Rollout worker k (default: the last) leaves (`_remove_engine`: the last engine takes index k; a collective
-        strategy re-forms its group without it). Returns k. Raises ValueError for the only engine. Between steps only
-        (nothing in flight on the engines)."""
+        strategy re-forms its group without it). Returns k. Raises ValueError for the only engine. Between steps (a
+        stream's engines generate on: its rollouts restart the leaving engine's groups on the others,
+        orchestrator/rollout/stream_workers.py `fit`)."""
         k = len(self.actors.rollout) - 1 if k is None else k
+        self.settle_sync(keep=True)
         self._remove_engine(k)
         print(f"rollout worker {k} retired ({why}): {len(self.actors.rollout)} engines", flush=True)
         return k

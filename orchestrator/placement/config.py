@@ -103,9 +103,8 @@ def engine_range(cfg) -> tuple[int, int]:
 
 def _check_elastic(cfg) -> None:
     """rollout.min_workers <= rollout.num_workers <= rollout.max_workers (each 0 = num_workers); placement.elastic
-    where it is built: rollout.mode sync or one_step_off (nothing in flight between steps; colocated placement is
-    sync only, orchestrator/config/rollout_mode.py), env actors in threads (multi-turn), measured steps before the
-    run's last one, and a range that allows a change."""
+    where it is built: env actors in threads (multi-turn), measured steps before the run's last one, and a range that
+    allows a change (every rollout.mode; colocated placement is sync only, orchestrator/config/rollout_mode.py)."""
     lo, hi = engine_range(cfg)
     if not lo <= cfg.rollout.num_workers <= hi:
         raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
@@ -117,16 +116,16 @@ def _check_elastic(cfg) -> None:
                          "rollout.spare_workers=0")
     if not cfg.placement.elastic:
         return
-    from orchestrator.config.rollout_mode import STREAM, mode_kind
-
     if cfg.env.name and getattr(cfg.env, "placement", "thread") == "actor":
         raise ValueError("placement.elastic=true needs env.placement=thread with a multi-turn env (got 'actor': a "
                          "rollout worker's env actors are bundles of the job group, planned for the engines it starts "
                          "with; docs/elastic.md); set env.placement=thread or placement.elastic=false")
-    if mode_kind(cfg) == STREAM:
-        raise ValueError(f"placement.elastic=true needs rollout.mode=sync or one_step_off (got {cfg.rollout.mode!r}: "
-                         "a streaming run's engines always hold requests, so none can leave between steps; "
-                         "docs/elastic.md); set placement.elastic=false")
+    p = cfg.placement
+    if p.mode == "colocated" and str(p.resource).upper() == "GPU" and p.rollout_per_worker < 1:
+        raise ValueError(f"placement.elastic=true with placement.mode=colocated on GPUs needs "
+                         f"placement.rollout_per_worker=1 (got {p.rollout_per_worker:g}): an added engine gets a group "
+                         "of its own asking that share of a GPU per bundle, and two engines on one GPU at the colocated "
+                         "rollout.gpu_memory_utilization would not fit (docs/elastic.md)")
     if cfg.placement.auto:
         raise ValueError("placement.elastic=true with placement.auto=true: the re-placement would start the engines "
                          "again at rollout.num_workers, outside what the elastic run decided; use one of them")

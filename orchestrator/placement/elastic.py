@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orchestrator.placement.config import engine_range
-from orchestrator.rollout.modes import ONE_STEP_OFF, mode_kind
+from orchestrator.rollout.modes import ONE_STEP_OFF, STREAM, mode_kind
 from orchestrator.sizing.measurements import MeasurementError, fit_workload, measure_rows, role_gpus, timed_rows
 from orchestrator.sizing.workload import Split, evaluate
 
@@ -67,9 +67,10 @@ def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, 
     """({engine count: predicted seconds per step} for `counts`, the fit's notes) from the timed `rows` of a run
     (`cfg`), grouped by `engines/active`: simulated as the sizer's "disaggregated" (rollout.mode sync; a colocated
     run's steps too: generate, reward and reference, train and sync in sequence, the sleep and wake inside the measured
-    train and sync phases, added engines beside the shared devices) or "async" (one_step_off, at algo.max_staleness: a
+    train and sync phases, added engines beside the shared devices), "async" (one_step_off, at algo.max_staleness: a
     one-step-off row's generation is `async/generate_s`, the generation that ran during the step, on the step's
-    engines). Raises MeasurementError (no timed row) and ValueError (the sizer cannot fit them)."""
+    engines) or "stream" (rollout.mode=stream: a stream row's generation is its engines' busy seconds, the sizer's
+    reading of stream rows). Raises MeasurementError (no timed row) and ValueError (the sizer cannot fit them)."""
     gpus, extra = role_gpus(cfg)
     tp = cfg.rollout.tensor_parallel_size
     by_count: dict[int, list[dict]] = {}
@@ -82,7 +83,8 @@ def predict_counts(rows: list[dict], cfg, counts: list[int]) -> tuple[dict[int, 
         raise MeasurementError(f"placement.elastic: no timed row has {ENGINES_KEY}")
     runs = [measure_rows(rs, {**gpus, "rollout": n * tp}, f"steps at {n} engines", "the run's rows", extra)
             for n, rs in sorted(by_count.items())]
-    mode = "async" if mode_kind(cfg) == ONE_STEP_OFF else "disaggregated"  # one_step_off: generation beside training
+    # one_step_off: generation beside training; stream: continuous generation, at most k versions stale
+    mode = {ONE_STEP_OFF: "async", STREAM: "stream"}.get(mode_kind(cfg), "disaggregated")
     workload, notes = fit_workload(runs, rollout_unit=tp, variation=False, staleness=int(cfg.algo.max_staleness))
     return {n: evaluate(workload, Split(mode, n * tp, gpus["trainer"], gpus["reference"])).step_s
             for n in counts}, notes

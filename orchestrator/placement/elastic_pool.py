@@ -15,6 +15,8 @@ worker.maxReplicas, deploy/helm; the next decisions find the room).
 Before deciding, engines on nodes Ray is draining (orchestrator/placement/drain.py) leave, any index (the last engine
 takes the leaving one's index); at rollout.min_workers a new engine is added off those nodes first. That step makes no
 other change; `elastic/drained` counts them (also in `elastic/retired`, and `elastic/added` for the ones added first).
+Spares there (rollout.spare_workers) start again off those nodes after that, so that an engine added in a drained
+one's place gets the room first.
 """
 from __future__ import annotations
 
@@ -66,6 +68,7 @@ class ElasticPool:
         if drained:
             fields["elastic/change_s"] = time.perf_counter() - t0
             self.ask_autoscaler(one_more=drain_wants_room)
+            self._move_spares(draining)
             return fields
         engines = len(self.job.actors.rollout)  # now: an engine may have left since the row was measured
         room = self.step >= self.add_blocked_until and self.room_for_engine(draining)
@@ -83,7 +86,14 @@ class ElasticPool:
         if decision.action != "hold":
             fields["elastic/change_s"] = time.perf_counter() - t0
         self.ask_autoscaler(one_more=decision.wants_room or drain_wants_room)
+        self._move_spares(draining)
         return fields
+
+    def _move_spares(self, draining) -> None:
+        """Spares on nodes being drained start again off them (orchestrator/placement/spares.py `move_off`), after the
+        engines there left: an engine added in a drained one's place gets the room first."""
+        if draining and self.job.spares is not None:
+            self.job.spares.move_off(draining)
 
     def _add(self, why: str, fields: dict) -> bool:
         """`Job.add_rollout(why)`; a failure is printed, counted (`elastic/add_failed`) and backs adds off."""

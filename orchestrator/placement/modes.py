@@ -64,9 +64,9 @@ def on_every_engine(job, window: str, method: str, *args, only: Optional[Callabl
     that cannot take a new engine (naming it)."""
     workers, done = job.actors.rollout, {}  # k -> (the handle that answered, its result)
 
-    def todo() -> list[int]:
+    def todo() -> list[int]:  # not answered yet, by handle: an engine moved to another index answered already
         return [k for k in range(len(workers))
-                if (only is None or only(k)) and done.get(k, (None,))[0] is not workers[k]]
+                if (only is None or only(k)) and not any(h is workers[k] for h, _ in done.values())]
 
     while todo():
         refs = {k: call_engine(workers, k, window, method, *args) for k in todo()}
@@ -81,7 +81,8 @@ def on_every_engine(job, window: str, method: str, *args, only: Optional[Callabl
                     job.replace_rollout(k, e.reasons[k])
             continue
         done.update({k: (called[k], v) for k, v in answered.items()})
-    return [done[k][1] for k in range(len(workers)) if k in done and done[k][0] is workers[k]]
+    results = {id(h): v for h, v in done.values()}
+    return [results[id(w)] for w in workers if id(w) in results]
 
 
 def sleep_events(workers) -> list[list]:

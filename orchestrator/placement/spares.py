@@ -122,36 +122,51 @@ class SpareEngines:
 
     def refill(self, draining=()) -> int:
         """Start a new spare in each slot taken since the last call (the lost engines' slots: Ray places their bundles
-        again where the cluster has room), and move the spares on nodes being drained (`draining`: node ids;
-        `move_off`); not waited for. The job calls it between steps, so that a new engine's start does not compete
-        with the step that lost an engine. Returns how many were started."""
-        moved = self.move_off(draining) if draining else 0
+        again where the cluster has room; a slot of its own on a node being drained is made again off it first), and
+        move the warm spares on nodes being drained (`draining`: node ids; `move_off`); not waited for. The job calls
+        it between steps, so that a new engine's start does not compete with the step that lost an engine. Returns
+        how many were started."""
         started, self.to_refill = self.to_refill, []
+        moved = self.move_off(draining, skip=started) if draining else 0
         for j in started:
+            if draining and self._on(j, draining):
+                self._regroup(j)
             self._launch(j)
         return len(started) + moved
 
-    def move_off(self, draining) -> int:
-        """Spares whose own placement group has a bundle on one of the `draining` nodes: killed, the group removed and
-        made again (pending until Ray places it, never on a draining node) and the engine started in it, not waited
-        for (`take` skips it until it is up). A spare in a bundle that other actors' group holds (a lost engine's
-        old slot in the job group) stays: when its node goes it is found dead and started again. Returns how many
-        moved."""
-        from ray.util.placement_group import placement_group
-
-        plan, pgs, moved = self.actors.plan, self.actors.pgs, 0
-        for j, slot in enumerate(plan.slots.get("spare", [])[: len(self.handles)]):
-            shared = any(s.group == slot.group for ss in plan.slots.values() for s in ss if s is not slot)
-            if j in self.to_refill or shared or not group_nodes(pgs[slot.group]) & set(draining):
+    def move_off(self, draining, skip=()) -> int:
+        """Warm spares (not in `skip` or taken this step) whose own placement group has a bundle on one of the
+        `draining` nodes: killed, the group made again (`_regroup`: pending until Ray places it, never on a draining
+        node) and the engine started in it, not waited for (`take` skips it until it is up). A spare in a bundle that
+        other actors' group holds (a lost engine's old slot in the job group) stays: when its node goes it is found
+        dead and started again. Returns how many moved."""
+        moved = 0
+        for j in range(min(len(self.handles), len(self.actors.plan.slots.get("spare", [])))):
+            if j in self.to_refill or j in skip or not self._on(j, draining):
                 continue
             ray.kill(self.handles[j])
             if self.handles[j] in self.actors.all:
                 self.actors.all.remove(self.handles[j])
-            remove_groups([pgs[slot.group]])
-            group = plan.groups[slot.group]
-            pgs[slot.group] = placement_group(group.bundles, strategy=group.strategy, name=group.name)
+            self._regroup(j)
             self._launch(j)
             moved += 1
             print(f"rollout.spare_workers: spare engine {j} was on a node being drained; starting it again off it",
                   flush=True)
         return moved
+
+    def _on(self, j: int, draining) -> bool:
+        """Whether spare slot j has a placement group of its own (no other actor's slot in it) with a bundle on one
+        of the `draining` nodes."""
+        plan = self.actors.plan
+        slot = plan.slots["spare"][j]
+        shared = any(s.group == slot.group for ss in plan.slots.values() for s in ss if s is not slot)
+        return not shared and bool(group_nodes(self.actors.pgs[slot.group]) & set(draining))
+
+    def _regroup(self, j: int) -> None:
+        """Spare slot j's placement group removed and made again with the same bundles (not waited for)."""
+        from ray.util.placement_group import placement_group
+
+        plan, pgs = self.actors.plan, self.actors.pgs
+        g = plan.slots["spare"][j].group
+        remove_groups([pgs[g]])
+        pgs[g] = placement_group(plan.groups[g].bundles, strategy=plan.groups[g].strategy, name=plan.groups[g].name)

@@ -6,6 +6,7 @@ where each group runs, every call to a worker, and a lost worker's replacement.
     for i, (samples, metrics) in engines.each("stream_drain", args=lambda i: (0.2,)): ...
     engines.drained(i, len(samples))               # those samples are no longer outstanding on worker i
     engines.prioritize(group_ids)                  # the groups the trainer waits for run first (single-turn)
+    engines.fit()                                  # engines joined or left (placement.elastic); called by the above
 
 Calls go through orchestrator/runtime/faults.py `call_engine` (the fault window is the method's name). Submits,
 priorities and resumes are not waited for (a weight load queued on a worker must not hold the step): their results
@@ -89,6 +90,7 @@ class StreamWorkers:
     def prioritize(self, group_ids: list[int]) -> None:
         """Tell each worker which of its groups the trainer waits for, when that changed (`stream_prioritize`: they
         enter its engine first; not waited for). Multi-turn: not told (a turn is a request of its own)."""
+        self.fit()
         for w, h in enumerate([] if self.env_cfg else self.handles):
             want = frozenset(g for g in group_ids if self.where.get(g) == w)
             if self.first.get(w, (h, frozenset())) != (h, want):  # (a replacement is told, if only "none")
@@ -139,8 +141,34 @@ class StreamWorkers:
         self.reissue_if_replaced(w)
 
     def reissue_replaced(self) -> None:
+        self.fit()
         for w in range(len(self.handles)):
             self.reissue_if_replaced(w)
+
+    def fit(self) -> None:
+        """Follow the job's engine list after engines joined or left between steps (placement.elastic: an engine is
+        added last; one that leaves is killed and the last engine takes its index). An engine still in the job keeps
+        its groups, outstanding samples and pending calls at its index now; a new one starts empty; the groups of one
+        that left start again, whole, on the least-loaded engines (counted in `reissued`, as a lost worker's).
+        Nothing to do while the count is unchanged (a replacement in place: `reissue_if_replaced`)."""
+        n = len(self.handles)
+        if n == len(self.sent_to):
+            return
+        now = {j: next((i for i, h in enumerate(self.sent_to) if h is self.handles[j]), None) for j in range(n)}
+        moved = {i: j for j, i in now.items() if i is not None}  # old index -> index now, engines still here
+        orphans = [g for g, i in self.where.items() if i not in moved]
+        self.where = {g: moved[i] for g, i in self.where.items() if i in moved}
+        self.outstanding = [self.outstanding[now[j]] if now[j] is not None else 0 for j in range(n)]
+        self.submits = {moved[i]: calls for i, calls in self.submits.items() if i in moved}
+        self.first = {moved[i]: v for i, v in self.first.items() if i in moved}
+        self.sent_to = list(self.handles)  # an engine replaced in place is not found in `moved`: its groups restart
+        again = [r for r in map(self.restart, orphans) if r is not None]
+        self.reissued += len(again)
+        plan: dict[int, list] = {}
+        for r in again:
+            plan.setdefault(self.place(r.group_id, self.size(r)), []).append(r)
+        for w, rs in plan.items():
+            self.submit_to(w, rs)
 
     def reissue_if_replaced(self, w: int) -> None:
         """Worker w was replaced since its groups were sent (here or by the weight sync): each incomplete group it

@@ -437,7 +437,8 @@ def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_f
     elastic run's engines leave between steps; the pod's grace period outlasts the drain's deadline."""
     from orchestrator.cli import build_parser
 
-    objects = render({"worker": {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}}})
+    objects = render({"worker": {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}},
+                      "orchestrator": {"python": "/opt/venv/bin/python"}})  # the hook runs the entrypoint's python
     validate_all(objects, rayjob_validator)
     worker = pod_templates(one(objects, "RayJob"))["gpu"]
     assert worker["spec"]["terminationGracePeriodSeconds"] == 330
@@ -447,7 +448,7 @@ def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_f
     for var, value in pod_env.items():
         script = script.replace(var, value)
     argv = shlex.split(script)
-    assert argv[:3] == ["python", "-m", "orchestrator"]
+    assert argv[:3] == ["/opt/venv/bin/python", "-m", "orchestrator"]
     args = build_parser().parse_args(argv[3:])  # what the pod runs parses as `rl-orch drain`
     assert (args.address, args.host, args.deadline_s, args.wait) == (
         "demo-raycluster-head-svc.rl.svc.cluster.local:6379", ["demo-gpu-worker-x7k"], 300.0, True)

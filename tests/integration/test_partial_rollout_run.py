@@ -7,7 +7,9 @@ sampling runs in it (a reward that makes the groups of even answers uniform): a 
 from the stream and trains only informative groups while there are enough. Whether a
 sync lands inside a generation depends on timing here (the tiny model generates faster than it trains);
 tests/integration/test_partial_rollout.py interrupts generations deterministically, on the engine and through the
-worker's weight sync.
+worker's weight sync. The first run is elastic (docs/elastic.md): a second engine joins the stream after step 1 and
+leaves after step 2 (scripted decisions), its groups still in flight started again on the first engine, and every
+count above (samples taken, tokens, staleness) holds through both changes.
 
     .venv/bin/python -m pytest tests/integration/test_partial_rollout_run.py -q
 """
@@ -17,8 +19,10 @@ import json
 
 import pytest
 
+import orchestrator.placement.elastic_pool as elastic_pool
 from orchestrator.config import load_config
 from orchestrator.controller import GRPOController
+from orchestrator.placement.elastic import PoolDecision
 from tests.integration.conftest import assert_engine_holds_trainer_weights, tiny_overrides
 
 pytestmark = pytest.mark.integration
@@ -36,8 +40,12 @@ def _rows(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
-def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model, tmp_path):
-    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "algo.kl_coef=0.05")  # a reference, scored per group
+def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model, tmp_path, monkeypatch):
+    script = {1: "add", 2: "retire"}
+    monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: PoolDecision(
+        script.get(rows[-1]["step"], "hold"), engines, "placement.elastic: (scripted)"))
+    cfg = _cfg(tiny_model, tmp_path, "trainer.total_steps=4", "algo.kl_coef=0.05",  # a reference, scored per group
+               "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1")
     controller = GRPOController(cfg)
     try:
         result = controller.run()
@@ -47,6 +55,8 @@ def test_streaming_run_trains_within_the_bound_and_resumes(ray_local, tiny_model
         controller.shutdown()
     rows = _rows(result.metrics)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["sync/version"] for r in rows] == [1, 2, 3, 4]
+    assert [r["engines/active"] for r in rows] == [1, 2, 1, 1]  # joined after step 1, left after step 2
+    assert [r.get("elastic/added") for r in rows[:3]] == [1, 0, 0] and rows[1]["elastic/retired"] == 1
     assert all(r["async/staleness_max"] <= 2 for r in rows)
     taken = [r["rollout/dyn_groups_generated"] * cfg.rollout.n for r in rows]  # samples taken, every round
     assert [sum(r[f"async/staleness_{s}"] for s in range(3)) for r in rows] == taken

@@ -94,7 +94,7 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
     (["env.name=guessing", "env.kwargs={low: 1, high: 10, max_turns: 2}", "env.placement=actor"],
      "placement.elastic=true needs env.placement=thread"),
     (["placement.mode=colocated", "weight_sync.strategy=vllm_ipc"], r"rollout.max_workers \(placement.elastic\) x "),
-    (["rollout.mode=stream", "algo.max_staleness=1"], "needs rollout.mode=sync or one_step_off"),
+    (["placement.mode=colocated", "placement.resource=GPU"], "colocated on GPUs needs placement.rollout_per_worker=1"),
     (["rollout.max_workers=1"], "nothing can change"),
     (["trainer.total_steps=2"], "the first decision would never run"),
     (["placement.auto=true"], "placement.elastic=true with placement.auto=true"),
@@ -178,6 +178,14 @@ def test_time_slice_sleeps_only_the_engines_that_share_a_device_and_replaces_a_l
     cfg.placement.mode = "disaggregated"
     modes.time_slice(job, "weight_sync", row)
     assert len(calls) == 3 and "colocate/wake_s" not in row
+    # a lost engine that leaves instead (placement.elastic): the last one takes its index and, having answered, is not
+    # called again
+    cfg.placement.mode, calls[:] = "colocated", []
+    job.actors.rollout, slots[1] = ["e0", "e1", "e2"], SimpleNamespace(group=0)
+    lost.add("e0")
+    job.replace_rollout = lambda k, why: job.actors.rollout.__setitem__(k, job.actors.rollout.pop())
+    modes.time_slice(job, "weight_sync", row)
+    assert calls == [("wake", "e0"), ("wake", "e1"), ("wake", "e2")] and job.actors.rollout == ["e2", "e1"]
 
 
 def test_spare_engines_are_refused_where_they_have_no_group_of_their_own():
@@ -258,7 +266,7 @@ class _DrainJob:
     """A job stand-in for the pool's drain: records add_rollout / retire_rollout(why, k)."""
 
     def __init__(self, engines: int, *extra):
-        self.cfg, self.calls = _cfg(*extra), []
+        self.cfg, self.calls, self.spares = _cfg(*extra), [], None
         self.actors = SimpleNamespace(rollout=[f"engine {k}" for k in range(engines)])
 
     def add_rollout(self, why):
@@ -371,6 +379,10 @@ def test_spares_on_a_drained_node_start_again_off_it_and_a_spare_in_a_shared_bun
     assert started == [(0, "new-g2", "spare")] and actors.pgs[2] == "new-g2" and spares.handles[0] == "s0'"
     assert "s0" not in actors.all and "s0'" in actors.all
     assert spares.refill({}) == 0 and spares.refill({"z": 0}) == 0
+    spares.to_refill = [1]  # spare 1 took a lost engine's place this step: it is an engine now, not killed
+    assert spares.refill({"c": 0}) == 1  # its slot (g3, on c) is made again off the drained node, then launched
+    assert killed == ["s0"] and removed == ["pg2", "pg3"] and made == ["g2", "g3"]
+    assert started[-1] == (1, "new-g3", "spare") and actors.pgs[3] == "new-g3"
 
 
 def test_the_multi_turn_router_follows_the_engines_between_steps():
@@ -395,3 +407,18 @@ def test_the_multi_turn_router_follows_the_engines_between_steps():
     assert routed() == [0, 1] and source.router.workers == [0, 1]
     workers.pop()  # one retired
     assert routed() == [0] and source.router.workers == [0]
+
+
+def test_a_stream_run_is_modelled_with_its_engines_busy_seconds():
+    """rollout.mode=stream: the sizer's "stream" mode on the rows' engine busy seconds (rollout/worker_generate_s_mean;
+    timing/generate_s is the trainer's wait): generation that keeps up with training gets no engine, one that does
+    not gets one."""
+    stream = _cfg("rollout.mode=stream", "algo.max_staleness=1")
+
+    def rows(busy: float, train: float):
+        return [dict(r, **{"async/buffer_groups": 2.0, "rollout/worker_generate_s_mean": busy, "timing/generate_s": 0.5})
+                for r in _rows((1, 3, busy, train))]
+
+    assert decide_pool(rows(4.0, 12.0), stream, engines=1, room=True).action == "hold"  # trainer-bound
+    d = decide_pool(rows(24.0, 12.0), stream, engines=1, room=True)
+    assert d.action == "add" and d.predicted[2] < d.predicted[1] * 0.95

@@ -364,3 +364,32 @@ def test_more_groups_for_a_step_free_their_slots_so_the_stream_keeps_its_capacit
     assert rollouts.buffer.started == 2 + 2 and loader.drawn == 3  # trained 2, batch 3 live
     with pytest.raises(ValueError, match="only"):
         rollouts.buffer.release(99)
+
+
+def test_engines_join_and_leave_a_stream_between_steps_and_the_leaving_ones_groups_start_again_once():
+    """placement.elastic in a stream (docs/elastic.md): the job kills a retiring engine and moves its last engine into
+    the index (Job._remove_engine); the stream's workers follow (StreamWorkers.fit): the left engine's groups start
+    again, whole, on the others (none lost, none trained twice), the moved engine keeps its own, and an engine added
+    after that gets new groups."""
+    from collections import Counter
+
+    rollouts, fakes, engine, _, _ = _setup(k=2, workers=3)
+    rollouts.launch(1)
+    rollouts.take(1, 0, {})  # batch 1 trained; batches 2 and 3 (groups 4..7) submitted over the three workers
+    leaving, moved = fakes[0], fakes[2]
+    held = {s.request.group_id for s in leaving.samples}
+    assert held and moved.samples
+    fakes[0] = fakes.pop()  # engine 0 retired: killed (its samples never drained), the last takes index 0
+    trained, rows = Counter(), []
+    for step, version in ((2, 1), (3, 2)):
+        engine.version = version
+        rollouts.synced(version)
+        if step == 3:
+            fakes.append(_FakeWorker(engine))  # an engine added after step 2
+        row = {}
+        trained.update(t.group_id for t in rollouts.take(step, version, row))
+        rows.append(row)
+    assert rows[0]["rollout/groups_reissued"] == len(held) and rows[0]["rollout/worker_restarts"] == 0
+    assert set(trained.values()) == {2} and leaving.samples  # each group's 2 samples once; the left one never drained
+    assert len(rollouts.engines.outstanding) == len(rollouts.engines.sent_to) == 3
+    assert fakes[2].samples or any(w == 2 for w in rollouts.engines.where.values())  # the new engine got groups
