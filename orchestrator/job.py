@@ -284,6 +284,9 @@ class Job:
         last = len(rollout) - 1
         rollout[k], rollout[last] = rollout[last], rollout[k]
         slots[k], slots[last] = slots[last], slots[k]
+        if self.overlapped is not None:  # an overlapped sync's state of the leaving engine, then of the moved one
+            self.overlapped.forget(k)
+            self.overlapped.renumber(last, k)
         self._drop_last_engine(rollout[last])
 
     def _drop_last_engine(self, handle) -> None:

@@ -62,9 +62,21 @@ def matching_nodes(nodes: dict[str, dict], node_ids: list[str], hosts: list[str]
 
 def _same_host(host: str, node: dict) -> bool:
     """`host` (a name or IP) names `node`: its IP, its host name, or the same short name (node17 and
-    node17.cluster.local match either way)."""
+    node17.cluster.local match either way; never for an IP address, whose first part is not a name)."""
     host, name = host.lower(), node["hostname"].lower()
-    return host in (node["address"].lower(), name) or host.split(".")[0] == name.split(".")[0] != ""
+    if host in (node["address"].lower(), name):
+        return True
+    return not (_is_ip(host) or _is_ip(name)) and host.split(".")[0] == name.split(".")[0] != ""
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def unmatched_hosts(nodes: dict[str, dict], hosts: list[str]) -> list[str]:

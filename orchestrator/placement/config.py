@@ -106,9 +106,19 @@ def _check_elastic(cfg) -> None:
     where it is built: env actors in threads (multi-turn), measured steps before the run's last one, and a range that
     allows a change (every rollout.mode; colocated placement is sync only, orchestrator/config/rollout_mode.py)."""
     lo, hi = engine_range(cfg)
-    if not lo <= cfg.rollout.num_workers <= hi:
-        raise ValueError(f"rollout.min_workers={cfg.rollout.min_workers} <= rollout.num_workers={cfg.rollout.num_workers}"
-                         f" <= rollout.max_workers={cfg.rollout.max_workers} must hold (0 = rollout.num_workers)")
+    r = cfg.rollout
+    if lo > r.num_workers:
+        raise ValueError(f"rollout.min_workers={r.min_workers} is above rollout.num_workers={r.num_workers}: the run "
+                         "starts with num_workers engines and never goes below min_workers (0 = num_workers)")
+    if hi < r.num_workers:
+        raise ValueError(f"rollout.max_workers={r.max_workers} is below rollout.num_workers={r.num_workers}: the run "
+                         "starts with num_workers engines and never goes above max_workers (0 = num_workers)")
+    ranged = [f"rollout.{k}={v}" for k, v in (("min_workers", r.min_workers), ("max_workers", r.max_workers))
+              if v and v != r.num_workers]
+    if ranged and not cfg.placement.elastic:
+        raise ValueError(f"{' and '.join(ranged)} set with placement.elastic=false: the engine count stays at "
+                         f"rollout.num_workers={r.num_workers}; set placement.elastic=true to let it change "
+                         "(docs/elastic.md), or leave them 0")
     spares = cfg.rollout.spare_workers
     if spares and (cfg.placement.mode == "colocated" or getattr(cfg.env, "placement", "thread") == "actor"):
         raise ValueError(f"rollout.spare_workers={spares} needs placement.mode=disaggregated and env.placement=thread "

@@ -96,7 +96,10 @@ class ElasticPool:
             self.job.spares.move_off(draining)
 
     def _add(self, why: str, fields: dict) -> bool:
-        """`Job.add_rollout(why)`; a failure is printed, counted (`elastic/add_failed`) and backs adds off."""
+        """`Job.add_rollout(why)`; a failure is printed, counted (`elastic/add_failed`) and backs adds off. An
+        overlapped sync in flight (a stream's) is verified first, outside: its failure stops the run as it would at
+        the next sync."""
+        self.job.settle_sync(keep=True)
         try:
             self.job.add_rollout(why)
             fields["elastic/added"] += 1

@@ -109,8 +109,10 @@ class StreamWorkers:
     def each(self, method: str, recover: bool = True,
              args: Callable[[int], tuple] = lambda i: ()) -> Iterator[tuple[int, object]]:
         """Every worker's `method(*args(i))` at once (a replaced worker gets its groups first; the fault window is the
-        method's name); yields (i, result) of each worker that answered; a lost one is replaced (`lost`) and skipped
-        (not `recover`: any failed one is skipped, and `failed` set)."""
+        method's name); yields (i, result) of each worker that answered, i its index when it answered; a lost one is
+        replaced (`lost`) and skipped (not `recover`: any failed one is skipped, and `failed` set). A worker that
+        left the job meanwhile (placement.elastic: another's loss moved the engines) is skipped: its groups start
+        again elsewhere (`fit`)."""
         self.reissue_replaced()
         handles = list(self.handles)
         refs = [call_engine(handles, i, method, method, *args(i)) for i in range(len(handles))]
@@ -119,26 +121,37 @@ class StreamWorkers:
                 out = self.wait(ref)
             except Exception as e:  # noqa: BLE001 - `lost` raises what is not a lost worker
                 if recover:
-                    self.submits.pop(i, None)  # its groups are issued again to the replacement
-                    self.lost(i, handles[i], e)
+                    self.lost(handles[i], e)
                 self.failed = self.failed or not recover
                 continue
-            for submitted in self.submits.pop(i, []):  # ran before this call: returned already
+            j = self.index(handles[i])
+            if j is None or self.sent_to[j] is not handles[i]:
+                continue  # left the job, or its groups were restarted since the call (`fit`)
+            for submitted in self.submits.pop(j, []):  # ran before this call: returned already
                 self.wait(submitted)
-            yield i, out
+            yield j, out
 
-    def lost(self, w: int, handle, error: BaseException) -> None:
-        """Worker w's call through `handle` failed: unless the job's hook says the worker is lost (and replaces it),
-        the error is raised; its groups are then issued again to the replacement."""
+    def index(self, handle) -> Optional[int]:
+        """The index `handle` has in the job's engine list now (None: it left)."""
+        return next((j for j, h in enumerate(self.handles) if h is handle), None)
+
+    def lost(self, handle, error: BaseException) -> None:
+        """A call through `handle` failed: unless the job's hook says the worker is lost (and replaces it, or, under
+        placement.elastic, lets it leave: the last engine takes its index), the error is raised; its groups then start
+        again (`fit`: on the replacement or the others). A handle no longer in the job (replaced or left since the
+        call was made) is not asked about."""
         if self.recover is None:
             raise error
-        if self.handles[w] is handle:  # not replaced since the call was made
+        w = self.index(handle)
+        if w is not None:
+            self.submits.pop(w, None)  # its calls died with it; its groups are issued again
             new = self.recover(w, error)
             if new is None:
                 raise error
-            self.handles[w] = new
+            if w < len(self.handles) and self.handles[w] is handle:  # a list the job does not share
+                self.handles[w] = new
             self.restarts += 1
-        self.reissue_if_replaced(w)
+        self.reissue_replaced()
 
     def reissue_replaced(self) -> None:
         self.fit()
@@ -146,22 +159,23 @@ class StreamWorkers:
             self.reissue_if_replaced(w)
 
     def fit(self) -> None:
-        """Follow the job's engine list after engines joined or left between steps (placement.elastic: an engine is
-        added last; one that leaves is killed and the last engine takes its index). An engine still in the job keeps
-        its groups, outstanding samples and pending calls at its index now; a new one starts empty; the groups of one
+        """Follow the job's engine list when engines joined, left or moved (placement.elastic: an engine is added
+        last; one that leaves is killed and the last engine takes its index). An engine still in the job keeps its
+        groups, outstanding samples and pending calls at its index now; a new one starts empty; the groups of one
         that left start again, whole, on the least-loaded engines (counted in `reissued`, as a lost worker's).
-        Nothing to do while the count is unchanged (a replacement in place: `reissue_if_replaced`)."""
+        Nothing to do while every engine still in the job is at its index (a replacement in place:
+        `reissue_if_replaced` gives it the replaced one's groups)."""
         n = len(self.handles)
-        if n == len(self.sent_to):
+        moved = {i: j for i, j in ((i, self.index(h)) for i, h in enumerate(self.sent_to)) if j is not None}
+        if n == len(self.sent_to) and all(i == j for i, j in moved.items()):
             return
-        now = {j: next((i for i, h in enumerate(self.sent_to) if h is self.handles[j]), None) for j in range(n)}
-        moved = {i: j for j, i in now.items() if i is not None}  # old index -> index now, engines still here
+        now = {j: i for i, j in moved.items()}  # index now -> old index, engines still here
         orphans = [g for g, i in self.where.items() if i not in moved]
         self.where = {g: moved[i] for g, i in self.where.items() if i in moved}
-        self.outstanding = [self.outstanding[now[j]] if now[j] is not None else 0 for j in range(n)]
+        self.outstanding = [self.outstanding[now[j]] if j in now else 0 for j in range(n)]
         self.submits = {moved[i]: calls for i, calls in self.submits.items() if i in moved}
         self.first = {moved[i]: v for i, v in self.first.items() if i in moved}
-        self.sent_to = list(self.handles)  # an engine replaced in place is not found in `moved`: its groups restart
+        self.sent_to = list(self.handles)
         again = [r for r in map(self.restart, orphans) if r is not None]
         self.reissued += len(again)
         plan: dict[int, list] = {}

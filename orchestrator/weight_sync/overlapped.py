@@ -13,7 +13,7 @@ verification stays held until the next sync, which sends it full weights and pro
 `weight_sync.retries` failures of one engine in a row raise the last WeightMismatchError (the run stops, as
 after a synchronous sync's retries). An engine lost during an overlapped sync is reported by the next `start`
 as EnginesLost (its caller, orchestrator/job.py, replaces it and starts again); `forget(k)` drops an engine
-replaced meanwhile.
+replaced meanwhile, `renumber(old, new)` follows one that changed index (an elastic run's engine leaving).
 
     syncs = OverlappedSyncs(syncer, retries=cfg.weight_sync.retries)
     row.update(syncs.start(version))   # the previous sync settled first (its sync/* metrics), then this one sent
@@ -78,6 +78,17 @@ class OverlappedSyncs:
             self.pending.probes.pop(engine, None)
         self.strikes.pop(engine, None)
         self.lost.pop(engine, None)
+
+    def renumber(self, old: int, new: int) -> None:
+        """Engine `old` is engine `new` now (placement.elastic: the last engine takes a leaving one's index, which was
+        `forget`-ed first): its calls in flight, strikes and loss follow it."""
+        if self.pending is not None:
+            for calls in (self.pending.loads, self.pending.probes):
+                if old in calls:
+                    calls[new] = calls.pop(old)
+        for state in (self.strikes, self.lost):
+            if old in state:
+                state[new] = state.pop(old)
 
     def _finish(self) -> dict:
         pending, self.pending = self.pending, None

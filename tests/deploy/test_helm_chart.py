@@ -437,8 +437,11 @@ def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_f
     elastic run's engines leave between steps; the pod's grace period outlasts the drain's deadline."""
     from orchestrator.cli import build_parser
 
-    objects = render({"worker": {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}},
-                      "orchestrator": {"python": "/opt/venv/bin/python"}})  # the hook runs the entrypoint's python
+    drain = {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}}
+    with pytest.raises(helm.HelmRenderError, match="worker.drainOnStop.enabled needs an elastic run"):
+        render({"worker": drain})  # the demo preset is not elastic: every stopped pod would wait out the deadline
+    elastic = {"placement": {"elastic": True}, "rollout": {"num_workers": 1, "max_workers": 2}}
+    objects = render({"worker": drain, "orchestrator": {"python": "/opt/venv/bin/python", "config": elastic}})
     validate_all(objects, rayjob_validator)
     worker = pod_templates(one(objects, "RayJob"))["gpu"]
     assert worker["spec"]["terminationGracePeriodSeconds"] == 330

@@ -20,6 +20,9 @@ def test_nodes_are_matched_by_id_host_name_short_name_or_ip_and_only_live_ones()
     assert matching_nodes(NODES, [], ["node20"]) == {}
     assert set(matching_nodes(NODES, [], ["node19.cluster.local"])) == {"d4"}  # Slurm's full name, Ray's short one
     assert unmatched_hosts(NODES, ["node17", "node20", "10.0.0.3"]) == ["node20", "10.0.0.3"]  # 10.0.0.3: dead
+    by_ip = {"e5": {"address": "10.0.0.5", "hostname": "10.0.0.5", "alive": True},  # Ray naming nodes by IP
+             "f6": {"address": "10.0.0.6", "hostname": "10.0.0.6", "alive": True}}
+    assert set(matching_nodes(by_ip, [], ["10.0.0.5"])) == {"e5"}  # not every 10.* node
     with pytest.raises(ValueError, match="--node-id c3: not a live node"):
         matching_nodes(NODES, ["c3"], [])
 

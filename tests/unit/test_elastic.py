@@ -99,7 +99,7 @@ def test_rows_the_sizer_cannot_use_hold_and_say_why():
     (["trainer.total_steps=2"], "the first decision would never run"),
     (["placement.auto=true"], "placement.elastic=true with placement.auto=true"),
     (["sizing.cooldown_steps=1"], "sizing.cooldown_steps=1 must be >= 2"),
-    (["rollout.min_workers=2"], "rollout.min_workers=2 <= rollout.num_workers=1"),
+    (["rollout.min_workers=2"], "rollout.min_workers=2 is above rollout.num_workers=1"),
 ])
 def test_elastic_configs_it_cannot_run_are_refused_naming_the_key(extra, match):
     with pytest.raises(ConfigError, match=match):
@@ -109,8 +109,12 @@ def test_elastic_configs_it_cannot_run_are_refused_naming_the_key(extra, match):
 def test_the_engine_range_defaults_to_the_starting_count_and_is_checked_without_elastic_too():
     cfg = load_config("configs/grpo_arith_cpu.yaml")
     assert (cfg.rollout.min_workers, cfg.rollout.max_workers, cfg.placement.elastic) == (0, 0, False)
-    with pytest.raises(ConfigError, match="rollout.max_workers=1"):
+    with pytest.raises(ConfigError, match="rollout.max_workers=1 is below rollout.num_workers=2"):
         load_config("configs/grpo_arith_cpu.yaml", ["rollout.num_workers=2", "rollout.max_workers=1"])
+    with pytest.raises(ConfigError, match="rollout.max_workers=4 set with placement.elastic=false: the engine count "
+                                          "stays at rollout.num_workers=2"):
+        load_config("configs/grpo_arith_cpu.yaml", ["rollout.num_workers=2", "rollout.max_workers=4"])
+    assert load_config("configs/grpo_arith_cpu.yaml", ["rollout.num_workers=2", "rollout.max_workers=2"])
 
 
 def test_elastic_engines_get_placement_groups_of_their_own_so_a_retired_one_frees_its_devices():
@@ -208,6 +212,9 @@ def test_the_pool_decides_on_a_window_of_the_last_steps_and_carries_the_decision
         cfg = _cfg()
         actors = SimpleNamespace(rollout=["engine 0"])
 
+        def settle_sync(self, keep=False):  # no overlapped sync in flight here
+            return {}
+
         def add_rollout(self, why):
             calls.append(("add", why))
             self.actors.rollout.append("engine 1")
@@ -243,6 +250,9 @@ def test_a_failed_add_is_counted_and_not_tried_again_for_a_while(monkeypatch):
     class Job:
         cfg, actors = _cfg(), SimpleNamespace(rollout=["engine 0"])
 
+        def settle_sync(self, keep=False):  # no overlapped sync in flight here
+            return {}
+
         def add_rollout(self, why):
             raise TimeoutError("the new engine did not start")  # not only PlacementError: any failed add
 
@@ -268,6 +278,9 @@ class _DrainJob:
     def __init__(self, engines: int, *extra):
         self.cfg, self.calls, self.spares = _cfg(*extra), [], None
         self.actors = SimpleNamespace(rollout=[f"engine {k}" for k in range(engines)])
+
+    def settle_sync(self, keep=False):  # no overlapped sync in flight here
+        return {}
 
     def add_rollout(self, why):
         self.calls.append(("add", why))
@@ -422,3 +435,17 @@ def test_a_stream_run_is_modelled_with_its_engines_busy_seconds():
     assert decide_pool(rows(4.0, 12.0), stream, engines=1, room=True).action == "hold"  # trainer-bound
     d = decide_pool(rows(24.0, 12.0), stream, engines=1, room=True)
     assert d.action == "add" and d.predicted[2] < d.predicted[1] * 0.95
+
+
+def test_an_overlapped_syncs_per_engine_state_follows_an_engine_that_changed_index():
+    """A stream's overlapped sync keys its calls, strikes and losses by engine index; when engine 1 leaves and the last
+    (3) takes its index (Job._remove_engine), the leaving one's state goes and the moved one's follows it."""
+    from orchestrator.weight_sync.overlapped import OverlappedSyncs
+
+    syncs = OverlappedSyncs(syncer=None, retries=1)
+    syncs.pending = SimpleNamespace(loads={0: "l0", 1: "l1", 3: "l3"}, probes={1: "p1", 3: "p3"})
+    syncs.strikes, syncs.lost = {1: 1, 3: 1}, {1: "died"}
+    syncs.forget(1)
+    syncs.renumber(3, 1)
+    assert syncs.pending.loads == {0: "l0", 1: "l3"} and syncs.pending.probes == {1: "p3"}
+    assert syncs.strikes == {1: 1} and syncs.lost == {}

@@ -393,3 +393,72 @@ def test_engines_join_and_leave_a_stream_between_steps_and_the_leaving_ones_grou
     assert set(trained.values()) == {2} and leaving.samples  # each group's 2 samples once; the left one never drained
     assert len(rollouts.engines.outstanding) == len(rollouts.engines.sent_to) == 3
     assert fakes[2].samples or any(w == 2 for w in rollouts.engines.where.values())  # the new engine got groups
+
+
+def test_a_lost_engine_that_leaves_the_job_and_a_move_with_an_add_in_one_window_keep_every_group_once():
+    """placement.elastic: a lost engine whose group cannot be placed again leaves the job (Job.replace_rollout: the
+    last engine takes its index and is returned); an engine that left and one added before the next poll leave the
+    count unchanged. Either way the moved engine keeps its own groups (not generated twice: the buffer would refuse a
+    duplicate sample) and the lost or left one's start again once."""
+    from collections import Counter
+
+    def leave(w, error):  # the job's hook: engine w leaves, the last takes its index
+        fakes[w] = fakes.pop()
+        return fakes[w if w < len(fakes) else 0]
+
+    rollouts, fakes, engine, _, _ = _setup(k=2, workers=3, recover=leave)
+    rollouts.launch(1)
+    rollouts.take(1, 0, {})  # groups 4..7 in flight: 4, 7 on worker 0; 5 on 1; 6 on 2
+    dead = fakes[0]
+    fakes[0] = _DeadWorker()  # worker 0 dies (its groups with it) and its group cannot be placed again
+    rollouts.engines.sent_to[0] = fakes[0]
+    trained = Counter()
+    row = {}
+    trained.update(t.group_id for t in rollouts.take(2, 1, row))
+    assert len(fakes) == 2 and row["rollout/worker_restarts"] == 1.0 and row["rollout/groups_reissued"] == 2
+    assert dead.samples  # never drained
+    # a move and an add with no poll between: [B, C] -> C leaves from index 0... here B leaves, C moves, D joins
+    fakes[0] = fakes.pop()
+    fakes.append(_FakeWorker(engine))
+    for step, version in ((3, 2), (4, 3)):
+        engine.version = version
+        rollouts.synced(version)
+        trained.update(t.group_id for t in rollouts.take(step, version, {}))
+    assert set(trained.values()) == {2}  # every group trained once, whole
+
+
+def test_stream_workers_restart_only_the_groups_of_engines_that_left():
+    """StreamWorkers directly: which groups start again when the job's engine list changes (a lost engine that left
+    with the last moved into its index; a leave and an add in one window, the count unchanged)."""
+    from orchestrator.rollout.stream_workers import StreamWorkers
+
+    engine = SimpleNamespace(version=0)
+    fakes = [_FakeWorker(engine) for _ in range(3)]
+    restarted = []
+
+    def restart(gid):
+        restarted.append(gid)
+        return PromptRequest(group_id=gid, prompt_ids=[1], answer="")
+
+    def leave(w, error):
+        fakes[w] = fakes.pop()
+        return fakes[w if w < len(fakes) else 0]
+
+    workers = StreamWorkers(fakes, _wait, leave, restart, None, 2)
+    workers.assign([PromptRequest(group_id=g, prompt_ids=[1], answer="") for g in range(6)])  # 0,3 | 1,4 | 2,5
+    a, b, c = fakes
+    workers.lost(a, _Lost("actor died"))  # A left; C took index 0
+    assert sorted(restarted) == [0, 3] and workers.sent_to == [c, b] and workers.restarts == 1
+    assert {g: w for g, w in workers.where.items() if g in (1, 2, 4, 5)} == {1: 1, 4: 1, 2: 0, 5: 0}
+    restarted.clear()
+    on_c = sorted(g for g, w in workers.where.items() if w == 0)  # its own (2, 5) and A's re-placed there
+    on_b = sorted(g for g, w in workers.where.items() if w == 1)
+    assert {2, 5} <= set(on_c) and {1, 4} <= set(on_b)
+    fakes[0] = fakes.pop()  # C leaves from index 0 (B moves there) and D joins: the count stays 2
+    d = _FakeWorker(engine)
+    fakes.append(d)
+    workers.fit()
+    assert sorted(restarted) == on_c and workers.sent_to == [b, d]  # C's groups start again, not B's
+    assert all(workers.where[g] == 0 for g in on_b)
+    workers.lost(c, _Lost("gone"))  # a late failure of a handle that left: not asked about again
+    assert workers.restarts == 1
