@@ -33,6 +33,10 @@ class PlacementConfig:
     # Add and retire rollout engines while the run goes, between rollout.min_workers and rollout.max_workers, from the
     # measured phase times (orchestrator/placement/elastic.py; docs/elastic.md). Engines get placement groups of their own.
     elastic: bool = False
+    # A custom Ray resource only the nodes that may hold the job group advertise (the trainer, reference, critic,
+    # reward and env actors; colocated: its engines too): each of its bundles asks TRAINER_NODE_SHARE of it, so they
+    # stay off other nodes, e.g. preemptible ones that only take rollout engines (docs/elastic.md). "" = any node.
+    trainer_node_resource: str = ""
 
 
 @dataclass
@@ -61,12 +65,18 @@ RAY_RESOURCES = ("CPU", "GPU", "TPU", "fake_gpu")  # Ray's own names (case-sensi
 
 def _check_resource_name(cfg) -> None:
     """placement.resource spelled like one of Ray's resources in another case ("gpu", "Cpu") names a custom resource
-    no node advertises: the job would wait placement.timeout_s and fail. Refused, naming the right spelling."""
+    no node advertises: the job would wait placement.timeout_s and fail. Refused, naming the right spelling.
+    placement.trainer_node_resource must be a custom resource (not one every node has)."""
     given = cfg.placement.resource
     for name in RAY_RESOURCES:
         if given != name and given.lower() == name.lower():
             raise ValueError(f"placement.resource={given!r}: Ray's resource names are case-sensitive and no node "
                              f"advertises {given!r}; use {name!r}")
+    tag = cfg.placement.trainer_node_resource
+    if tag and (tag.upper() in ("CPU", "GPU", "TPU", "MEMORY", "OBJECT_STORE_MEMORY") or tag == given):
+        raise ValueError(f"placement.trainer_node_resource={tag!r}: name a custom resource that only the nodes allowed "
+                         "to hold the trainer advertise (e.g. 'rl_orch_trainer_node', `ray start --resources`), not "
+                         "one every node has or placement.resource")
 
 
 def _check_fake_gpus(cfg) -> None:

@@ -24,6 +24,10 @@ worker, {CPU: env.actor_cpus} each, appended to the job group (role "env", rollo
 slots k*A .. k*A+A-1); they ask for no device, so with a PACK or SPREAD job group Ray may put them on
 CPU-only nodes.
 
+`placement.trainer_node_resource` (a custom resource name): every bundle of the job group also asks
+TRAINER_NODE_SHARE of it, so the job group is placed only on the nodes that advertise it (engines in groups of their
+own go anywhere: preemptible nodes that only take engines).
+
 Fake GPUs (`placement.resource=fake_gpu`, `placement.fake_gpus=N`): device j is host core j; bundles are
 mapped to devices first-fit in plan order (`map_cores`) and each actor gets the cores of its bundles.
 """
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 RAY_GRAIN = 1e-4  # Ray keeps resource amounts in fixed point with 4 decimals
+# what each bundle of the job group asks of placement.trainer_node_resource: a node advertising 1 holds 1000 bundles
+TRAINER_NODE_SHARE = 0.001
 
 
 class PlacementError(RuntimeError):
@@ -101,6 +107,9 @@ def plan_job(cfg, host_cores: Optional[Sequence[int]] = None, pin: bool = True) 
     devices."""
     p = cfg.placement
     plan = _plan_colocated(cfg) if p.mode == "colocated" else _plan_disaggregated(cfg)
+    if getattr(p, "trainer_node_resource", ""):  # the job group's bundles only on the nodes advertising it
+        for b in plan.groups[0].bundles:
+            b[p.trainer_node_resource] = TRAINER_NODE_SHARE
     if pin and p.resource == "fake_gpu" and p.fake_gpus > 0:
         if host_cores is None:
             import os

@@ -438,7 +438,7 @@ def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_f
     from orchestrator.cli import build_parser
 
     drain = {"replicas": 1, "gpus": 1, "drainOnStop": {"enabled": True, "deadlineSeconds": 300}}
-    with pytest.raises(helm.HelmRenderError, match="worker.drainOnStop.enabled needs an elastic run"):
+    with pytest.raises(helm.HelmRenderError, match=r"worker.drainOnStop.enabled \(or rolloutWorker's\) needs an elastic"):
         render({"worker": drain})  # the demo preset is not elastic: every stopped pod would wait out the deadline
     elastic = {"placement": {"elastic": True}, "rollout": {"num_workers": 1, "max_workers": 2}}
     objects = render({"worker": drain, "orchestrator": {"python": "/opt/venv/bin/python", "config": elastic}})
@@ -459,3 +459,29 @@ def test_drain_on_stop_gives_worker_pods_a_pre_stop_drain_and_the_grace_period_f
     off = pod_templates(one(render(), "RayJob"))["gpu"]  # off (the default): no hook, Kubernetes' grace period
     assert "lifecycle" not in ray_container(off) and "terminationGracePeriodSeconds" not in off["spec"]
     assert "lifecycle" not in ray_container(pod_templates(one(objects, "RayJob"))["head"])
+
+
+def test_a_rollout_worker_group_takes_engines_and_keeps_the_trainer_on_the_worker_group(rayjob_validator, tmp_path):
+    """rolloutWorker (e.g. spot nodes): a second worker group with its own bounds, selector, tolerations and the drain
+    hook; the `worker` group advertises placement.trainer_node_resource, which the chart writes into the run config,
+    so the job group's bundles stay on `worker` pods (orchestrator/placement/plan.py)."""
+    spot = {"enabled": True, "replicas": 0, "minReplicas": 0, "maxReplicas": 6, "gpus": 8,
+            "nodeSelector": {"cloud.google.com/gke-spot": "true"},
+            "tolerations": [{"key": "cloud.google.com/gke-spot", "operator": "Exists", "effect": "NoSchedule"}]}
+    elastic = {"placement": {"elastic": True}, "rollout": {"num_workers": 1, "max_workers": 8}}
+    objects = render({"autoscaler": {"enabled": True}, "rolloutWorker": spot, "orchestrator": {"config": elastic}})
+    validate_all(objects, rayjob_validator)
+    groups = {g["groupName"]: g for g in one(objects, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert sorted(groups) == ["gpu", "rollout"]
+    assert groups["gpu"]["rayStartParams"]["resources"] == """'{"rl_orch_trainer_node": 1}'"""
+    assert "resources" not in groups["rollout"]["rayStartParams"]
+    assert (groups["rollout"]["minReplicas"], groups["rollout"]["maxReplicas"]) == (0, 6)
+    pods = {name: g["template"] for name, g in groups.items()}
+    assert pods["rollout"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+    assert "lifecycle" in ray_container(pods["rollout"]) and "lifecycle" not in ray_container(pods["gpu"])
+    assert pods["rollout"]["metadata"]["labels"]["app.kubernetes.io/component"] == "rollout-worker"
+    config_file, overrides = run_config_and_argv(objects, tmp_path)
+    cfg = load_config(config_file, overrides)
+    assert cfg.placement.trainer_node_resource == "rl_orch_trainer_node" and cfg.placement.elastic
+    off = one(render(), "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]  # off (the default): one group
+    assert [g["groupName"] for g in off] == ["gpu"] and "resources" not in off[0]["rayStartParams"]

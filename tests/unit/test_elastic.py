@@ -449,3 +449,21 @@ def test_an_overlapped_syncs_per_engine_state_follows_an_engine_that_changed_ind
     syncs.renumber(3, 1)
     assert syncs.pending.loads == {0: "l0", 1: "l3"} and syncs.pending.probes == {1: "p3"}
     assert syncs.strikes == {1: 1} and syncs.lost == {}
+
+
+def test_a_trainer_node_resource_keeps_the_job_group_on_the_nodes_that_advertise_it():
+    """placement.trainer_node_resource: every bundle of the job group (trainer, reference, reward; colocated: the
+    shared devices) asks a thousandth of it; engines in groups of their own do not (preemptible nodes take them)."""
+    from orchestrator.placement.plan import TRAINER_NODE_SHARE, engine_group, plan_job
+
+    cfg = _cfg("placement.trainer_node_resource=stable", "algo.kl_coef=0.1")
+    plan = plan_job(cfg, pin=False)
+    assert all(b.get("stable") == TRAINER_NODE_SHARE for b in plan.groups[0].bundles) and len(plan.groups[0].bundles) == 3
+    assert all("stable" not in b for g in plan.groups[1:] for b in g.bundles)
+    assert "stable" not in engine_group(cfg, 1, 2)[0].bundles[0]
+    assert all("stable" not in s.resources for ss in plan.slots.values() for s in ss)  # the actors ask their own
+    colocated = plan_job(_cfg("placement.trainer_node_resource=stable", "placement.mode=colocated"), pin=False)
+    assert all(b.get("stable") == TRAINER_NODE_SHARE for b in colocated.groups[0].bundles)
+    for bad in ("GPU", "CPU"):
+        with pytest.raises(ConfigError, match=f"placement.trainer_node_resource='{bad}': name a custom resource"):
+            _cfg(f"placement.trainer_node_resource={bad}")

@@ -146,6 +146,11 @@ settings filled in (YAML text).
 {{- $_ := set $metrics "prometheus_host" "0.0.0.0" -}}
 {{- end -}}
 {{- $_ := set $cfg "metrics" $metrics -}}
+{{- if .Values.rolloutWorker.enabled -}}
+{{- $placement := dig "placement" dict $cfg -}}
+{{- $_ := set $placement "trainer_node_resource" (include "rl-orchestrator.trainerNodeResource" .) -}}
+{{- $_ := set $cfg "placement" $placement -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
