@@ -1,7 +1,7 @@
 """Nodes join, are drained and leave a running elastic job (docs/elastic.md), on several raylets on this machine
-(ray.cluster_utils.Cluster) with the collective weight sync (weight_sync.strategy=nccl: our gloo group on CPU). The
-head holds the reward actor; one node with one custom resource `slot` holds the trainer, one the first engine (every
-bundle asks one `slot`).
+(ray.cluster_utils.Cluster) with the collective weight sync (weight_sync.strategy=nccl: our gloo group on CPU). One
+node with one custom resource `slot` and the resource `stable` (placement.trainer_node_resource: the only node the job
+group may use) holds the trainer and the reward actor, one the first engine (every bundle asks one `slot`).
 
 A node joins before step 2: the cluster has room for one more engine's placement group, so after step 2 an engine is
 added there (the decision is scripted to "add when there is room": the rules are unit-tested in
@@ -89,14 +89,17 @@ def test_engines_join_on_new_nodes_leave_a_drained_node_first_and_leave_with_a_l
                                                                                            tmp_path, monkeypatch):
     monkeypatch.setattr(elastic_pool, "decide_pool", lambda rows, cfg, engines, room: PoolDecision(
         "add" if room else "hold", engines, f"placement.elastic: {'add' if room else 'hold'} (scripted: room={room})"))
-    for _ in range(2):  # trainer, first engine
-        cluster.add_node(num_cpus=0, resources={"slot": 1})
+    # the trainer's node: the only one advertising placement.trainer_node_resource, so the job group (trainer, reward)
+    # goes there and nowhere else; the first engine's node
+    stable = cluster.add_node(num_cpus=1, resources={"slot": 1, "stable": 1})
+    cluster.add_node(num_cpus=0, resources={"slot": 1})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     cfg = load_config("configs/grpo_arith_cpu.yaml", tiny_overrides(tiny_model, tmp_path, **{"trainer.total_steps": 5})
                       + [REWARD, "placement.resource=slot", "placement.trainer_per_worker=1", "memory.preflight=false",
                          "placement.rollout_per_worker=1", "placement.timeout_s=5", "weight_sync.strategy=nccl",
-                         "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1"])
+                         "placement.elastic=true", "rollout.max_workers=2", "sizing.warmup_steps=1",
+                         "placement.trainer_node_resource=stable"])
     controller = JoinDrainLeave(cfg, cluster)
     try:
         with fault_hook(controller.remove):
@@ -108,6 +111,8 @@ def test_engines_join_on_new_nodes_leave_a_drained_node_first_and_leave_with_a_l
         assert engine["version"] == 5
         compare_checksums(ray.get(meta_ref)["groups"], engine["groups"])
         live = [g.name for g in controller.actors.plan.groups if g.bundles]
+        job_nodes = set(ray.util.placement_group_table(controller.actors.pgs[0])["bundles_to_node_id"].values())
+        assert job_nodes == {stable.node_id}  # the trainer and the reward actor on the node advertising `stable`
     finally:
         controller.shutdown()
     rows = [json.loads(line) for line in open(result.metrics)]
