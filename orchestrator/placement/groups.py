@@ -18,8 +18,8 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from orchestrator.placement.plan import (ActorSlot, GroupPlan, PlacementError, engine_node_hints, plan_job,
-                                         total_asked)
+from orchestrator.placement.plan import (TRAINER_NODE_SHARE, ActorSlot, GroupPlan, PlacementError, engine_node_hints,
+                                         plan_job, total_asked)
 
 __all__ = ["PlacementError", "RolePlan", "plan_bundles", "missing_resources", "reserve", "reserve_groups",
            "bundle_options", "slot_options", "remove_groups", "env_actor_options"]
@@ -116,6 +116,10 @@ def _gang_message(groups: Sequence[GroupPlan], waiting: Sequence[GroupPlan], tim
     short = {k: (v, total.get(k, 0.0)) for k, v in need.items() if v > total.get(k, 0.0) + 1e-9}
     names = "; ".join(f"group {g.name} ({g.strategy}, bundles {g.bundles})" for g in waiting) or "(all created late)"
     avail = {k: round(v, 4) for k, v in available.items() if k in need}
+    tagged = sorted({k for b in groups[0].bundles for k, v in b.items() if v == TRAINER_NODE_SHARE} if groups else [])
+    if tagged:  # placement.trainer_node_resource: the job group only on the nodes advertising it
+        names += (f" (the job group's bundles go only to nodes advertising {tagged[0]!r}: "
+                  f"placement.trainer_node_resource; such a node needs room for the whole job group's share of it)")
     if short:
         lack = "; ".join(f"{k}: need {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
         return (f"the cluster cannot hold the job: {lack}. Not ready after placement.timeout_s={timeout_s:g}s: "

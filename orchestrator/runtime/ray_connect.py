@@ -27,7 +27,10 @@ def connect_ray(cfg) -> bool:
         return False
     else:  # address="local": a new local Ray, never a leftover `ray start` cluster found on this machine
         p = cfg.placement
-        fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else None
+        fake = {"fake_gpu": float(p.fake_gpus)} if p.resource == "fake_gpu" and p.fake_gpus > 0 else {}
+        if getattr(p, "trainer_node_resource", ""):  # one node: it holds the job group (placement.trainer_node_resource)
+            fake[p.trainer_node_resource] = 1.0
+        fake = fake or None
         secure_auth_token()  # Ray's token file readable by this user only (orchestrator/runtime/ray_security.py)
         with loopback_node_ip() if cfg.run.ray_loopback else contextlib.nullcontext({}) as bind:
             ray.init(address="local", num_cpus=cfg.run.num_cpus or None, include_dashboard=False, log_to_driver=True,

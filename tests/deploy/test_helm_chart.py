@@ -485,3 +485,18 @@ def test_a_rollout_worker_group_takes_engines_and_keeps_the_trainer_on_the_worke
     assert cfg.placement.trainer_node_resource == "rl_orch_trainer_node" and cfg.placement.elastic
     off = one(render(), "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]  # off (the default): one group
     assert [g["groupName"] for g in off] == ["gpu"] and "resources" not in off[0]["rayStartParams"]
+    refused = [({"rolloutWorker": spot}, "rolloutWorker.enabled needs an elastic run"),  # the demo preset
+               ({"rolloutWorker": {**spot, "groupName": "gpu"}, "orchestrator": {"config": elastic}},
+                'rolloutWorker.groupName="gpu" is worker.groupName'),
+               ({"rolloutWorker": spot, "worker": {"replicas": 1, "gpus": 1, "rayStartParams": {"resources": "'{\"a\": 1}'"}},
+                 "orchestrator": {"config": elastic}}, 'the worker group must also advertise "rl_orch_trainer_node"')]
+    for values, match in refused:
+        with pytest.raises(helm.HelmRenderError, match=match):
+            render(values)
+    own = {"replicas": 1, "gpus": 1, "rayStartParams": {"resources": "'{\"a\": 1, \"stable\": 1}'"}}
+    objects = render({"rolloutWorker": spot, "worker": own, "orchestrator": {
+        "config": elastic, "overrides": ["placement.trainer_node_resource=stable"]}})
+    groups = {g["groupName"]: g for g in one(objects, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert groups["gpu"]["rayStartParams"]["resources"] == own["rayStartParams"]["resources"]  # the user's, kept
+    config_file, overrides = run_config_and_argv(objects, tmp_path)
+    assert load_config(config_file, overrides).placement.trainer_node_resource == "stable"

@@ -467,3 +467,13 @@ def test_a_trainer_node_resource_keeps_the_job_group_on_the_nodes_that_advertise
     for bad in ("GPU", "CPU"):
         with pytest.raises(ConfigError, match=f"placement.trainer_node_resource='{bad}': name a custom resource"):
             _cfg(f"placement.trainer_node_resource={bad}")
+
+
+def test_a_placement_failure_says_the_job_group_goes_only_to_nodes_advertising_the_trainer_resource(monkeypatch):
+    import orchestrator.placement.groups as groups
+    from orchestrator.placement.plan import plan_job
+
+    plan = plan_job(_cfg("placement.trainer_node_resource=stable"), pin=False)
+    monkeypatch.setattr(groups.ray, "cluster_resources", lambda: {"CPU": 8.0})
+    msg = groups._gang_message(plan.groups, plan.groups[:1], 5.0, {"CPU": 8.0})
+    assert "stable: need 0.002, cluster has 0" in msg and "go only to nodes advertising 'stable'" in msg

@@ -101,5 +101,11 @@ One worker group of the RayCluster (rayjob.yaml): (dict "root" $ "w" <the group'
 placement.trainer_node_resource, set by the chart unless the config sets it). */}}
 {{- define "rl-orchestrator.trainerNodeResource" -}}
 {{- $placement := dig "placement" dict (include "rl-orchestrator.mergedConfig" . | fromYaml) -}}
-{{- get $placement "trainer_node_resource" | default "rl_orch_trainer_node" -}}
+{{- $name := get $placement "trainer_node_resource" | default "rl_orch_trainer_node" -}}
+{{- range .Values.orchestrator.overrides | default list -}}
+{{- if hasPrefix "placement.trainer_node_resource=" . -}}
+{{- $name = trimPrefix "placement.trainer_node_resource=" . -}}
+{{- end -}}
+{{- end -}}
+{{- $name -}}
 {{- end -}}
