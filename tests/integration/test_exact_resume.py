@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 REWARD = "reward.functions=[{name: 'tests.integration.helpers:length_reward', weight: 1.0}]"
 # wall-clock, throughput and memory readings differ run to run; everything else must not
 VOLATILE_PREFIXES = ("timing/", "roles/", "memory/")
-VOLATILE_SUFFIXES = ("_s", "seconds", "gbps", "_frac_busy", "_frac_idle")
+VOLATILE_SUFFIXES = ("_s", "_s_mean", "seconds", "gbps", "_frac_busy", "_frac_idle")
 
 
 # one_step_off must correct for staleness with the rollout logprobs (config/load.py refuses it otherwise), so it keeps
